@@ -1,0 +1,88 @@
+/* nbdkit-ssdcache-filter: the cache engine.
+ *
+ * Owns the running cache: the pool (cache file), the page table, the
+ * eviction policy, the range locks and the counters, and implements
+ * read, write, invalidate and prefetch on top of them.  It calls the
+ * backend only through struct cache_backend, so it has no nbdkit
+ * dependency and is unit tested against a RAM backend.
+ *
+ * Locking:
+ *  - cache->lock (a mutex) protects the page table, the policy, the
+ *    sequence counter and the slot pins; it is never held across I/O.
+ *  - cache->ranges serialises requests that change the cached contents
+ *    of the same backend pages (held across the backend and cache I/O
+ *    of those pages only).
+ *  - A slot is pinned (pins > 0) while anybody reads or writes its
+ *    data; pinned slots are never evicted or reused.
+ */
+#ifndef SSDCACHE_CACHE_H
+#define SSDCACHE_CACHE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "layout.h"
+#include "stats.h"
+
+struct cache;
+
+/* How the engine reaches the backend for one request. */
+struct cache_backend {
+  void *h;
+  int (*pread) (void *h, void *buf, uint32_t count, uint64_t offset,
+                int *err);
+  int (*pwrite) (void *h, const void *buf, uint32_t count, uint64_t offset,
+                 bool fua, int *err);
+};
+
+struct cache_config {
+  const char *path;            /* cache file */
+  uint64_t size;               /* data capacity in bytes (0: default) */
+  uint32_t page_size;          /* 0: default, or the existing cache's */
+  enum layout_mode mode;
+  uint64_t id_digest[2];       /* backend identity */
+  const char *id_text;         /* printable, for messages */
+  bool reset;                  /* re-initialise a mismatched cache */
+};
+
+#define CACHE_DEFAULT_SIZE (1024ULL * 1024 * 1024)   /* 1 GiB */
+#define CACHE_DEFAULT_PAGE 65536
+
+/* Open and lock the cache file, read its superblock and check the
+ * identity digest (before nbdkit forks, so errors reach the user).
+ * Returns NULL on error (logged).
+ */
+extern struct cache *cache_open (const struct cache_config *cfg);
+
+/* Second step, once the backend size is known: check it against the
+ * superblock (or format a new cache) and load the page table.
+ * Returns 0 or -1 (logged).
+ */
+extern int cache_attach (struct cache *c, uint64_t backend_size);
+
+/* Clean shutdown: sync, mark the superblock clean, unlock, free. */
+extern void cache_close (struct cache *c);
+
+extern int cache_read (struct cache *c, const struct cache_backend *be,
+                       void *buf, uint32_t count, uint64_t offset,
+                       int *err);
+extern int cache_write (struct cache *c, const struct cache_backend *be,
+                        const void *buf, uint32_t count, uint64_t offset,
+                        bool fua, int *err);
+/* Drop every cached page overlapping [offset, offset+count) (after a
+ * zero or trim went to the backend, or a backend write failed).
+ */
+extern void cache_invalidate (struct cache *c, uint32_t count,
+                              uint64_t offset);
+/* Bring [offset, offset+count) into the cache (NBD_CMD_CACHE). */
+extern int cache_prefetch (struct cache *c, const struct cache_backend *be,
+                           uint32_t count, uint64_t offset, int *err);
+/* Make cache contents durable (client FLUSH / FUA). */
+extern int cache_sync (struct cache *c, int *err);
+
+extern struct stats *cache_stats (struct cache *c);
+extern uint32_t cache_page_size (const struct cache *c);
+extern uint64_t cache_nslots (const struct cache *c);
+extern uint64_t cache_backend_size (const struct cache *c);
+
+#endif /* SSDCACHE_CACHE_H */

@@ -1,0 +1,45 @@
+/* nbdkit-ssdcache-filter: parameters and backend identity.
+ *
+ * Owns parsing of the ssdcache-* parameters, the backend identity
+ * digest built from the parameters that reach the filter, and the
+ * default cache file name.  Everything here runs in nbdkit's
+ * single-threaded configuration phase, so there is no locking.
+ */
+#ifndef SSDCACHE_CONFIG_H
+#define SSDCACHE_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "layout.h"
+
+struct config {
+  char *file;                  /* cache file (absolute), after config_finish */
+  uint64_t size;               /* 0: default */
+  uint32_t page_size;          /* 0: default */
+  enum layout_mode mode;
+  char *id;                    /* ssdcache-id, or NULL */
+  bool reset;
+  char *stats_file;            /* ssdcache-stats, or NULL */
+  uint64_t digest[2];          /* backend identity, after config_finish */
+  char *id_text;               /* printable identity (secrets masked) */
+};
+
+extern struct config config;
+
+/* Handle an ssdcache-* key.  Returns 0, or -1 on a bad value (error
+ * reported naming the parameter).
+ */
+extern int config_set (const char *key, const char *value);
+
+/* Record a key=value that is passed on to the plugin (or later
+ * filters) for the backend identity.
+ */
+extern int config_note_backend (const char *key, const char *value);
+
+/* After all parameters: compute the identity and the cache file path. */
+extern int config_finish (void);
+
+extern void config_free (void);
+
+#endif /* SSDCACHE_CONFIG_H */

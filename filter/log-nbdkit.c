@@ -1,0 +1,32 @@
+/* nbdkit-ssdcache-filter: logging shim for the filter (see log.h).
+ *
+ * Also defines the debug flags nbdkit sets with -D ssdcache.FLAG=N.
+ */
+#include <stdarg.h>
+
+#include <nbdkit-filter.h>
+
+#include "log.h"
+
+NBDKIT_DLL_PUBLIC int ssdcache_debug_verbose = 0;
+NBDKIT_DLL_PUBLIC int ssdcache_debug_recovery = 0;
+
+void
+log_error (const char *fs, ...)
+{
+  va_list args;
+
+  va_start (args, fs);
+  nbdkit_verror (fs, args);
+  va_end (args);
+}
+
+void
+log_debug (const char *fs, ...)
+{
+  va_list args;
+
+  va_start (args, fs);
+  nbdkit_vdebug (fs, args);
+  va_end (args);
+}

@@ -1,0 +1,20 @@
+/* nbdkit-ssdcache-filter: logging shim.
+ *
+ * The core modules (pool, cache) report through these two functions so
+ * that they do not depend on nbdkit.  log-nbdkit.c maps them to
+ * nbdkit_error/nbdkit_debug in the filter; log-stderr.c maps them to
+ * stderr for the unit tests.
+ */
+#ifndef SSDCACHE_LOG_H
+#define SSDCACHE_LOG_H
+
+extern void log_error (const char *fs, ...)
+  __attribute__ ((format (printf, 1, 2)));
+extern void log_debug (const char *fs, ...)
+  __attribute__ ((format (printf, 1, 2)));
+
+/* Debug flags, set with -D ssdcache.FLAG=1 (see the man page). */
+extern int ssdcache_debug_verbose;   /* every cache decision */
+extern int ssdcache_debug_recovery;  /* page table load details */
+
+#endif /* SSDCACHE_LOG_H */

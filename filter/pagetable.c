@@ -1,0 +1,178 @@
+/* nbdkit-ssdcache-filter: the in-RAM page table (pure: no I/O, no nbdkit).
+ *
+ * Owns the slot array, the chained hash index (page -> slot) and the
+ * free list.  The caller holds the cache metadata lock for every call.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pagetable.h"
+
+static uint32_t
+hash_page (const struct pagetable *pt, uint64_t page)
+{
+  /* Fibonacci hashing: spreads sequential page numbers. */
+  uint64_t h = page * UINT64_C (0x9E3779B97F4A7C15);
+  return (uint32_t) (h >> 32) & pt->bucket_mask;
+}
+
+int
+pagetable_init (struct pagetable *pt, uint32_t nslots)
+{
+  uint32_t nbuckets = 1;
+
+  memset (pt, 0, sizeof *pt);
+  if (nslots == 0 || nslots == PT_NONE) {
+    errno = EINVAL;
+    return -1;
+  }
+  while (nbuckets < nslots && nbuckets < (UINT32_C (1) << 31))
+    nbuckets <<= 1;
+
+  pt->slots = calloc (nslots, sizeof *pt->slots);
+  pt->buckets = malloc ((size_t) nbuckets * sizeof *pt->buckets);
+  if (pt->slots == NULL || pt->buckets == NULL) {
+    free (pt->slots);
+    free (pt->buckets);
+    memset (pt, 0, sizeof *pt);
+    errno = ENOMEM;
+    return -1;
+  }
+  pt->nslots = nslots;
+  pt->bucket_mask = nbuckets - 1;
+  for (uint32_t i = 0; i < nbuckets; i++)
+    pt->buckets[i] = PT_NONE;
+
+  /* Free list in slot order, so a new cache fills the file front to back. */
+  pt->free_head = PT_NONE;
+  for (uint32_t i = nslots; i-- > 0;) {
+    pt->slots[i].next = pt->free_head;
+    pt->free_head = i;
+  }
+  pt->nfree = nslots;
+  return 0;
+}
+
+void
+pagetable_free (struct pagetable *pt)
+{
+  free (pt->slots);
+  free (pt->buckets);
+  memset (pt, 0, sizeof *pt);
+}
+
+uint32_t
+pagetable_lookup (const struct pagetable *pt, uint64_t page)
+{
+  uint32_t i = pt->buckets[hash_page (pt, page)];
+
+  while (i != PT_NONE) {
+    if (pt->slots[i].page == page)
+      return i;
+    i = pt->slots[i].next;
+  }
+  return PT_NONE;
+}
+
+void
+pagetable_insert (struct pagetable *pt, uint32_t slot, uint64_t page)
+{
+  struct pt_slot *s = &pt->slots[slot];
+  uint32_t b = hash_page (pt, page);
+
+  s->page = page;
+  s->next = pt->buckets[b];
+  s->flags |= PT_INDEXED;
+  s->flags &= ~PT_ORPHAN;
+  pt->buckets[b] = slot;
+  pt->nindexed++;
+}
+
+void
+pagetable_remove (struct pagetable *pt, uint32_t slot)
+{
+  struct pt_slot *s = &pt->slots[slot];
+  uint32_t *link = &pt->buckets[hash_page (pt, s->page)];
+
+  if (!(s->flags & PT_INDEXED))
+    return;
+  while (*link != PT_NONE) {
+    if (*link == slot) {
+      *link = s->next;
+      break;
+    }
+    link = &pt->slots[*link].next;
+  }
+  s->next = PT_NONE;
+  s->flags &= ~PT_INDEXED;
+  pt->nindexed--;
+}
+
+uint32_t
+pagetable_take_free (struct pagetable *pt)
+{
+  uint32_t slot = pt->free_head;
+
+  if (slot == PT_NONE)
+    return PT_NONE;
+  pt->free_head = pt->slots[slot].next;
+  pt->slots[slot].next = PT_NONE;
+  pt->nfree--;
+  return slot;
+}
+
+void
+pagetable_clear_free (struct pagetable *pt)
+{
+  pt->free_head = PT_NONE;
+  pt->nfree = 0;
+}
+
+void
+pagetable_put_free (struct pagetable *pt, uint32_t slot)
+{
+  struct pt_slot *s = &pt->slots[slot];
+  uint64_t seq = s->seq;
+
+  memset (s, 0, sizeof *s);
+  s->seq = seq;
+  s->state = LAYOUT_FREE;
+  s->next = pt->free_head;
+  pt->free_head = slot;
+  pt->nfree++;
+}
+
+void
+pagetable_to_entry (const struct pt_slot *s, struct layout_entry *e)
+{
+  memset (e, 0, sizeof *e);
+  e->state = s->state;
+  e->seq = s->seq;
+  if (s->state != LAYOUT_FREE) {
+    e->page = s->page;
+    e->data_crc = s->data_crc;
+    memcpy (e->valid, s->valid, sizeof e->valid);
+    memcpy (e->dirty, s->dirty, sizeof e->dirty);
+  }
+}
+
+void
+pagetable_from_entry (struct pt_slot *s, const struct layout_entry *e)
+{
+  s->page = e->page;
+  s->seq = e->seq;
+  s->data_crc = e->data_crc;
+  s->state = e->state;
+  memcpy (s->valid, e->valid, sizeof s->valid);
+  memcpy (s->dirty, e->dirty, sizeof s->dirty);
+}
+
+bool
+pagetable_range_valid (const struct pt_slot *s, unsigned first, unsigned last)
+{
+  for (unsigned i = first; i <= last; i++)
+    if (!layout_bit_test (s->valid, i))
+      return false;
+  return true;
+}

@@ -1,0 +1,88 @@
+/* nbdkit-ssdcache-filter: the in-RAM page table (pure: no I/O, no nbdkit).
+ *
+ * Owns the per-slot metadata mirrored from the on-SSD entries and the
+ * index from backend page number to slot (a chained hash table sized by
+ * the cache, never by the backend), plus the free-slot list.
+ *
+ * Locking: none inside.  Every function must be called with the owning
+ * cache's metadata lock held (cache.c: cache->lock).  Critical sections
+ * are short: no function here does I/O.
+ */
+#ifndef SSDCACHE_PAGETABLE_H
+#define SSDCACHE_PAGETABLE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "layout.h"
+
+#define PT_NONE UINT32_MAX
+
+/* Slot flags (RAM only). */
+#define PT_INDEXED   0x01   /* reachable through the index */
+#define PT_VERIFIED  0x02   /* data CRC checked since the cache was opened */
+#define PT_ORPHAN    0x04   /* removed from the index while pinned */
+
+struct pt_slot {
+  uint64_t page;                      /* backend page number */
+  uint64_t seq;                       /* sequence number of the entry */
+  uint32_t data_crc;
+  uint32_t next;                      /* hash chain, or free list link */
+  uint16_t pins;                      /* users currently doing I/O on it */
+  uint8_t state;                      /* enum layout_state */
+  uint8_t flags;                      /* PT_* */
+  uint8_t valid[LAYOUT_MAX_SECTORS / 8];
+  uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
+};
+
+struct pagetable {
+  uint32_t nslots;
+  struct pt_slot *slots;
+  uint32_t *buckets;
+  uint32_t bucket_mask;               /* nbuckets - 1, nbuckets a power of 2 */
+  uint32_t free_head;
+  uint32_t nfree;
+  uint32_t nindexed;
+};
+
+/* Allocate for nslots slots, all free.  Returns 0 or -1 (ENOMEM). */
+extern int pagetable_init (struct pagetable *pt, uint32_t nslots);
+extern void pagetable_free (struct pagetable *pt);
+
+/* Slot holding backend page, or PT_NONE. */
+extern uint32_t pagetable_lookup (const struct pagetable *pt, uint64_t page);
+
+/* Make slot reachable as page.  The slot must not be indexed and no
+ * other slot may hold page.  The slot must have been taken from the
+ * free list (pagetable_take_free) or reclaimed (pagetable_remove).
+ */
+extern void pagetable_insert (struct pagetable *pt, uint32_t slot,
+                              uint64_t page);
+
+/* Remove slot from the index (it keeps its metadata). */
+extern void pagetable_remove (struct pagetable *pt, uint32_t slot);
+
+/* Take a slot from the free list, or PT_NONE when it is empty. */
+extern uint32_t pagetable_take_free (struct pagetable *pt);
+
+/* Empty the free list (used while loading entries from the cache
+ * file: the loader then puts back every slot it did not fill).
+ */
+extern void pagetable_clear_free (struct pagetable *pt);
+
+/* Reset slot to FREE and put it on the free list.  It must not be
+ * indexed and must have no pins.
+ */
+extern void pagetable_put_free (struct pagetable *pt, uint32_t slot);
+
+/* Fill an entry from a slot and back. */
+extern void pagetable_to_entry (const struct pt_slot *s,
+                                struct layout_entry *e);
+extern void pagetable_from_entry (struct pt_slot *s,
+                                  const struct layout_entry *e);
+
+/* True if every sector of [first, last] is valid in slot. */
+extern bool pagetable_range_valid (const struct pt_slot *s,
+                                   unsigned first, unsigned last);
+
+#endif /* SSDCACHE_PAGETABLE_H */

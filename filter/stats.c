@@ -1,0 +1,31 @@
+/* nbdkit-ssdcache-filter: counters.
+ *
+ * Owns printing of the counters; see stats.h (atomics, no lock).
+ */
+#include <inttypes.h>
+
+#include "log.h"
+#include "stats.h"
+
+#define STATS_FIELDS(X) \
+  X (read_ops) X (read_hits) X (read_misses) X (read_partial) \
+  X (bytes_from_cache) X (bytes_from_backend) X (write_ops) \
+  X (bytes_written) X (pages_updated) X (pages_invalidated) X (fills) \
+  X (evictions) X (bypassed) X (verify_failures) X (cache_errors) \
+  X (loaded_slots) X (dropped_entries)
+
+void
+stats_print (const struct stats *st, FILE *fp)
+{
+#define PRINT(f) fprintf (fp, "%s: %" PRIu64 "\n", #f, STATS_GET (st, f));
+  STATS_FIELDS (PRINT)
+#undef PRINT
+}
+
+void
+stats_debug (const struct stats *st)
+{
+#define DEBUG(f) log_debug ("stats: %s: %" PRIu64, #f, STATS_GET (st, f));
+  STATS_FIELDS (DEBUG)
+#undef DEBUG
+}

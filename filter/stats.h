@@ -1,0 +1,44 @@
+/* nbdkit-ssdcache-filter: counters.
+ *
+ * Owns the statistics counters.  They are C11 atomics updated with
+ * relaxed ordering, so no lock is needed; a snapshot printed while
+ * requests run may be slightly inconsistent between counters.
+ */
+#ifndef SSDCACHE_STATS_H
+#define SSDCACHE_STATS_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct stats {
+  _Atomic uint64_t read_ops;          /* client reads */
+  _Atomic uint64_t read_hits;         /* pages served wholly from the cache */
+  _Atomic uint64_t read_misses;       /* pages not in the cache */
+  _Atomic uint64_t read_partial;      /* pages cached but missing sectors */
+  _Atomic uint64_t bytes_from_cache;
+  _Atomic uint64_t bytes_from_backend;
+  _Atomic uint64_t write_ops;         /* client writes */
+  _Atomic uint64_t bytes_written;
+  _Atomic uint64_t pages_updated;     /* cached pages updated by writes */
+  _Atomic uint64_t pages_invalidated; /* by writearound, zero, trim, errors */
+  _Atomic uint64_t fills;             /* slots filled from the backend */
+  _Atomic uint64_t evictions;
+  _Atomic uint64_t bypassed;          /* pages not cached: no free slot */
+  _Atomic uint64_t verify_failures;   /* slots dropped: data CRC mismatch */
+  _Atomic uint64_t cache_errors;      /* cache device I/O errors */
+  _Atomic uint64_t loaded_slots;      /* slots loaded warm at start-up */
+  _Atomic uint64_t dropped_entries;   /* entries rejected at start-up */
+};
+
+#define STATS_ADD(st, field, n) \
+  atomic_fetch_add_explicit (&(st)->field, (n), memory_order_relaxed)
+#define STATS_GET(st, field) \
+  atomic_load_explicit (&(st)->field, memory_order_relaxed)
+
+/* Print every counter as "name: value" lines. */
+extern void stats_print (const struct stats *st, FILE *fp);
+/* Same, through log_debug. */
+extern void stats_debug (const struct stats *st);
+
+#endif /* SSDCACHE_STATS_H */

@@ -1,69 +1,50 @@
-/* nbdkit-ssdcache-filter: the cache engine.
+/* nbdkit-ssdcache-filter: the cache engine: slot helpers, durability
+ * (sync epochs, copy on write), and the read path.
  *
- * Owns the running cache (pool, page table, policy, range locks,
- * counters) and the read/write/invalidate/prefetch paths.  See cache.h
- * for the locking rules; in short:
- *
- *   c->lock      page table + policy + pins + c->seq; never held over I/O
- *   c->ranges    one request at a time changes a given page's contents
- *   pins         a slot being read or written is never reused
- *
- * Ordering rules that keep the cache file consistent across crashes:
+ * See cache-int.h for what c->lock, c->ranges and pins protect.  The
+ * rules that keep the cache file consistent across crashes:
  *  - slot data is written before the entry that describes it, so a torn
- *    update shows up as a data CRC mismatch and the slot is dropped;
- *  - in writethrough mode the backend is written before the cache, so
- *    the cache never holds clean data the backend does not have;
+ *    update shows up as a data CRC mismatch;
+ *  - in writethrough/writearound mode the backend is written before the
+ *    cache, so clean data in the cache is always data the backend has;
+ *  - durable dirty data is never overwritten in place (copy on write);
  *  - the data CRC of each slot is checked on its first use after the
- *    cache is opened; a slot that fails is dropped, never served.
+ *    cache is opened; clean slots that fail are dropped, dirty ones are
+ *    marked bad and reads of them fail with EIO, never wrong data.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
+#include <time.h>
 
-#include "cache.h"
-#include "evict.h"
+#include "cache-int.h"
 #include "log.h"
-#include "pagetable.h"
-#include "pool.h"
-#include "rangelock.h"
-
-#define LOAD_CHUNK 4096          /* entries read at a time at start-up */
-
-struct cache {
-  pthread_mutex_t lock;
-  struct pool pool;
-  struct pagetable pt;
-  struct evict *ev;
-  struct rangelock ranges;
-  struct stats stats;
-
-  char *path;
-  char *id_text;
-  uint64_t cfg_size;
-  uint32_t cfg_page_size;
-  uint64_t id_digest[2];
-  enum layout_mode mode;
-  bool reset;
-
-  uint32_t page_size, sector_size, nsectors;
-  uint32_t nslots;
-  uint64_t backend_size;
-  uint64_t seq;                  /* last sequence number used */
-  bool have_sb;                  /* an accepted superblock was read */
-};
+#include "writeback.h"
 
 /* Zeroes standing in for invalid sectors in data CRCs. */
 static const uint8_t zero_sector[LAYOUT_MAX_PAGE / LAYOUT_MAX_SECTORS];
 
-/*----------------------------------------------------------------------
- * Small helpers.
- */
+#define ALLOC_WAIT_MAX_MS 60000  /* give up waiting for a clean slot */
 
-/* Bytes of backend page that exist (the last page may be short). */
-static uint32_t
-page_bytes (const struct cache *c, uint64_t page)
+uint64_t
+cache_now_ms (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void
+cache_touch_io (struct cache *c)
+{
+  atomic_store_explicit (&c->last_io_ms, cache_now_ms (),
+                         memory_order_relaxed);
+}
+
+uint32_t
+cache_page_bytes (const struct cache *c, uint64_t page)
 {
   uint64_t start = page * c->page_size;
 
@@ -74,17 +55,26 @@ page_bytes (const struct cache *c, uint64_t page)
   return c->page_size;
 }
 
-static void
-map_fill (const struct cache *c, uint8_t *map)
+void
+cache_map_fill (const struct cache *c, uint8_t *map)
 {
   memset (map, 0, LAYOUT_MAX_SECTORS / 8);
   for (unsigned i = 0; i < c->nsectors; i++)
     layout_bit_set (map, i);
 }
 
-/* CRC32C of a page as stored: invalid sectors count as zeroes. */
-static uint32_t
-page_crc (const struct cache *c, const uint8_t *buf, const uint8_t *valid)
+bool
+cache_map_empty (const uint8_t *map)
+{
+  for (unsigned i = 0; i < LAYOUT_MAX_SECTORS / 8; i++)
+    if (map[i])
+      return false;
+  return true;
+}
+
+uint32_t
+cache_page_crc (const struct cache *c, const uint8_t *buf,
+                const uint8_t *valid)
 {
   uint32_t crc = 0;
 
@@ -96,8 +86,24 @@ page_crc (const struct cache *c, const uint8_t *buf, const uint8_t *valid)
   return crc;
 }
 
+void
+cache_sector_span (const struct cache *c, uint32_t off, uint32_t n,
+                   unsigned *first, unsigned *last)
+{
+  *first = off / c->sector_size;
+  *last = (off + n - 1) / c->sector_size;
+}
+
+/* Under c->lock. */
 static void
-unpin (struct cache *c, uint32_t s)
+release_slot_locked (struct cache *c, uint32_t s)
+{
+  pagetable_put_free (&c->pt, s);
+  pthread_cond_broadcast (&c->space);
+}
+
+void
+cache_unpin (struct cache *c, uint32_t s)
 {
   struct pt_slot *slot;
 
@@ -105,13 +111,12 @@ unpin (struct cache *c, uint32_t s)
   slot = &c->pt.slots[s];
   slot->pins--;
   if (slot->pins == 0 && (slot->flags & PT_ORPHAN))
-    pagetable_put_free (&c->pt, s);
+    release_slot_locked (c, s);
   pthread_mutex_unlock (&c->lock);
 }
 
-/* Look page up and pin its slot.  PT_NONE if not cached. */
-static uint32_t
-lookup_pin (struct cache *c, uint64_t page)
+uint32_t
+cache_lookup_pin (struct cache *c, uint64_t page)
 {
   uint32_t s;
 
@@ -123,55 +128,111 @@ lookup_pin (struct cache *c, uint64_t page)
   return s;
 }
 
-static void
-cache_error (struct cache *c, const char *what, uint32_t s)
+void
+cache_io_error (struct cache *c, const char *what, uint32_t s)
 {
   STATS_ADD (&c->stats, cache_errors, 1);
-  log_error ("cache file %s: %s (slot %u): %m; serving from the backend",
-             c->path, what, s);
+  log_error ("cache file %s: %s (slot %u): %m", c->path, what, s);
 }
 
-/* Write the entry of pinned or privately owned slot s, with a new
- * sequence number, after updating its metadata with upd (under lock).
+/* Under c->lock: keep c->ndirty in step with an indexed slot's state. */
+void
+cache_set_state_counts (struct cache *c, uint8_t old_state,
+                        uint8_t new_state)
+{
+  if (old_state == LAYOUT_DIRTY && new_state != LAYOUT_DIRTY) {
+    c->ndirty--;
+    pthread_cond_broadcast (&c->space);
+  }
+  else if (old_state != LAYOUT_DIRTY && new_state == LAYOUT_DIRTY)
+    c->ndirty++;
+}
+
+/* Write the entry of pinned (or privately owned) slot s with a new
+ * sequence number after copying upd's contents into it.  The slot's
+ * epoch is set once the write has completed.
  */
-static int
-commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
+int
+cache_commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
 {
   struct layout_entry e;
   struct pt_slot *slot;
+  int r;
 
   pthread_mutex_lock (&c->lock);
   slot = &c->pt.slots[s];
+  if (slot->flags & PT_INDEXED)
+    cache_set_state_counts (c, slot->state, upd->state);
   slot->page = upd->page;
   slot->state = upd->state;
   slot->data_crc = upd->data_crc;
   memcpy (slot->valid, upd->valid, sizeof slot->valid);
   memcpy (slot->dirty, upd->dirty, sizeof slot->dirty);
   slot->seq = ++c->seq;
+  slot->epoch = PT_EPOCH_PENDING;
   pagetable_to_entry (slot, &e);
   pthread_mutex_unlock (&c->lock);
 
-  return pool_write_entry (&c->pool, s, &e);
+  r = pool_write_entry (&c->pool, s, &e);
+
+  pthread_mutex_lock (&c->lock);
+  c->pt.slots[s].epoch = c->epoch;
+  pthread_mutex_unlock (&c->lock);
+  return r;
+}
+
+/* Is the on-disk state of slot s something a crash must not lose?
+ * Then it may not be rewritten in place (under c->lock).
+ */
+bool
+cache_must_cow (const struct cache *c, const struct pt_slot *s)
+{
+  bool durable = s->epoch <= c->durable_epoch;
+
+  if ((s->flags & PT_NEEDSYNC) && !durable)
+    return true;
+  return s->state == LAYOUT_DIRTY && durable;
+}
+
+/* Settle slot s before it is dropped: if freeing an older version of
+ * its page is not yet durable, make it so first, or the older version
+ * could come back after a power failure.
+ */
+static void
+settle (struct cache *c, uint32_t s)
+{
+  bool pending;
+  int err;
+
+  pthread_mutex_lock (&c->lock);
+  pending = (c->pt.slots[s].flags & PT_NEEDSYNC) &&
+    c->pt.slots[s].epoch > c->durable_epoch;
+  pthread_mutex_unlock (&c->lock);
+  if (pending)
+    cache_sync (c, &err);
 }
 
 /* Drop pinned slot s (its page is range locked by the caller): it
  * leaves the index at once and is freed when its last pin goes.
  * Consumes the caller's pin.
  */
-static void
-drop_slot (struct cache *c, uint32_t s)
+int
+cache_drop_slot (struct cache *c, uint32_t s)
 {
   struct layout_entry e;
   struct pt_slot *slot;
+  int r;
 
+  settle (c, s);
   pthread_mutex_lock (&c->lock);
   slot = &c->pt.slots[s];
   if (slot->flags & PT_INDEXED) {
+    cache_set_state_counts (c, slot->state, LAYOUT_FREE);
     pagetable_remove (&c->pt, s);
     evict_remove (c->ev, s);
   }
   slot->flags |= PT_ORPHAN;
-  slot->flags &= ~PT_VERIFIED;
+  slot->flags &= ~(PT_VERIFIED | PT_NEEDSYNC | PT_BAD);
   slot->state = LAYOUT_FREE;
   memset (slot->valid, 0, sizeof slot->valid);
   memset (slot->dirty, 0, sizeof slot->dirty);
@@ -179,10 +240,12 @@ drop_slot (struct cache *c, uint32_t s)
   pagetable_to_entry (slot, &e);
   pthread_mutex_unlock (&c->lock);
 
-  if (pool_write_entry (&c->pool, s, &e) == -1)
-    cache_error (c, "writing free entry", s);
+  r = pool_write_entry (&c->pool, s, &e);
+  if (r == -1)
+    cache_io_error (c, "writing free entry", s);
   STATS_ADD (&c->stats, pages_invalidated, 1);
-  unpin (c, s);
+  cache_unpin (c, s);
+  return r;
 }
 
 static bool
@@ -192,129 +255,314 @@ can_take (void *opaque, uint32_t s)
   const struct pt_slot *slot = &c->pt.slots[s];
 
   return slot->pins == 0 && slot->state == LAYOUT_CLEAN &&
-    (slot->flags & PT_INDEXED);
+    (slot->flags & PT_INDEXED) &&
+    !((slot->flags & PT_NEEDSYNC) && slot->epoch > c->durable_epoch);
 }
 
-/* A slot nobody else can reach, or PT_NONE when every slot is busy
- * or dirty.  Only clean slots are ever evicted.
- */
+/* Under c->lock. */
 static uint32_t
-alloc_slot (struct cache *c)
+alloc_locked (struct cache *c)
 {
-  uint32_t s;
+  uint32_t s = pagetable_take_free (&c->pt);
 
-  pthread_mutex_lock (&c->lock);
-  s = pagetable_take_free (&c->pt);
-  if (s == PT_NONE) {
-    s = evict_victim (c->ev, can_take, c);
-    if (s != EVICT_NONE) {
-      pagetable_remove (&c->pt, s);
-      c->pt.slots[s].flags = 0;
-      STATS_ADD (&c->stats, evictions, 1);
-      if (ssdcache_debug_verbose)
-        log_debug ("evict slot %u (page %llu)", s,
-                   (unsigned long long) c->pt.slots[s].page);
-    }
-    else
-      s = PT_NONE;
-  }
-  pthread_mutex_unlock (&c->lock);
+  if (s != PT_NONE)
+    return s;
+  s = evict_victim (c->ev, can_take, c);
+  if (s == EVICT_NONE)
+    return PT_NONE;
+  pagetable_remove (&c->pt, s);
+  c->pt.slots[s].flags = 0;
+  STATS_ADD (&c->stats, evictions, 1);
+  if (ssdcache_debug_verbose)
+    log_debug ("evict slot %u (page %llu)", s,
+               (unsigned long long) c->pt.slots[s].page);
   return s;
 }
 
-/* Store a whole page (buf holds page_size bytes, zeroes past the end of
- * the backend) in slot s (pinned by the caller, consumed), or in a new
- * slot if s is PT_NONE.  The page is range locked by the caller.
+/* A slot nobody else can reach, or PT_NONE.  Only clean slots are ever
+ * evicted.  With wait, when every slot is dirty or busy, wake the
+ * writeback thread and wait for it to clean some.
+ */
+uint32_t
+cache_alloc_slot (struct cache *c, bool wait)
+{
+  uint32_t s;
+  uint64_t start = 0;
+
+  pthread_mutex_lock (&c->lock);
+  while ((s = alloc_locked (c)) == PT_NONE && wait && c->wb &&
+         c->ndirty > 0) {
+    struct timespec ts;
+    uint64_t now = cache_now_ms ();
+
+    if (start == 0)
+      start = now;
+    else if (now - start > ALLOC_WAIT_MAX_MS)
+      break;
+    writeback_kick (c);
+    clock_gettime (CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait (&c->space, &c->lock, &ts);
+  }
+  pthread_mutex_unlock (&c->lock);
+  if (start)
+    STATS_ADD (&c->stats, wait_ms, cache_now_ms () - start);
+  return s;
+}
+
+/* Under nothing: record that old (pinned by the caller) was replaced by
+ * succ for page; old stays on disk until succ is durable.  Consumes the
+ * caller's pin on old.
+ */
+void
+cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
+{
+  pthread_mutex_lock (&c->lock);
+  if (c->nsup == c->capsup) {
+    size_t cap = c->capsup ? c->capsup * 2 : 64;
+    struct cache_sup *p = realloc (c->sup, cap * sizeof *p);
+    if (p == NULL) {
+      /* Cannot remember it: keep it out of use for good, which is safe. */
+      log_error ("realloc: %m");
+      goto out;
+    }
+    c->sup = p;
+    c->capsup = cap;
+  }
+  c->sup[c->nsup].slot = old;
+  c->sup[c->nsup].succ = succ;
+  c->nsup++;
+ out:
+  {
+    struct pt_slot *o = &c->pt.slots[old];
+    if (o->flags & PT_INDEXED) {
+      cache_set_state_counts (c, o->state, LAYOUT_FREE);
+      pagetable_remove (&c->pt, old);
+      evict_remove (c->ev, old);
+    }
+    o->flags |= PT_SUPERSEDED;
+    o->pins--;
+  }
+  pagetable_insert (&c->pt, succ, page);
+  evict_insert (c->ev, succ);
+  cache_set_state_counts (c, LAYOUT_FREE, c->pt.slots[succ].state);
+  STATS_ADD (&c->stats, cow_copies, 1);
+  pthread_mutex_unlock (&c->lock);
+}
+
+/* Free superseded slots whose successors are durable (called after a
+ * sync).  Oldest first, so a chain of versions unwinds in order.
  */
 static void
-store_page (struct cache *c, uint64_t page, uint32_t s, const void *buf)
+free_superseded (struct cache *c)
 {
-  struct pt_slot upd = { .page = page, .state = LAYOUT_CLEAN };
-  bool fresh = s == PT_NONE;
+  for (;;) {
+    struct layout_entry e;
+    uint32_t old, succ;
 
-  if (fresh) {
-    s = alloc_slot (c);
-    if (s == PT_NONE) {
-      STATS_ADD (&c->stats, bypassed, 1);
+    pthread_mutex_lock (&c->lock);
+    if (c->nsup == 0 ||
+        c->pt.slots[c->sup[0].succ].epoch > c->durable_epoch) {
+      pthread_mutex_unlock (&c->lock);
       return;
     }
-  }
-  map_fill (c, upd.valid);
-  upd.data_crc = page_crc (c, buf, upd.valid);
+    old = c->sup[0].slot;
+    succ = c->sup[0].succ;
+    memmove (c->sup, c->sup + 1, (c->nsup - 1) * sizeof *c->sup);
+    c->nsup--;
+    /* Until the FREE entry is durable the successor must stay as it
+     * is on disk.
+     */
+    c->pt.slots[succ].flags |= PT_NEEDSYNC;
+    c->pt.slots[succ].epoch = PT_EPOCH_PENDING;
+    memset (&e, 0, sizeof e);
+    e.state = LAYOUT_FREE;
+    e.seq = ++c->seq;
+    pthread_mutex_unlock (&c->lock);
 
-  if (pool_write_data (&c->pool, s, buf, c->page_size, 0) == -1) {
-    cache_error (c, "writing data", s);
+    if (pool_write_entry (&c->pool, old, &e) == -1)
+      cache_io_error (c, "writing free entry", old);
+
+    pthread_mutex_lock (&c->lock);
+    c->pt.slots[succ].epoch = c->epoch;
+    c->pt.slots[old].flags &= ~PT_SUPERSEDED;
+    c->pt.slots[old].flags |= PT_ORPHAN;
+    c->pt.slots[old].state = LAYOUT_FREE;
+    if (c->pt.slots[old].pins == 0)
+      release_slot_locked (c, old);
+    pthread_mutex_unlock (&c->lock);
+  }
+}
+
+int
+cache_sync (struct cache *c, int *err)
+{
+  uint64_t e;
+
+  pthread_mutex_lock (&c->lock);
+  e = c->epoch++;
+  pthread_mutex_unlock (&c->lock);
+
+  if (pool_sync (&c->pool) == -1) {
+    *err = errno;
+    cache_io_error (c, "fdatasync", 0);
+    return -1;
+  }
+
+  pthread_mutex_lock (&c->lock);
+  if (e > c->durable_epoch)
+    c->durable_epoch = e;
+  pthread_mutex_unlock (&c->lock);
+  free_superseded (c);
+  STATS_ADD (&c->stats, cache_syncs, 1);
+  return 0;
+}
+
+/* Store a whole page (buf: page_size bytes, zeroes past the end of the
+ * backend), all sectors valid, the given ones dirty (NULL: clean), in
+ * slot s (pinned by the caller; consumed) or in a new slot if s is
+ * PT_NONE.  The page is range locked by the caller.  Returns 0, 1 if
+ * no slot could be had (nothing stored), -1 on a cache error.
+ */
+int
+cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
+                 const uint8_t *buf, const uint8_t *dirty)
+{
+  struct pt_slot upd = { .page = page, .state = LAYOUT_CLEAN };
+  uint32_t target = s;
+  bool cow = false;
+
+  if (s != PT_NONE) {
+    pthread_mutex_lock (&c->lock);
+    cow = cache_must_cow (c, &c->pt.slots[s]);
+    pthread_mutex_unlock (&c->lock);
+  }
+  if (s == PT_NONE || cow) {
+    target = cache_alloc_slot (c, dirty != NULL);
+    if (target == PT_NONE) {
+      if (s != PT_NONE)
+        cache_unpin (c, s);
+      STATS_ADD (&c->stats, bypassed, 1);
+      return 1;
+    }
+  }
+  cache_map_fill (c, upd.valid);
+  if (dirty && !cache_map_empty (dirty)) {
+    memcpy (upd.dirty, dirty, sizeof upd.dirty);
+    upd.state = LAYOUT_DIRTY;
+  }
+  upd.data_crc = cache_page_crc (c, buf, upd.valid);
+
+  if (pool_write_data (&c->pool, target, buf, c->page_size, 0) == -1) {
+    cache_io_error (c, "writing data", target);
     goto fail;
   }
-  if (commit_entry (c, s, &upd) == -1) {
-    cache_error (c, "writing entry", s);
+  if (cache_commit_entry (c, target, &upd) == -1) {
+    cache_io_error (c, "writing entry", target);
     goto fail;
   }
   pthread_mutex_lock (&c->lock);
-  c->pt.slots[s].flags |= PT_VERIFIED;
-  if (fresh) {
-    pagetable_insert (&c->pt, s, page);
-    evict_insert (c->ev, s);
+  c->pt.slots[target].flags |= PT_VERIFIED;
+  c->pt.slots[target].flags &= ~PT_BAD;     /* wholly rewritten */
+  if (target != s && s == PT_NONE) {
+    pagetable_insert (&c->pt, target, page);
+    evict_insert (c->ev, target);
+    cache_set_state_counts (c, LAYOUT_FREE, upd.state);
   }
   pthread_mutex_unlock (&c->lock);
-  if (fresh)
+  if (s == PT_NONE)
     STATS_ADD (&c->stats, fills, 1);
+  else if (cow)
+    cache_supersede (c, s, target, page);
   else
-    unpin (c, s);
-  return;
+    cache_unpin (c, s);
+  return 0;
 
  fail:
-  if (fresh) {
+  if (target != s) {
     pthread_mutex_lock (&c->lock);
-    pagetable_put_free (&c->pt, s);
+    release_slot_locked (c, target);
     pthread_mutex_unlock (&c->lock);
   }
-  else
-    drop_slot (c, s);
+  if (s != PT_NONE) {
+    /* The old contents are still good unless we wrote over them. */
+    if (target == s && !dirty)
+      cache_drop_slot (c, s);
+    else
+      cache_unpin (c, s);
+  }
+  return -1;
+}
+
+/* Mark pinned slot s bad: its dirty data cannot be read back.  It stays
+ * in the index so that reads of the page fail instead of returning the
+ * backend's stale data.  Consumes the pin.
+ */
+static void
+mark_bad (struct cache *c, uint32_t s)
+{
+  pthread_mutex_lock (&c->lock);
+  if (!(c->pt.slots[s].flags & PT_BAD)) {
+    c->pt.slots[s].flags |= PT_BAD;
+    STATS_ADD (&c->stats, dirty_lost, 1);
+    log_error ("cache file %s: DIRTY DATA LOST: slot %u (page %llu, "
+               "bytes %llu-%llu) fails its data checksum; reads of it "
+               "will fail with EIO until it is overwritten",
+               c->path, s, (unsigned long long) c->pt.slots[s].page,
+               (unsigned long long) c->pt.slots[s].page * c->page_size,
+               (unsigned long long) (c->pt.slots[s].page + 1) *
+               c->page_size - 1);
+  }
+  pthread_mutex_unlock (&c->lock);
+  cache_unpin (c, s);
 }
 
 /* Read the whole of pinned slot s into buf and check its data CRC if
- * this has not been done since start-up.  Returns 0, or -1 after
- * dropping the slot (consumes the pin) on mismatch or I/O error.
+ * this has not been done since start-up.  Returns 0; -1 if the slot
+ * was dropped (clean) or marked bad (dirty) - the pin is consumed then.
  * The page must be range locked by the caller.
  */
-static int
-read_verified (struct cache *c, uint32_t s, uint8_t *buf)
+int
+cache_read_verified (struct cache *c, uint32_t s, uint8_t *buf)
 {
   struct pt_slot snap;
 
-  if (pool_read_data (&c->pool, s, buf, c->page_size, 0) == -1) {
-    cache_error (c, "reading data", s);
-    drop_slot (c, s);
-    return -1;
-  }
   pthread_mutex_lock (&c->lock);
   snap = c->pt.slots[s];
   pthread_mutex_unlock (&c->lock);
+  if (snap.flags & PT_BAD) {
+    cache_unpin (c, s);
+    return -1;
+  }
+
+  if (pool_read_data (&c->pool, s, buf, c->page_size, 0) == -1) {
+    cache_io_error (c, "reading data", s);
+    goto bad;
+  }
   if (snap.flags & PT_VERIFIED)
     return 0;
 
-  if (page_crc (c, buf, snap.valid) != snap.data_crc) {
+  if (cache_page_crc (c, buf, snap.valid) != snap.data_crc) {
     STATS_ADD (&c->stats, verify_failures, 1);
     log_debug ("cache file %s: slot %u (page %llu) fails its data "
-               "checksum: dropped", c->path, s,
-               (unsigned long long) snap.page);
-    drop_slot (c, s);
-    return -1;
+               "checksum", c->path, s, (unsigned long long) snap.page);
+    goto bad;
   }
   pthread_mutex_lock (&c->lock);
   c->pt.slots[s].flags |= PT_VERIFIED;
   pthread_mutex_unlock (&c->lock);
   return 0;
-}
 
-/* Sectors [*first, *last] of a page touched by bytes [off, off+n). */
-static void
-sector_span (const struct cache *c, uint32_t off, uint32_t n,
-             unsigned *first, unsigned *last)
-{
-  *first = off / c->sector_size;
-  *last = (off + n - 1) / c->sector_size;
+ bad:
+  if (snap.state == LAYOUT_DIRTY)
+    mark_bad (c, s);
+  else
+    cache_drop_slot (c, s);
+  return -1;
 }
 
 /*----------------------------------------------------------------------
@@ -322,8 +570,7 @@ sector_span (const struct cache *c, uint32_t off, uint32_t n,
  */
 
 /* Serve [off, off+n) of page from the cache without any range lock if
- * the page is cached, verified and has all those sectors.  Returns
- * true if served.
+ * the page is cached, verified and has all those sectors.
  */
 static bool
 try_hit (struct cache *c, uint64_t page, uint8_t *dst, uint32_t off,
@@ -334,7 +581,7 @@ try_hit (struct cache *c, uint64_t page, uint8_t *dst, uint32_t off,
   struct pt_slot *slot;
   int r;
 
-  sector_span (c, off, n, &first, &last);
+  cache_sector_span (c, off, n, &first, &last);
   pthread_mutex_lock (&c->lock);
   s = pagetable_lookup (&c->pt, page);
   if (s == PT_NONE) {
@@ -342,7 +589,7 @@ try_hit (struct cache *c, uint64_t page, uint8_t *dst, uint32_t off,
     return false;
   }
   slot = &c->pt.slots[s];
-  if (!(slot->flags & PT_VERIFIED) ||
+  if ((slot->flags & (PT_VERIFIED | PT_BAD)) != PT_VERIFIED ||
       !pagetable_range_valid (slot, first, last)) {
     pthread_mutex_unlock (&c->lock);
     return false;
@@ -352,9 +599,9 @@ try_hit (struct cache *c, uint64_t page, uint8_t *dst, uint32_t off,
   pthread_mutex_unlock (&c->lock);
 
   r = pool_read_data (&c->pool, s, dst, n, off);
-  unpin (c, s);
+  cache_unpin (c, s);
   if (r == -1) {
-    cache_error (c, "reading data", s);
+    cache_io_error (c, "reading data", s);
     return false;               /* the slow path deals with it */
   }
   return true;
@@ -368,14 +615,37 @@ peek_hit (struct cache *c, uint64_t page, uint32_t off, uint32_t n)
   uint32_t s;
   bool r = false;
 
-  sector_span (c, off, n, &first, &last);
+  cache_sector_span (c, off, n, &first, &last);
   pthread_mutex_lock (&c->lock);
   s = pagetable_lookup (&c->pt, page);
   if (s != PT_NONE)
-    r = (c->pt.slots[s].flags & PT_VERIFIED) &&
+    r = (c->pt.slots[s].flags & (PT_VERIFIED | PT_BAD)) == PT_VERIFIED &&
       pagetable_range_valid (&c->pt.slots[s], first, last);
   pthread_mutex_unlock (&c->lock);
   return r;
+}
+
+/* Complete a partly valid page: backend data (in data) overlaid with
+ * the slot's valid sectors (which may be dirty), all sectors valid.
+ * Consumes the pin on s.
+ */
+static void
+complete_partial (struct cache *c, uint64_t page, uint32_t s, uint8_t *data,
+                  uint8_t *tmp)
+{
+  struct pt_slot snap;
+
+  if (cache_read_verified (c, s, tmp) == -1)
+    return;                     /* dropped or bad */
+  pthread_mutex_lock (&c->lock);
+  snap = c->pt.slots[s];
+  pthread_mutex_unlock (&c->lock);
+  for (unsigned i = 0; i < c->nsectors; i++)
+    if (layout_bit_test (snap.valid, i))
+      memcpy (data + (size_t) i * c->sector_size,
+              tmp + (size_t) i * c->sector_size, c->sector_size);
+  cache_fill_slot (c, page, s, data,
+                   snap.state == LAYOUT_DIRTY ? snap.dirty : NULL);
 }
 
 /* Read [pos, pos+len) (dst may be NULL: prefetch only) with the pages
@@ -398,6 +668,8 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
     *err = ENOMEM;
     goto out_free;
   }
+  for (uint64_t i = 0; i < np; i++)
+    slots[i] = PT_NONE;
   if (rangelock_acquire (&c->ranges, first, last) == -1) {
     *err = errno;
     goto out_free;
@@ -410,21 +682,29 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
     uint32_t a = pos > pstart ? pos - pstart : 0;
     uint32_t b = pos + len < pstart + ps ? pos + len - pstart : ps;
     unsigned sf, sl;
-    uint32_t s = lookup_pin (c, page);
+    uint32_t s = cache_lookup_pin (c, page);
+    bool ok, bad;
 
-    slots[i] = PT_NONE;
     need[i] = true;
     if (s == PT_NONE) {
       STATS_ADD (&c->stats, read_misses, 1);
       continue;
     }
-    if (read_verified (c, s, page_buf) == -1) {
+    if (cache_read_verified (c, s, page_buf) == -1) {
+      pthread_mutex_lock (&c->lock);
+      bad = pagetable_lookup (&c->pt, page) == s &&
+        (c->pt.slots[s].flags & PT_BAD);
+      pthread_mutex_unlock (&c->lock);
+      if (bad) {
+        *err = EIO;
+        goto out_unpin;
+      }
       STATS_ADD (&c->stats, read_misses, 1);
       continue;                 /* dropped */
     }
-    sector_span (c, a, b - a, &sf, &sl);
+    cache_sector_span (c, a, b - a, &sf, &sl);
     pthread_mutex_lock (&c->lock);
-    bool ok = pagetable_range_valid (&c->pt.slots[s], sf, sl);
+    ok = pagetable_range_valid (&c->pt.slots[s], sf, sl);
     if (ok)
       evict_touch (c->ev, s);
     pthread_mutex_unlock (&c->lock);
@@ -434,11 +714,11 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
       STATS_ADD (&c->stats, read_hits, 1);
       STATS_ADD (&c->stats, bytes_from_cache, b - a);
       need[i] = false;
-      unpin (c, s);
+      cache_unpin (c, s);
     }
     else {
       STATS_ADD (&c->stats, read_partial, 1);
-      slots[i] = s;             /* keep the pin: refilled below */
+      slots[i] = s;             /* keep the pin: completed below */
     }
   }
 
@@ -474,12 +754,17 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
       uint64_t pstart = (first + k) * ps;
       uint32_t a = pos > pstart ? pos - pstart : 0;
       uint32_t b = pos + len < pstart + ps ? pos + len - pstart : ps;
-      const uint8_t *data = bounce + (k - i) * ps;
+      uint8_t *data = bounce + (k - i) * ps;
 
+      if (slots[k] != PT_NONE) {
+        /* Cached sectors (maybe dirty) win over the backend's. */
+        complete_partial (c, first + k, slots[k], data, page_buf);
+        slots[k] = PT_NONE;
+      }
+      else
+        cache_fill_slot (c, first + k, PT_NONE, data, NULL);
       if (dst)
         memcpy (dst + (pstart + a - pos), data + a, b - a);
-      store_page (c, first + k, slots[k], data);
-      slots[k] = PT_NONE;
       need[k] = false;
     }
     free (bounce);
@@ -490,7 +775,7 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
  out_unpin:
   for (uint64_t i = 0; i < np; i++)
     if (slots[i] != PT_NONE)
-      unpin (c, slots[i]);
+      cache_unpin (c, slots[i]);
   rangelock_release (&c->ranges, first, last);
  out_free:
   free (slots);
@@ -509,6 +794,7 @@ cache_read (struct cache *c, const struct cache_backend *be,
   uint64_t pos = offset;
 
   STATS_ADD (&c->stats, read_ops, 1);
+  cache_touch_io (c);
   while (pos < end) {
     uint64_t page = pos / ps, run_end;
     uint32_t off = pos % ps;
@@ -544,505 +830,32 @@ cache_prefetch (struct cache *c, const struct cache_backend *be,
 {
   if (count == 0)
     return 0;
+  cache_touch_io (c);
   return read_slow (c, be, NULL, offset, count, err);
 }
 
-/*----------------------------------------------------------------------
- * Writes and invalidation.
- */
-
-static void
-invalidate_pages (struct cache *c, uint64_t first, uint64_t last)
-{
-  for (uint64_t page = first; page <= last; page++) {
-    uint32_t s = lookup_pin (c, page);
-    if (s != PT_NONE) {
-      if (ssdcache_debug_verbose)
-        log_debug ("invalidate page %llu (slot %u)",
-                   (unsigned long long) page, s);
-      drop_slot (c, s);
-    }
-  }
-}
-
-void
-cache_invalidate (struct cache *c, uint32_t count, uint64_t offset)
-{
-  uint64_t first, last;
-
-  if (count == 0)
-    return;
-  first = offset / c->page_size;
-  last = (offset + count - 1) / c->page_size;
-  if (rangelock_acquire (&c->ranges, first, last) == -1) {
-    /* Cannot lock: the only safe answer is to empty the cache. */
-    log_error ("cache file %s: cannot lock range for invalidation", c->path);
-    return;
-  }
-  invalidate_pages (c, first, last);
-  rangelock_release (&c->ranges, first, last);
-}
-
-/* After the backend took bytes [off, off+n) of page from src, bring the
- * cached copy (if any) up to date.  Whole pages not cached are added.
- * The page is range locked by the caller.
- */
-static void
-update_page (struct cache *c, uint64_t page, const uint8_t *src,
-             uint32_t off, uint32_t n, uint8_t *tmp)
-{
-  const uint32_t pbytes = page_bytes (c, page);
-  const bool whole = off == 0 && n >= pbytes;
-  struct pt_slot upd;
-  unsigned sf, sl;
-  uint32_t s = lookup_pin (c, page);
-
-  if (whole) {
-    /* No need for the old contents: store the page as a whole. */
-    const uint8_t *data = src;
-    if (n < c->page_size) {
-      memcpy (tmp, src, n);
-      memset (tmp + n, 0, c->page_size - n);
-      data = tmp;
-    }
-    store_page (c, page, s, data);
-    if (s != PT_NONE)
-      STATS_ADD (&c->stats, pages_updated, 1);
-    return;
-  }
-  if (s == PT_NONE)
-    return;                     /* partial page not cached: leave it */
-
-  if (read_verified (c, s, tmp) == -1)
-    return;                     /* dropped */
-  memcpy (tmp + off, src, n);
-
-  pthread_mutex_lock (&c->lock);
-  upd = c->pt.slots[s];
-  pthread_mutex_unlock (&c->lock);
-
-  /* Sectors the write covers completely become valid; a partly
-   * covered sector keeps its old validity (merged data if valid).
-   */
-  sector_span (c, off, n, &sf, &sl);
-  for (unsigned i = sf; i <= sl; i++) {
-    uint32_t ss = i * c->sector_size;
-    uint32_t se = ss + c->sector_size;
-    if (se > pbytes)
-      se = pbytes;
-    if (ss >= se)
-      continue;
-    if (off <= ss && off + n >= se)
-      layout_bit_set (upd.valid, i);
-  }
-  upd.data_crc = page_crc (c, tmp, upd.valid);
-
-  if (pool_write_data (&c->pool, s, tmp + sf * c->sector_size,
-                       (sl - sf + 1) * c->sector_size,
-                       sf * c->sector_size) == -1) {
-    cache_error (c, "writing data", s);
-    drop_slot (c, s);
-    return;
-  }
-  if (commit_entry (c, s, &upd) == -1) {
-    cache_error (c, "writing entry", s);
-    drop_slot (c, s);
-    return;
-  }
-  STATS_ADD (&c->stats, pages_updated, 1);
-  unpin (c, s);
-}
-
-int
-cache_write (struct cache *c, const struct cache_backend *be,
-             const void *buf, uint32_t count, uint64_t offset, bool fua,
-             int *err)
+bool
+cache_range_dirty (struct cache *c, uint64_t offset, uint64_t count,
+                   uint64_t *run_end)
 {
   const uint32_t ps = c->page_size;
-  uint64_t first, last;
-  uint8_t *tmp = NULL;
-  int ret = -1;
+  uint64_t page = offset / ps, end = offset + count;
+  bool first_dirty = false;
 
-  STATS_ADD (&c->stats, write_ops, 1);
-  STATS_ADD (&c->stats, bytes_written, count);
-  if (count == 0)
-    return be->pwrite (be->h, buf, count, offset, fua, err);
+  pthread_mutex_lock (&c->lock);
+  for (uint64_t pos = offset; pos < end; page++) {
+    uint32_t s = c->ndirty ? pagetable_lookup (&c->pt, page) : PT_NONE;
+    bool d = s != PT_NONE && c->pt.slots[s].state == LAYOUT_DIRTY;
 
-  first = offset / ps;
-  last = (offset + count - 1) / ps;
-  tmp = malloc (ps);
-  if (tmp == NULL) {
-    *err = ENOMEM;
-    return -1;
+    if (pos == offset)
+      first_dirty = d;
+    else if (d != first_dirty)
+      break;
+    pos = (page + 1) * ps;
+    *run_end = pos < end ? pos : end;
   }
-  if (rangelock_acquire (&c->ranges, first, last) == -1) {
-    *err = errno;
-    free (tmp);
-    return -1;
-  }
-
-  if (be->pwrite (be->h, buf, count, offset, fua, err) == -1) {
-    /* The backend may hold some of the new data now: forget ours. */
-    invalidate_pages (c, first, last);
-    goto out;
-  }
-
-  if (c->mode == LAYOUT_MODE_WRITEAROUND)
-    invalidate_pages (c, first, last);
-  else {
-    for (uint64_t page = first; page <= last; page++) {
-      uint64_t pstart = page * ps;
-      uint32_t a = offset > pstart ? offset - pstart : 0;
-      uint32_t b = offset + count < pstart + ps ? offset + count - pstart : ps;
-      update_page (c, page, (const uint8_t *) buf + (pstart + a - offset),
-                   a, b - a, tmp);
-    }
-  }
-  /* A FUA write is durable on the backend; make the cache agree even
-   * across power loss, or an older cached copy could come back.
-   */
-  if (fua && pool_sync (&c->pool) == -1)
-    cache_error (c, "fdatasync", 0);
-  ret = 0;
-
- out:
-  rangelock_release (&c->ranges, first, last);
-  free (tmp);
-  return ret;
-}
-
-int
-cache_sync (struct cache *c, int *err)
-{
-  if (pool_sync (&c->pool) == -1) {
-    /* The cache only holds clean data in these modes: it is the
-     * backend flush that matters.  Log, do not fail the client.
-     */
-    cache_error (c, "fdatasync", 0);
-  }
-  return 0;
-}
-
-/*----------------------------------------------------------------------
- * Open, attach (load or format), close.
- */
-
-struct cache *
-cache_open (const struct cache_config *cfg)
-{
-  struct cache *c = calloc (1, sizeof *c);
-  int r;
-
-  if (c == NULL) {
-    log_error ("calloc: %m");
-    return NULL;
-  }
-  c->pool.fd = -1;
-  pthread_mutex_init (&c->lock, NULL);
-  if (rangelock_init (&c->ranges) == -1) {
-    log_error ("rangelock_init: %m");
-    pthread_mutex_destroy (&c->lock);
-    free (c);
-    return NULL;
-  }
-  c->path = strdup (cfg->path);
-  c->id_text = strdup (cfg->id_text ? cfg->id_text : "");
-  if (c->path == NULL || c->id_text == NULL) {
-    log_error ("strdup: %m");
-    goto err;
-  }
-  c->cfg_size = cfg->size;
-  c->cfg_page_size = cfg->page_size;
-  c->id_digest[0] = cfg->id_digest[0];
-  c->id_digest[1] = cfg->id_digest[1];
-  c->mode = cfg->mode;
-  c->reset = cfg->reset;
-
-  if (pool_open (&c->pool, c->path) == -1)
-    goto err;
-  r = pool_load_sb (&c->pool);
-  if (r == -1) {
-    if (!c->reset) {
-      log_error ("cache file %s cannot be used; to discard it and start "
-                 "an empty cache, add ssdcache-reset=true", c->path);
-      goto err;
-    }
-    log_debug ("cache file %s: unusable, re-initialising (reset)", c->path);
-    r = 0;
-  }
-  if (r == 1) {
-    const struct layout_sb *sb = &c->pool.sb;
-    const char *mismatch = NULL;
-
-    if (sb->id_digest[0] != c->id_digest[0] ||
-        sb->id_digest[1] != c->id_digest[1])
-      mismatch = "identity";
-    else if (c->cfg_page_size && sb->page_size != c->cfg_page_size)
-      mismatch = "page size";
-
-    if (mismatch && !c->reset) {
-      if (strcmp (mismatch, "identity") == 0)
-        log_error ("cache file %s was built for another backend (%s), "
-                   "not this one (%s); use another ssdcache-file, or "
-                   "ssdcache-reset=true to discard it",
-                   c->path, sb->id_text, c->id_text);
-      else
-        log_error ("cache file %s was built with another %s "
-                   "(page size %u, %llu slots); use ssdcache-reset=true "
-                   "to re-initialise it", c->path, mismatch,
-                   sb->page_size, (unsigned long long) sb->nslots);
-      goto err;
-    }
-    if (sb->mode == LAYOUT_MODE_WRITEBACK && mismatch) {
-      /* Never discard what might be dirty data silently. */
-      log_error ("cache file %s was used in writeback mode and may hold "
-                 "dirty data; refusing to reset it", c->path);
-      goto err;
-    }
-    if (mismatch)
-      log_debug ("cache file %s: %s differs, re-initialising (reset)",
-                 c->path, mismatch);
-    else
-      c->have_sb = true;
-  }
-  return c;
-
- err:
-  cache_close (c);
-  return NULL;
-}
-
-/* Slots wanted for the configured size: never more than the backend
- * has pages (they would never be used), at least one.
- */
-static uint64_t
-wanted_slots (const struct cache *c, uint64_t size, uint32_t ps)
-{
-  uint64_t npages = (c->backend_size + ps - 1) / ps;
-  uint64_t nslots = size / ps;
-
-  if (nslots > npages)
-    nslots = npages;
-  return nslots ? nslots : 1;
-}
-
-static int
-format_new (struct cache *c)
-{
-  struct layout_sb sb;
-  uint64_t nslots;
-  uint32_t ps = c->cfg_page_size ? c->cfg_page_size : CACHE_DEFAULT_PAGE;
-
-  memset (&sb, 0, sizeof sb);
-  nslots = wanted_slots (c, c->cfg_size ? c->cfg_size : CACHE_DEFAULT_SIZE,
-                         ps);
-  if (nslots > UINT32_MAX - 1) {
-    log_error ("ssdcache-size: too many pages (%llu); use a larger "
-               "ssdcache-page-size", (unsigned long long) nslots);
-    return -1;
-  }
-  sb.version = LAYOUT_VERSION;
-  if (getrandom (sb.uuid, sizeof sb.uuid, 0) != sizeof sb.uuid)
-    memset (sb.uuid, 0x5a, sizeof sb.uuid);
-  sb.page_size = ps;
-  sb.sector_size = layout_sector_size (ps);
-  sb.nslots = nslots;
-  sb.backend_size = c->backend_size;
-  sb.id_digest[0] = c->id_digest[0];
-  sb.id_digest[1] = c->id_digest[1];
-  snprintf (sb.id_text, sizeof sb.id_text, "%s", c->id_text);
-  sb.mode = c->mode;
-  if (pool_format (&c->pool, &sb) == -1)
-    return -1;
-  log_debug ("cache file %s: new cache, %llu slots of %u bytes",
-             c->path, (unsigned long long) nslots, ps);
-  return 0;
-}
-
-/* Load every verifiable entry.  Per backend page the highest sequence
- * number wins; anything that does not verify is dropped.
- */
-static int
-load_entries (struct cache *c, bool was_clean)
-{
-  const uint64_t npages = (c->backend_size + c->page_size - 1) / c->page_size;
-  uint8_t *buf = malloc ((size_t) LOAD_CHUNK * LAYOUT_ENTRY_SIZE);
-  uint64_t max_seq = 0, loaded = 0, dropped = 0;
-
-  if (buf == NULL) {
-    log_error ("malloc: %m");
-    return -1;
-  }
-  pagetable_clear_free (&c->pt);
-  for (uint64_t base = 0; base < c->nslots; base += LOAD_CHUNK) {
-    uint64_t n = c->nslots - base < LOAD_CHUNK ? c->nslots - base : LOAD_CHUNK;
-
-    if (pool_read_entries (&c->pool, base, n, buf) == -1) {
-      log_error ("cache file %s: reading page table: %m", c->path);
-      free (buf);
-      return -1;
-    }
-    for (uint64_t k = 0; k < n; k++) {
-      const uint8_t *raw = buf + k * LAYOUT_ENTRY_SIZE;
-      uint32_t s = base + k, other;
-      struct layout_entry e;
-      bool zero = true;
-
-      if (layout_entry_decode (raw, c->nsectors, &e) == -1) {
-        for (int b = 0; b < LAYOUT_ENTRY_SIZE; b++)
-          zero &= raw[b] == 0;
-        if (!zero) {
-          dropped++;
-          if (ssdcache_debug_recovery)
-            log_debug ("slot %u: entry fails its checks: dropped", s);
-        }
-        continue;
-      }
-      if (e.seq > max_seq)
-        max_seq = e.seq;
-      if (e.state == LAYOUT_FREE)
-        continue;
-      if (e.state == LAYOUT_DIRTY) {
-        log_error ("cache file %s holds dirty data (slot %u) from "
-                   "writeback mode, which this version cannot write "
-                   "back; refusing to start", c->path, s);
-        free (buf);
-        return -1;
-      }
-      if (e.page >= npages) {
-        dropped++;
-        continue;
-      }
-      other = pagetable_lookup (&c->pt, e.page);
-      if (other != PT_NONE) {
-        /* Two slots for one page: keep the newer. */
-        if (c->pt.slots[other].seq > e.seq) {
-          dropped++;
-          continue;
-        }
-        pagetable_remove (&c->pt, other);
-        evict_remove (c->ev, other);
-        c->pt.slots[other].state = LAYOUT_FREE;
-        dropped++;
-        loaded--;
-      }
-      pagetable_from_entry (&c->pt.slots[s], &e);
-      c->pt.slots[s].flags = 0;          /* data not verified yet */
-      pagetable_insert (&c->pt, s, e.page);
-      evict_insert (c->ev, s);
-      loaded++;
-      if (ssdcache_debug_recovery)
-        log_debug ("slot %u: page %llu seq %llu", s,
-                   (unsigned long long) e.page, (unsigned long long) e.seq);
-    }
-  }
-  free (buf);
-
-  for (uint32_t s = c->nslots; s-- > 0;)
-    if (c->pt.slots[s].state == LAYOUT_FREE)
-      pagetable_put_free (&c->pt, s);
-  c->seq = max_seq;
-  STATS_ADD (&c->stats, loaded_slots, loaded);
-  STATS_ADD (&c->stats, dropped_entries, dropped);
-  if (dropped && was_clean)
-    log_error ("cache file %s: %llu page-table entries were damaged and "
-               "have been dropped", c->path, (unsigned long long) dropped);
-  log_debug ("cache file %s: %s start, %llu pages loaded, %llu dropped",
-             c->path, was_clean ? "clean" : "unclean (recovering)",
-             (unsigned long long) loaded, (unsigned long long) dropped);
-  return 0;
-}
-
-int
-cache_attach (struct cache *c, uint64_t backend_size)
-{
-  bool was_clean = false;
-
-  c->backend_size = backend_size;
-  if (c->have_sb && c->pool.sb.backend_size != backend_size) {
-    if (!c->reset) {
-      log_error ("cache file %s was built for a backend size of %llu "
-                 "bytes, but the backend size is now %llu; use "
-                 "ssdcache-reset=true to re-initialise it", c->path,
-                 (unsigned long long) c->pool.sb.backend_size,
-                 (unsigned long long) backend_size);
-      return -1;
-    }
-    log_debug ("cache file %s: backend size changed, re-initialising",
-               c->path);
-    c->have_sb = false;
-  }
-  if (c->have_sb && c->cfg_size &&
-      wanted_slots (c, c->cfg_size, c->pool.sb.page_size) !=
-      c->pool.sb.nslots) {
-    if (!c->reset) {
-      log_error ("cache file %s was built with %llu slots of %u bytes, "
-                 "not the size asked for now; use ssdcache-reset=true to "
-                 "re-initialise it", c->path,
-                 (unsigned long long) c->pool.sb.nslots,
-                 c->pool.sb.page_size);
-      return -1;
-    }
-    log_debug ("cache file %s: size changed, re-initialising", c->path);
-    c->have_sb = false;
-  }
-  if (!c->have_sb) {
-    if (format_new (c) == -1)
-      return -1;
-    was_clean = true;
-  }
-  else
-    was_clean = c->pool.sb.flags & LAYOUT_SB_CLEAN;
-
-  c->page_size = c->pool.sb.page_size;
-  c->sector_size = c->pool.sb.sector_size;
-  c->nsectors = c->page_size / c->sector_size;
-  c->nslots = c->pool.sb.nslots;
-
-  if (pagetable_init (&c->pt, c->nslots) == -1 ||
-      (c->ev = evict_new (c->nslots)) == NULL) {
-    log_error ("cannot allocate the page table for %u slots", c->nslots);
-    return -1;
-  }
-  if (c->have_sb && load_entries (c, was_clean) == -1)
-    return -1;
-
-  /* From now on a crash must be noticed at the next start. */
-  {
-    struct layout_sb sb = c->pool.sb;
-    sb.flags &= ~LAYOUT_SB_CLEAN;
-    sb.mode = c->mode;
-    if (pool_write_sb (&c->pool, &sb) == -1)
-      return -1;
-  }
-  return 0;
-}
-
-void
-cache_close (struct cache *c)
-{
-  if (c == NULL)
-    return;
-  if (c->pool.fd >= 0 && c->ev != NULL) {
-    struct layout_sb sb = c->pool.sb;
-    if (pool_sync (&c->pool) == 0) {
-      sb.flags |= LAYOUT_SB_CLEAN;
-      pool_write_sb (&c->pool, &sb);
-    }
-    else
-      log_error ("cache file %s: fdatasync at close: %m", c->path);
-  }
-  if (c->pool.fd >= 0)
-    pool_close (&c->pool);
-  if (c->ev)
-    evict_free (c->ev);
-  if (c->pt.slots)
-    pagetable_free (&c->pt);
-  rangelock_destroy (&c->ranges);
-  pthread_mutex_destroy (&c->lock);
-  free (c->path);
-  free (c->id_text);
-  free (c);
+  pthread_mutex_unlock (&c->lock);
+  return first_dirty;
 }
 
 struct stats *
@@ -1067,4 +880,21 @@ uint64_t
 cache_backend_size (const struct cache *c)
 {
   return c->backend_size;
+}
+
+uint64_t
+cache_dirty_pages (struct cache *c)
+{
+  uint64_t n;
+
+  pthread_mutex_lock (&c->lock);
+  n = c->ndirty;
+  pthread_mutex_unlock (&c->lock);
+  return n;
+}
+
+enum layout_mode
+cache_mode (const struct cache *c)
+{
+  return c->mode;
 }

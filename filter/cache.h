@@ -33,6 +33,22 @@ struct cache_backend {
                 int *err);
   int (*pwrite) (void *h, const void *buf, uint32_t count, uint64_t offset,
                  bool fua, int *err);
+  /* Optional (NULL: the backend needs no flush). */
+  int (*flush) (void *h, int *err);
+};
+
+/* What a client FLUSH (or FUA) guarantees in writeback mode. */
+enum cache_flush_mode {
+  CACHE_FLUSH_CACHE = 0,       /* durable on the cache device */
+  CACHE_FLUSH_BACKEND = 1,     /* written back and durable on the backend */
+};
+
+struct cache_writeback_config {
+  unsigned high_pct;           /* start cleaning above this % dirty */
+  unsigned low_pct;            /* ... down to this % */
+  uint64_t rate;               /* bytes/s written back, 0: unlimited */
+  unsigned idle_ms;            /* clean everything after this much client
+                                  silence, 0: never */
 };
 
 struct cache_config {
@@ -43,6 +59,8 @@ struct cache_config {
   uint64_t id_digest[2];       /* backend identity */
   const char *id_text;         /* printable, for messages */
   bool reset;                  /* re-initialise a mismatched cache */
+  enum cache_flush_mode flush_mode;
+  struct cache_writeback_config wb;
 };
 
 #define CACHE_DEFAULT_SIZE (1024ULL * 1024 * 1024)   /* 1 GiB */
@@ -77,8 +95,45 @@ extern void cache_invalidate (struct cache *c, uint32_t count,
 /* Bring [offset, offset+count) into the cache (NBD_CMD_CACHE). */
 extern int cache_prefetch (struct cache *c, const struct cache_backend *be,
                            uint32_t count, uint64_t offset, int *err);
-/* Make cache contents durable (client FLUSH / FUA). */
+/* Make cache contents durable on the cache device. */
 extern int cache_sync (struct cache *c, int *err);
+
+/* A client FLUSH: everything written before it becomes durable as the
+ * flush mode says (be is the client's backend, flushed if needed).
+ */
+extern int cache_flush (struct cache *c, const struct cache_backend *be,
+                        int *err);
+
+/* zero / trim: the backend gets the operation for whole pages (do_op),
+ * cached copies of those pages are dropped; in writeback mode partial
+ * pages at the edges of a zero become dirty zeroes in the cache (a trim
+ * leaves them alone).  do_op is called with the pages range locked.
+ */
+typedef int (*cache_backend_op) (void *opaque, uint32_t count,
+                                 uint64_t offset, int *err);
+extern int cache_zero_trim (struct cache *c, const struct cache_backend *be,
+                            bool is_zero, cache_backend_op do_op,
+                            void *opaque, uint32_t count, uint64_t offset,
+                            bool fua, int *err);
+
+/* Extents: true if any page in [offset, offset+count) holds dirty data;
+ * *next_change is set to the end of the first run of pages that all
+ * have the same answer.
+ */
+extern bool cache_range_dirty (struct cache *c, uint64_t offset,
+                               uint64_t count, uint64_t *run_end);
+
+/* Writeback (mode writeback, or dirty data left by an earlier run):
+ * start the background thread using be (a backend context it owns),
+ * write back everything now (synchronously, from the caller), stop.
+ */
+extern int cache_writeback_start (struct cache *c,
+                                  const struct cache_backend *be);
+extern int cache_writeback_all (struct cache *c,
+                                const struct cache_backend *be, int *err);
+extern void cache_writeback_stop (struct cache *c);
+extern uint64_t cache_dirty_pages (struct cache *c);
+extern enum layout_mode cache_mode (const struct cache *c);
 
 extern struct stats *cache_stats (struct cache *c);
 extern uint32_t cache_page_size (const struct cache *c);

@@ -16,7 +16,12 @@
 #include "cache.h"
 #include "config.h"
 
-struct config config = { .mode = LAYOUT_MODE_WRITETHROUGH };
+struct config config = {
+  .mode = LAYOUT_MODE_WRITETHROUGH,
+  .flush_mode = CACHE_FLUSH_CACHE,
+  .wb = { .high_pct = 50, .low_pct = 10, .rate = 0, .idle_ms = 1000 },
+  .writeback_on_exit = true,
+};
 
 /* The identity is a list of "key=value\n" lines, hashed twice. */
 static char *ident;
@@ -81,14 +86,11 @@ config_set (const char *key, const char *value)
       config.mode = LAYOUT_MODE_WRITETHROUGH;
     else if (strcmp (value, "writearound") == 0)
       config.mode = LAYOUT_MODE_WRITEAROUND;
-    else if (strcmp (value, "writeback") == 0) {
-      nbdkit_error ("%s: writeback is not implemented yet; use "
-                    "writethrough or writearound", key);
-      return -1;
-    }
+    else if (strcmp (value, "writeback") == 0)
+      config.mode = LAYOUT_MODE_WRITEBACK;
     else {
-      nbdkit_error ("%s: unknown mode '%s' (expected writethrough or "
-                    "writearound)", key, value);
+      nbdkit_error ("%s: unknown mode '%s' (expected writethrough, "
+                    "writeback or writearound)", key, value);
       return -1;
     }
     return 0;
@@ -113,6 +115,48 @@ config_set (const char *key, const char *value)
     free (config.stats_file);
     config.stats_file = nbdkit_absolute_path (value);
     return config.stats_file ? 0 : -1;
+  }
+  if (strcmp (key, "ssdcache-flush") == 0) {
+    if (strcmp (value, "cache") == 0)
+      config.flush_mode = CACHE_FLUSH_CACHE;
+    else if (strcmp (value, "backend") == 0)
+      config.flush_mode = CACHE_FLUSH_BACKEND;
+    else {
+      nbdkit_error ("%s: expected cache or backend, not '%s'", key, value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (key, "ssdcache-writeback-high") == 0 ||
+      strcmp (key, "ssdcache-writeback-low") == 0) {
+    unsigned v;
+    if (nbdkit_parse_unsigned (key, value, &v) == -1)
+      return -1;
+    if (v > 100) {
+      nbdkit_error ("%s: a percentage from 0 to 100, not %s", key, value);
+      return -1;
+    }
+    if (key[19] == 'h')
+      config.wb.high_pct = v;
+    else
+      config.wb.low_pct = v;
+    return 0;
+  }
+  if (strcmp (key, "ssdcache-writeback-rate") == 0) {
+    int64_t v = nbdkit_parse_size (value);
+    if (v == -1)
+      return -1;
+    config.wb.rate = v;
+    return 0;
+  }
+  if (strcmp (key, "ssdcache-writeback-idle") == 0)
+    return nbdkit_parse_unsigned (key, value, &config.wb.idle_ms);
+  if (strcmp (key, "ssdcache-writeback-on-exit") == 0) {
+    int r = nbdkit_parse_bool (value);
+    if (r == -1)
+      return -1;
+    config.writeback_on_exit = r;
+    return 0;
   }
   nbdkit_error ("unknown parameter '%s' (see nbdkit-ssdcache-filter(1))",
                 key);
@@ -243,6 +287,13 @@ config_finish (void)
     nbdkit_error ("ssdcache-size: %llu bytes is smaller than one page "
                   "(%u bytes by default)",
                   (unsigned long long) config.size, CACHE_DEFAULT_PAGE);
+    return -1;
+  }
+
+  if (config.wb.low_pct > config.wb.high_pct) {
+    nbdkit_error ("ssdcache-writeback-low: %u%% is above "
+                  "ssdcache-writeback-high (%u%%)",
+                  config.wb.low_pct, config.wb.high_pct);
     return -1;
   }
 

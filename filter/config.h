@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cache.h"
 #include "layout.h"
 
 struct config {
@@ -21,6 +22,9 @@ struct config {
   char *id;                    /* ssdcache-id, or NULL */
   bool reset;
   char *stats_file;            /* ssdcache-stats, or NULL */
+  enum cache_flush_mode flush_mode;
+  struct cache_writeback_config wb;
+  bool writeback_on_exit;
   uint64_t digest[2];          /* backend identity, after config_finish */
   char *id_text;               /* printable identity (secrets masked) */
 };

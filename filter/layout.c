@@ -45,6 +45,38 @@ layout_crc32c (const void *buf, size_t len)
   return layout_crc32c_update (0, buf, len);
 }
 
+uint32_t
+layout_crc32c_patch (uint32_t crc, uint64_t len, uint64_t off,
+                     const void *old_bytes, const void *new_bytes, size_t n)
+{
+  /* CRC32C is affine: for equal lengths crc(A) ^ crc(B) is the raw
+   * (no init, no final xor) CRC of A ^ B.  A ^ B is zero outside the
+   * changed bytes; leading zeroes do not change a raw CRC, trailing
+   * zeroes are fed through the CRC unit.
+   */
+  static const uint8_t zeroes[4096];
+  const uint8_t *o = old_bytes, *w = new_bytes;
+  uint8_t delta[4096];
+  uint32_t raw = 0;
+  uint64_t tail = len - off - n;
+
+  while (n > 0) {
+    size_t k = n < sizeof delta ? n : sizeof delta;
+    for (size_t i = 0; i < k; i++)
+      delta[i] = o[i] ^ w[i];
+    raw = crc32_iscsi (delta, k, raw);
+    o += k;
+    w += k;
+    n -= k;
+  }
+  while (tail > 0) {
+    size_t k = tail < sizeof zeroes ? tail : sizeof zeroes;
+    raw = crc32_iscsi ((unsigned char *) zeroes, k, raw);
+    tail -= k;
+  }
+  return crc ^ raw;
+}
+
 static void
 put32 (uint8_t *p, uint32_t v)
 {
@@ -179,7 +211,7 @@ layout_sb_decode (const void *buf, struct layout_sb *sb, const char **why)
   sb->mode = get32 (p + 96);
   memcpy (sb->id_text, p + 104, LAYOUT_ID_MAX);
 
-  if ((sb->flags & ~LAYOUT_SB_CLEAN) != 0 || get32 (p + 100) != 0) {
+  if ((sb->flags & ~LAYOUT_SB_FLAGS) != 0 || get32 (p + 100) != 0) {
     *why = "unknown superblock flags";
     return -1;
   }

@@ -34,6 +34,8 @@
 
 /* Superblock flags. */
 #define LAYOUT_SB_CLEAN         1u       /* closed cleanly */
+#define LAYOUT_SB_DIRTY         2u       /* may hold dirty data */
+#define LAYOUT_SB_FLAGS         (LAYOUT_SB_CLEAN | LAYOUT_SB_DIRTY)
 
 /* Cache modes recorded in the superblock (last mode the cache ran in). */
 enum layout_mode {
@@ -80,6 +82,15 @@ struct layout_entry {
  */
 extern uint32_t layout_crc32c (const void *buf, size_t len);
 extern uint32_t layout_crc32c_update (uint32_t crc, const void *buf, size_t len);
+
+/* The CRC32C of a len-byte buffer whose bytes [off, off+n) change from
+ * old_bytes to new_bytes, given its CRC32C crc before the change.  Costs
+ * O(n) plus feeding (len - off - n) zero bytes through the CRC unit;
+ * the rest of the buffer need not be read.
+ */
+extern uint32_t layout_crc32c_patch (uint32_t crc, uint64_t len, uint64_t off,
+                                     const void *old_bytes,
+                                     const void *new_bytes, size_t n);
 
 /* Sector size used for the valid/dirty bitmaps of a page size. */
 extern uint32_t layout_sector_size (uint32_t page_size);

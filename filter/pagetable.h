@@ -17,15 +17,23 @@
 #include "layout.h"
 
 #define PT_NONE UINT32_MAX
+#define PT_EPOCH_PENDING UINT64_MAX
 
 /* Slot flags (RAM only). */
 #define PT_INDEXED   0x01   /* reachable through the index */
 #define PT_VERIFIED  0x02   /* data CRC checked since the cache was opened */
 #define PT_ORPHAN    0x04   /* removed from the index while pinned */
+#define PT_NEEDSYNC  0x08   /* an older slot for this page was freed by an
+                               entry that is not yet durable */
+#define PT_BAD       0x10   /* dirty data failed its CRC: reads get EIO */
+#define PT_SUPERSEDED 0x20  /* a newer slot holds this page; freed once
+                               the newer one is durable */
 
 struct pt_slot {
   uint64_t page;                      /* backend page number */
   uint64_t seq;                       /* sequence number of the entry */
+  uint64_t epoch;                     /* cache sync epoch of the last write
+                                         (PT_EPOCH_PENDING: in flight) */
   uint32_t data_crc;
   uint32_t next;                      /* hash chain, or free list link */
   uint16_t pins;                      /* users currently doing I/O on it */

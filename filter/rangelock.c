@@ -41,17 +41,14 @@ overlaps (const struct rangelock *rl, uint64_t lo, uint64_t hi)
   return false;
 }
 
-int
-rangelock_acquire (struct rangelock *rl, uint64_t lo, uint64_t hi)
+/* Under rl->lock. */
+static int
+hold (struct rangelock *rl, uint64_t lo, uint64_t hi)
 {
-  pthread_mutex_lock (&rl->lock);
-  while (overlaps (rl, lo, hi))
-    pthread_cond_wait (&rl->cond, &rl->lock);
   if (rl->n == rl->cap) {
     size_t cap = rl->cap ? rl->cap * 2 : 16;
     struct rangelock_range *h = realloc (rl->held, cap * sizeof *h);
     if (h == NULL) {
-      pthread_mutex_unlock (&rl->lock);
       errno = ENOMEM;
       return -1;
     }
@@ -61,8 +58,34 @@ rangelock_acquire (struct rangelock *rl, uint64_t lo, uint64_t hi)
   rl->held[rl->n].lo = lo;
   rl->held[rl->n].hi = hi;
   rl->n++;
-  pthread_mutex_unlock (&rl->lock);
   return 0;
+}
+
+int
+rangelock_acquire (struct rangelock *rl, uint64_t lo, uint64_t hi)
+{
+  int r;
+
+  pthread_mutex_lock (&rl->lock);
+  while (overlaps (rl, lo, hi))
+    pthread_cond_wait (&rl->cond, &rl->lock);
+  r = hold (rl, lo, hi);
+  pthread_mutex_unlock (&rl->lock);
+  return r;
+}
+
+int
+rangelock_try_acquire (struct rangelock *rl, uint64_t lo, uint64_t hi)
+{
+  int r = -1;
+
+  pthread_mutex_lock (&rl->lock);
+  if (!overlaps (rl, lo, hi))
+    r = hold (rl, lo, hi);
+  else
+    errno = EBUSY;
+  pthread_mutex_unlock (&rl->lock);
+  return r;
 }
 
 void

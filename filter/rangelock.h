@@ -32,6 +32,11 @@ extern int rangelock_init (struct rangelock *rl);
 extern void rangelock_destroy (struct rangelock *rl);
 /* Block until [lo, hi] overlaps no held range, then hold it. */
 extern int rangelock_acquire (struct rangelock *rl, uint64_t lo, uint64_t hi);
+/* Hold [lo, hi] if that can be done without waiting: 0, or -1 (busy
+ * or no memory).
+ */
+extern int rangelock_try_acquire (struct rangelock *rl, uint64_t lo,
+                                  uint64_t hi);
 extern void rangelock_release (struct rangelock *rl, uint64_t lo, uint64_t hi);
 
 #endif /* SSDCACHE_RANGELOCK_H */

@@ -22,6 +22,11 @@
 
 static struct cache *cache;
 
+/* The backend context of the writeback thread (opened in .after_fork,
+ * closed in .cleanup), or NULL.
+ */
+static nbdkit_next *wb_next;
+
 static void
 ssdcache_unload (void)
 {
@@ -53,7 +58,15 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "                           $NBDKIT_SSDCACHE_DIR).\n" \
   "ssdcache-size=SIZE         Cache data capacity (default 1G).\n" \
   "ssdcache-page-size=SIZE    Cache page size, 4K..2M (default 64K).\n" \
-  "ssdcache-mode=MODE         writethrough (default) or writearound.\n" \
+  "ssdcache-mode=MODE         writethrough (default), writeback or\n" \
+  "                           writearound.\n" \
+  "ssdcache-flush=cache|backend  Where FLUSH makes writeback data durable\n" \
+  "                           (default cache).\n" \
+  "ssdcache-writeback-high=PCT  Start writeback above PCT% dirty (50).\n" \
+  "ssdcache-writeback-low=PCT   ... down to PCT% (10).\n" \
+  "ssdcache-writeback-rate=SIZE Writeback bytes per second (0: no limit).\n" \
+  "ssdcache-writeback-idle=MS   Clean all after MS ms idle (1000; 0 off).\n" \
+  "ssdcache-writeback-on-exit=BOOL  Write back all at exit (true).\n" \
   "ssdcache-id=STRING         Backend identity (default: from parameters).\n" \
   "ssdcache-reset=BOOL        Re-initialise a mismatched cache.\n" \
   "ssdcache-stats=FILE        Write counters to FILE at exit."
@@ -75,10 +88,74 @@ ssdcache_get_ready (int thread_model)
     .id_digest = { config.digest[0], config.digest[1] },
     .id_text = config.id_text,
     .reset = config.reset,
+    .flush_mode = config.flush_mode,
+    .wb = config.wb,
   };
 
   cache = cache_open (&cfg);
   return cache ? 0 : -1;
+}
+
+/* Adapters from nbdkit_next to the engine's backend interface. */
+static int
+be_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
+{
+  nbdkit_next *next = h;
+  return next->pread (next, buf, count, offset, 0, err);
+}
+
+static int
+be_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
+           bool fua, int *err)
+{
+  nbdkit_next *next = h;
+  return next->pwrite (next, buf, count, offset,
+                       fua ? NBDKIT_FLAG_FUA : 0, err);
+}
+
+static int
+be_flush (void *h, int *err)
+{
+  nbdkit_next *next = h;
+  int r = next->can_flush (next);
+
+  if (r == -1) {
+    *err = EIO;
+    return -1;
+  }
+  return r ? next->flush (next, 0, err) : 0;
+}
+
+static struct cache_backend
+backend_of (nbdkit_next *next)
+{
+  struct cache_backend be = { .h = next, .pread = be_pread,
+                              .pwrite = be_pwrite, .flush = be_flush };
+  return be;
+}
+
+static void
+close_context (nbdkit_next *next)
+{
+  next->finalize (next);
+  nbdkit_next_context_close (next);
+}
+
+static nbdkit_next *
+open_context (nbdkit_backend *backend, int readonly)
+{
+  nbdkit_next *next = nbdkit_next_context_open (backend, readonly, "", 1);
+
+  if (next == NULL)
+    return NULL;
+  /* nbdkit checks request ranges against the size it learns from the
+   * first get_size: ask for it at once.
+   */
+  if (next->prepare (next) == -1 || next->get_size (next) == -1) {
+    nbdkit_next_context_close (next);
+    return NULL;
+  }
+  return next;
 }
 
 static int
@@ -86,23 +163,60 @@ ssdcache_after_fork (nbdkit_backend *backend)
 {
   nbdkit_next *next;
   int64_t size;
+  int err = 0;
 
-  /* A shared context, only to learn the backend size. */
-  next = nbdkit_next_context_open (backend, 1, "", 1);
+  /* A read-only shared context, to learn the backend size. */
+  next = open_context (backend, 1);
   if (next == NULL) {
     nbdkit_error ("ssdcache: cannot open a backend context");
     return -1;
   }
-  if (next->prepare (next) == -1) {
-    nbdkit_next_context_close (next);
+  size = next->get_size (next);
+  close_context (next);
+  if (size == -1 || cache_attach (cache, size) == -1)
+    return -1;
+
+  if (cache_mode (cache) != LAYOUT_MODE_WRITEBACK &&
+      cache_dirty_pages (cache) == 0)
+    return 0;
+
+  /* Writeback, or dirty data left by an earlier writeback run: the
+   * writeback thread gets a writable context of its own.
+   */
+  wb_next = open_context (backend, 0);
+  if (wb_next == NULL || wb_next->can_write (wb_next) != 1) {
+    nbdkit_error ("ssdcache: %s needs a writable backend%s",
+                  cache_mode (cache) == LAYOUT_MODE_WRITEBACK
+                  ? "ssdcache-mode=writeback"
+                  : "writing back the dirty data left in the cache",
+                  cache_mode (cache) == LAYOUT_MODE_WRITEBACK ? "" :
+                  " (start once in ssdcache-mode=writeback over a "
+                  "writable backend)");
+    if (wb_next)
+      close_context (wb_next);
+    wb_next = NULL;
     return -1;
   }
-  size = next->get_size (next);
-  next->finalize (next);
-  nbdkit_next_context_close (next);
-  if (size == -1)
-    return -1;
-  return cache_attach (cache, size);
+  if (cache_mode (cache) != LAYOUT_MODE_WRITEBACK) {
+    /* Switching away from writeback: write everything back first. */
+    struct cache_backend be = backend_of (wb_next);
+    nbdkit_debug ("ssdcache: writing back %llu dirty pages before "
+                  "switching mode",
+                  (unsigned long long) cache_dirty_pages (cache));
+    if (cache_writeback_all (cache, &be, &err) == -1) {
+      errno = err;
+      nbdkit_error ("ssdcache: cannot write back the dirty data left in "
+                    "the cache: %m");
+      return -1;
+    }
+    close_context (wb_next);
+    wb_next = NULL;
+    return 0;
+  }
+  {
+    struct cache_backend be = backend_of (wb_next);
+    return cache_writeback_start (cache, &be);
+  }
 }
 
 static void
@@ -110,6 +224,25 @@ ssdcache_cleanup (nbdkit_backend *backend)
 {
   if (cache == NULL)
     return;
+  cache_writeback_stop (cache);
+  if (wb_next) {
+    if (config.writeback_on_exit && cache_dirty_pages (cache) > 0) {
+      struct cache_backend be = backend_of (wb_next);
+      int err = 0;
+      nbdkit_debug ("ssdcache: writing back %llu dirty pages at exit",
+                    (unsigned long long) cache_dirty_pages (cache));
+      if (cache_writeback_all (cache, &be, &err) == -1) {
+        errno = err;
+        nbdkit_error ("ssdcache: writeback at exit failed: %m; the dirty "
+                      "data stays in the cache file and will be written "
+                      "back at the next start");
+      }
+    }
+    close_context (wb_next);
+    wb_next = NULL;
+  }
+  nbdkit_debug ("ssdcache: %llu dirty pages left in the cache",
+                (unsigned long long) cache_dirty_pages (cache));
   stats_debug (cache_stats (cache));
   if (config.stats_file) {
     FILE *fp = fopen (config.stats_file, "w");
@@ -150,31 +283,6 @@ ssdcache_can_cache (nbdkit_next *next, void *handle)
   return NBDKIT_CACHE_NATIVE;
 }
 
-/* Adapters from nbdkit_next to the engine's backend interface. */
-static int
-be_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
-{
-  nbdkit_next *next = h;
-  return next->pread (next, buf, count, offset, 0, err);
-}
-
-static int
-be_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
-           bool fua, int *err)
-{
-  nbdkit_next *next = h;
-  return next->pwrite (next, buf, count, offset,
-                       fua ? NBDKIT_FLAG_FUA : 0, err);
-}
-
-static struct cache_backend
-backend_of (nbdkit_next *next)
-{
-  struct cache_backend be = { .h = next, .pread = be_pread,
-                              .pwrite = be_pwrite };
-  return be;
-}
-
 static int
 ssdcache_pread (nbdkit_next *next, void *handle, void *buf,
                 uint32_t count, uint64_t offset, uint32_t flags, int *err)
@@ -192,35 +300,111 @@ ssdcache_pwrite (nbdkit_next *next, void *handle, const void *buf,
                       (flags & NBDKIT_FLAG_FUA) != 0, err);
 }
 
+struct zt_ctx {
+  nbdkit_next *next;
+  uint32_t flags;
+  bool is_zero;
+};
+
+static int
+do_zero_trim (void *opaque, uint32_t count, uint64_t offset, int *err)
+{
+  struct zt_ctx *z = opaque;
+  uint32_t flags = z->flags & ~NBDKIT_FLAG_FUA;   /* FUA: done by cache */
+
+  if (z->is_zero)
+    return z->next->zero (z->next, count, offset, flags, err);
+  return z->next->trim (z->next, count, offset, flags, err);
+}
+
 static int
 ssdcache_zero (nbdkit_next *next, void *handle, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
-  int r = next->zero (next, count, offset, flags, err);
-  /* Even a failed zero may have changed part of the range. */
-  cache_invalidate (cache, count, offset);
-  if (r == 0 && (flags & NBDKIT_FLAG_FUA))
-    cache_sync (cache, err);
-  return r;
+  struct cache_backend be = backend_of (next);
+  struct zt_ctx z = { .next = next, .flags = flags, .is_zero = true };
+  return cache_zero_trim (cache, &be, true, do_zero_trim, &z, count, offset,
+                          (flags & NBDKIT_FLAG_FUA) != 0, err);
 }
 
 static int
 ssdcache_trim (nbdkit_next *next, void *handle, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
-  int r = next->trim (next, count, offset, flags, err);
-  cache_invalidate (cache, count, offset);
-  if (r == 0 && (flags & NBDKIT_FLAG_FUA))
-    cache_sync (cache, err);
-  return r;
+  struct cache_backend be = backend_of (next);
+  struct zt_ctx z = { .next = next, .flags = flags, .is_zero = false };
+  return cache_zero_trim (cache, &be, false, do_zero_trim, &z, count, offset,
+                          (flags & NBDKIT_FLAG_FUA) != 0, err);
 }
 
 static int
 ssdcache_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
 {
-  if (next->flush (next, flags, err) == -1)
-    return -1;
-  return cache_sync (cache, err);
+  struct cache_backend be = backend_of (next);
+  return cache_flush (cache, &be, err);
+}
+
+/* Writeback: pages holding dirty data are data, whatever the backend
+ * says about its (stale) copy of them.
+ */
+static int
+ssdcache_extents (nbdkit_next *next, void *handle, uint32_t count,
+                  uint64_t offset, uint32_t flags,
+                  struct nbdkit_extents *extents, int *err)
+{
+  const uint64_t end = offset + count;
+  uint64_t pos = offset;
+
+  if (cache_dirty_pages (cache) == 0)
+    return next->extents (next, count, offset, flags, extents, err);
+
+  while (pos < end) {
+    uint64_t run_end;
+    bool dirty = cache_range_dirty (cache, pos, end - pos, &run_end);
+
+    if (dirty) {
+      if (nbdkit_add_extent (extents, pos, run_end - pos, 0) == -1) {
+        *err = errno;
+        return -1;
+      }
+    }
+    else {
+      struct nbdkit_extents *be_ext =
+        nbdkit_extents_full (next, run_end - pos, pos, 0, err);
+      if (be_ext == NULL)
+        return -1;
+      for (size_t i = 0; i < nbdkit_extents_count (be_ext); i++) {
+        struct nbdkit_extent e = nbdkit_get_extent (be_ext, i);
+        if (nbdkit_add_extent (extents, e.offset, e.length, e.type) == -1) {
+          *err = errno;
+          nbdkit_extents_free (be_ext);
+          return -1;
+        }
+      }
+      nbdkit_extents_free (be_ext);
+    }
+    if (flags & NBDKIT_FLAG_REQ_ONE)
+      break;
+    pos = run_end;
+  }
+  return 0;
+}
+
+static int
+ssdcache_can_fua (nbdkit_next *next, void *handle)
+{
+  /* Writeback handles FUA itself (cache sync, or full writeback). */
+  if (cache_mode (cache) == LAYOUT_MODE_WRITEBACK)
+    return NBDKIT_FUA_NATIVE;
+  return next->can_fua (next);
+}
+
+static int
+ssdcache_can_flush (nbdkit_next *next, void *handle)
+{
+  if (cache_mode (cache) == LAYOUT_MODE_WRITEBACK)
+    return 1;
+  return next->can_flush (next);
 }
 
 static int
@@ -244,6 +428,9 @@ static struct nbdkit_filter filter = {
   .cleanup           = ssdcache_cleanup,
   .prepare           = ssdcache_prepare,
   .can_cache         = ssdcache_can_cache,
+  .can_fua           = ssdcache_can_fua,
+  .can_flush         = ssdcache_can_flush,
+  .extents           = ssdcache_extents,
   .pread             = ssdcache_pread,
   .pwrite            = ssdcache_pwrite,
   .zero              = ssdcache_zero,

@@ -29,6 +29,18 @@ struct stats {
   _Atomic uint64_t cache_errors;      /* cache device I/O errors */
   _Atomic uint64_t loaded_slots;      /* slots loaded warm at start-up */
   _Atomic uint64_t dropped_entries;   /* entries rejected at start-up */
+  _Atomic uint64_t dirty_dropped;     /* torn (never flushed) dirty pages
+                                         found after a crash */
+  _Atomic uint64_t dirty_lost;        /* dirty pages whose data failed its
+                                         checksum: reads get EIO */
+  _Atomic uint64_t cow_copies;        /* durable dirty pages copied on write */
+  _Atomic uint64_t cache_syncs;       /* fdatasync of the cache file */
+  _Atomic uint64_t pages_written_back;
+  _Atomic uint64_t bytes_written_back;
+  _Atomic uint64_t writeback_errors;
+  _Atomic uint64_t write_through_full;/* writes sent to the backend because
+                                         the cache was full of dirty data */
+  _Atomic uint64_t wait_ms;           /* time writes waited for a slot */
 };
 
 #define STATS_ADD(st, field, n) \

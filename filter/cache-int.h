@@ -1,0 +1,114 @@
+/* nbdkit-ssdcache-filter: engine internals shared by cache.c,
+ * cache-write.c, cache-open.c and writeback.c.  Not a public header.
+ *
+ * Locking (see also cache.h):
+ *  - c->lock protects the page table, the policy, pins, c->seq,
+ *    c->epoch, c->durable_epoch, c->sup and c->ndirty.  Never held
+ *    across I/O.  c->space is signalled (with c->lock) whenever a slot
+ *    becomes free or clean.
+ *  - c->ranges: a request that changes what is cached for a page holds
+ *    that page's range across its backend and cache-file I/O.
+ *
+ * Durability of cache-file writes is tracked in sync epochs: a write
+ * that completed while c->epoch was E is durable once a sync that
+ * started later has finished (c->durable_epoch >= E).  A slot whose
+ * dirty data is durable is never rewritten in place: the new version
+ * goes to another slot (copy on write) and the old one is freed by a
+ * FREE entry once the new one is durable (c->sup, oldest first).
+ */
+#ifndef SSDCACHE_CACHE_INT_H
+#define SSDCACHE_CACHE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache.h"
+#include "evict.h"
+#include "pagetable.h"
+#include "pool.h"
+#include "rangelock.h"
+#include "stats.h"
+
+struct writeback;
+
+struct cache_sup {               /* a superseded slot waiting to be freed */
+  uint32_t slot;
+  uint32_t succ;                 /* the slot that replaced it */
+};
+
+struct cache {
+  pthread_mutex_t lock;
+  pthread_cond_t space;
+  struct pool pool;
+  struct pagetable pt;
+  struct evict *ev;
+  struct rangelock ranges;
+  struct stats stats;
+
+  /* Configuration (read-only after open). */
+  char *path;
+  char *id_text;
+  uint64_t cfg_size;
+  uint32_t cfg_page_size;
+  uint64_t id_digest[2];
+  enum layout_mode mode;
+  bool reset;
+  enum cache_flush_mode flush_mode;
+  struct cache_writeback_config wbcfg;
+
+  /* Geometry (read-only after attach). */
+  uint32_t page_size, sector_size, nsectors;
+  uint32_t nslots;
+  uint64_t backend_size;
+  bool have_sb;                  /* an accepted superblock was read */
+  bool was_clean;                /* ... and it was closed cleanly */
+
+  /* Under c->lock. */
+  uint64_t seq;                  /* last sequence number used */
+  uint64_t epoch;                /* current sync epoch */
+  uint64_t durable_epoch;        /* writes of epochs <= this are durable */
+  struct cache_sup *sup;
+  size_t nsup, capsup;
+  uint64_t ndirty;               /* slots in state DIRTY (indexed) */
+
+  /* Lock free. */
+  atomic_bool backend_unflushed; /* a change went straight to the backend */
+  _Atomic uint64_t last_io_ms;   /* monotonic time of the last client op */
+  uint32_t zero_page_crc;        /* CRC of an all-invalid page */
+
+  struct writeback *wb;
+};
+
+/* cache.c */
+extern uint32_t cache_page_bytes (const struct cache *c, uint64_t page);
+extern void cache_map_fill (const struct cache *c, uint8_t *map);
+extern bool cache_map_empty (const uint8_t *map);
+extern uint32_t cache_page_crc (const struct cache *c, const uint8_t *buf,
+                                const uint8_t *valid);
+extern void cache_sector_span (const struct cache *c, uint32_t off,
+                               uint32_t n, unsigned *first, unsigned *last);
+extern uint32_t cache_lookup_pin (struct cache *c, uint64_t page);
+extern void cache_unpin (struct cache *c, uint32_t s);
+extern void cache_io_error (struct cache *c, const char *what, uint32_t s);
+extern int cache_commit_entry (struct cache *c, uint32_t s,
+                               const struct pt_slot *upd);
+extern void cache_set_state_counts (struct cache *c, uint8_t old_state,
+                                    uint8_t new_state);
+extern int cache_drop_slot (struct cache *c, uint32_t s);
+extern uint32_t cache_alloc_slot (struct cache *c, bool wait);
+extern int cache_read_verified (struct cache *c, uint32_t s, uint8_t *buf);
+extern bool cache_must_cow (const struct cache *c, const struct pt_slot *s);
+extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
+                             uint64_t page);
+extern int cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
+                            const uint8_t *buf, const uint8_t *dirty);
+extern void cache_touch_io (struct cache *c);
+extern uint64_t cache_now_ms (void);
+
+/* cache-write.c */
+extern void cache_invalidate_pages (struct cache *c, uint64_t first,
+                                    uint64_t last);
+
+#endif /* SSDCACHE_CACHE_INT_H */

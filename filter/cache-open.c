@@ -1,0 +1,490 @@
+/* nbdkit-ssdcache-filter: opening, loading (recovery), formatting and
+ * closing the cache.
+ *
+ * Runs single-threaded: cache_open and cache_attach at start-up, before
+ * any request; cache_close after the last one.  c->lock is still taken
+ * where helpers shared with the request paths expect it.
+ *
+ * Recovery: every entry whose CRC verifies is a candidate for its
+ * backend page; per page the highest sequence number wins.  After an
+ * unclean shutdown the data CRC of dirty winners is checked at once (a
+ * write that was torn by the crash was never flushed, so the next
+ * older candidate, or the backend, is right); the losers get FREE
+ * entries so that they can never come back.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "cache-int.h"
+#include "log.h"
+#include "writeback.h"
+
+#define LOAD_CHUNK 4096          /* entries read at a time */
+
+struct cache *
+cache_open (const struct cache_config *cfg)
+{
+  struct cache *c = calloc (1, sizeof *c);
+  int r;
+
+  if (c == NULL) {
+    log_error ("calloc: %m");
+    return NULL;
+  }
+  c->pool.fd = -1;
+  pthread_mutex_init (&c->lock, NULL);
+  pthread_cond_init (&c->space, NULL);
+  if (rangelock_init (&c->ranges) == -1) {
+    log_error ("rangelock_init: %m");
+    pthread_cond_destroy (&c->space);
+    pthread_mutex_destroy (&c->lock);
+    free (c);
+    return NULL;
+  }
+  c->epoch = 1;
+  atomic_init (&c->backend_unflushed, false);
+  atomic_init (&c->last_io_ms, cache_now_ms ());
+  c->path = strdup (cfg->path);
+  c->id_text = strdup (cfg->id_text ? cfg->id_text : "");
+  if (c->path == NULL || c->id_text == NULL) {
+    log_error ("strdup: %m");
+    goto err;
+  }
+  c->cfg_size = cfg->size;
+  c->cfg_page_size = cfg->page_size;
+  c->id_digest[0] = cfg->id_digest[0];
+  c->id_digest[1] = cfg->id_digest[1];
+  c->mode = cfg->mode;
+  c->reset = cfg->reset;
+  c->flush_mode = cfg->flush_mode;
+  c->wbcfg = cfg->wb;
+
+  if (pool_open (&c->pool, c->path) == -1)
+    goto err;
+  r = pool_load_sb (&c->pool);
+  if (r == -1) {
+    if (!c->reset) {
+      log_error ("cache file %s cannot be used; to discard it and start "
+                 "an empty cache, add ssdcache-reset=true", c->path);
+      goto err;
+    }
+    log_error ("cache file %s: unusable, re-initialising it "
+               "(ssdcache-reset=true)", c->path);
+    r = 0;
+  }
+  if (r == 1) {
+    const struct layout_sb *sb = &c->pool.sb;
+    const char *mismatch = NULL;
+
+    if (sb->id_digest[0] != c->id_digest[0] ||
+        sb->id_digest[1] != c->id_digest[1])
+      mismatch = "identity";
+    else if (c->cfg_page_size && sb->page_size != c->cfg_page_size)
+      mismatch = "page size";
+
+    if (mismatch && !c->reset) {
+      if (strcmp (mismatch, "identity") == 0)
+        log_error ("cache file %s was built for another backend (%s), "
+                   "not this one (%s); use another ssdcache-file, or "
+                   "ssdcache-reset=true to discard it",
+                   c->path, sb->id_text, c->id_text);
+      else
+        log_error ("cache file %s was built with another %s "
+                   "(page size %u, %llu slots); use ssdcache-reset=true "
+                   "to re-initialise it", c->path, mismatch,
+                   sb->page_size, (unsigned long long) sb->nslots);
+      goto err;
+    }
+    if (mismatch && (sb->flags & LAYOUT_SB_DIRTY)) {
+      /* Never discard dirty data silently. */
+      log_error ("cache file %s may hold dirty data not yet written back "
+                 "to its backend (%s); refusing to reset it: start it "
+                 "with its own backend first so it can be written back",
+                 c->path, sb->id_text);
+      goto err;
+    }
+    if (mismatch)
+      log_error ("cache file %s: %s differs, re-initialising it "
+                 "(ssdcache-reset=true)", c->path, mismatch);
+    else
+      c->have_sb = true;
+  }
+  return c;
+
+ err:
+  cache_close (c);
+  return NULL;
+}
+
+/* Slots wanted for size bytes: never more than the backend has pages
+ * (they would never be used), at least one.
+ */
+static uint64_t
+wanted_slots (const struct cache *c, uint64_t size, uint32_t ps)
+{
+  uint64_t npages = (c->backend_size + ps - 1) / ps;
+  uint64_t nslots = size / ps;
+
+  if (nslots > npages)
+    nslots = npages;
+  return nslots ? nslots : 1;
+}
+
+static int
+format_new (struct cache *c)
+{
+  struct layout_sb sb;
+  uint64_t nslots;
+  uint32_t ps = c->cfg_page_size ? c->cfg_page_size : CACHE_DEFAULT_PAGE;
+
+  memset (&sb, 0, sizeof sb);
+  nslots = wanted_slots (c, c->cfg_size ? c->cfg_size : CACHE_DEFAULT_SIZE,
+                         ps);
+  if (nslots > UINT32_MAX - 1) {
+    log_error ("ssdcache-size: too many pages (%llu); use a larger "
+               "ssdcache-page-size", (unsigned long long) nslots);
+    return -1;
+  }
+  sb.version = LAYOUT_VERSION;
+  if (getrandom (sb.uuid, sizeof sb.uuid, 0) != sizeof sb.uuid)
+    memset (sb.uuid, 0x5a, sizeof sb.uuid);
+  sb.page_size = ps;
+  sb.sector_size = layout_sector_size (ps);
+  sb.nslots = nslots;
+  sb.backend_size = c->backend_size;
+  sb.id_digest[0] = c->id_digest[0];
+  sb.id_digest[1] = c->id_digest[1];
+  snprintf (sb.id_text, sizeof sb.id_text, "%s", c->id_text);
+  sb.mode = c->mode;
+  if (pool_format (&c->pool, &sb) == -1)
+    return -1;
+  log_debug ("cache file %s: new cache, %llu slots of %u bytes",
+             c->path, (unsigned long long) nslots, ps);
+  return 0;
+}
+
+struct cand {
+  uint64_t page, seq;
+  uint32_t slot;
+};
+
+static int
+cmp_cand (const void *a, const void *b)
+{
+  const struct cand *x = a, *y = b;
+
+  if (x->page != y->page)
+    return x->page < y->page ? -1 : 1;
+  return x->seq > y->seq ? -1 : x->seq < y->seq;   /* newest first */
+}
+
+/* Does the data of slot s (metadata already in the slot) verify? */
+static bool
+data_verifies (struct cache *c, uint32_t s, uint8_t *buf)
+{
+  const struct pt_slot *slot = &c->pt.slots[s];
+
+  if (pool_read_data (&c->pool, s, buf, c->page_size, 0) == -1)
+    return false;
+  return cache_page_crc (c, buf, slot->valid) == slot->data_crc;
+}
+
+static void
+write_free (struct cache *c, uint32_t s)
+{
+  struct layout_entry e;
+
+  memset (&e, 0, sizeof e);
+  e.state = LAYOUT_FREE;
+  e.seq = ++c->seq;
+  if (pool_write_entry (&c->pool, s, &e) == -1)
+    cache_io_error (c, "writing free entry", s);
+}
+
+static int
+load_entries (struct cache *c)
+{
+  const uint64_t npages = (c->backend_size + c->page_size - 1) / c->page_size;
+  uint8_t *raw = malloc ((size_t) LOAD_CHUNK * LAYOUT_ENTRY_SIZE);
+  uint8_t *page_buf = malloc (c->page_size);
+  struct cand *cand = malloc ((size_t) c->nslots * sizeof *cand);
+  uint64_t ncand = 0, loaded = 0, dropped = 0, lost = 0, ndirty = 0;
+  int ret = -1;
+
+  if (raw == NULL || page_buf == NULL || cand == NULL) {
+    log_error ("malloc: %m");
+    goto out;
+  }
+  pagetable_clear_free (&c->pt);
+
+  /* Every entry that verifies becomes a candidate (metadata parked in
+   * its slot, not indexed yet).
+   */
+  for (uint64_t base = 0; base < c->nslots; base += LOAD_CHUNK) {
+    uint64_t n = c->nslots - base < LOAD_CHUNK ? c->nslots - base : LOAD_CHUNK;
+
+    if (pool_read_entries (&c->pool, base, n, raw) == -1) {
+      log_error ("cache file %s: reading page table: %m", c->path);
+      goto out;
+    }
+    for (uint64_t k = 0; k < n; k++) {
+      const uint8_t *r = raw + k * LAYOUT_ENTRY_SIZE;
+      uint32_t s = base + k;
+      struct layout_entry e;
+
+      if (layout_entry_decode (r, c->nsectors, &e) == -1) {
+        bool zero = true;
+        for (int b = 0; b < LAYOUT_ENTRY_SIZE; b++)
+          zero &= r[b] == 0;
+        if (!zero) {
+          dropped++;
+          if (ssdcache_debug_recovery)
+            log_debug ("slot %u: entry fails its checks: dropped", s);
+        }
+        continue;
+      }
+      if (e.seq > c->seq)
+        c->seq = e.seq;
+      if (e.state == LAYOUT_FREE)
+        continue;
+      if (e.page >= npages) {
+        dropped++;
+        continue;
+      }
+      pagetable_from_entry (&c->pt.slots[s], &e);
+      cand[ncand].page = e.page;
+      cand[ncand].seq = e.seq;
+      cand[ncand].slot = s;
+      ncand++;
+    }
+  }
+
+  /* Per page, the newest candidate that holds up wins. */
+  qsort (cand, ncand, sizeof *cand, cmp_cand);
+  for (uint64_t i = 0; i < ncand;) {
+    uint64_t j = i;
+    bool won = false;
+
+    while (j < ncand && cand[j].page == cand[i].page)
+      j++;
+    for (uint64_t k = i; k < j; k++) {
+      uint32_t s = cand[k].slot;
+      struct pt_slot *slot = &c->pt.slots[s];
+
+      if (!won && slot->state == LAYOUT_DIRTY && !c->was_clean &&
+          !data_verifies (c, s, page_buf)) {
+        /* Torn by the crash: it was never flushed (flushed dirty data
+         * is never rewritten in place).
+         */
+        lost++;
+        log_error ("cache file %s: after an unclean shutdown, dirty page "
+                   "%llu (slot %u) does not verify: it was not flushed; "
+                   "using the previous version", c->path,
+                   (unsigned long long) slot->page, s);
+        slot->state = LAYOUT_FREE;
+        write_free (c, s);
+        continue;
+      }
+      if (won) {
+        /* An older version: make sure it can never come back. */
+        slot->state = LAYOUT_FREE;
+        write_free (c, s);
+        dropped++;
+        continue;
+      }
+      won = true;
+      slot->flags = slot->state == LAYOUT_DIRTY && !c->was_clean
+        ? PT_VERIFIED : 0;
+      slot->epoch = 0;
+      pagetable_insert (&c->pt, s, slot->page);
+      evict_insert (c->ev, s);
+      if (slot->state == LAYOUT_DIRTY)
+        ndirty++;
+      loaded++;
+      if (ssdcache_debug_recovery)
+        log_debug ("slot %u: page %llu seq %llu %s", s,
+                   (unsigned long long) slot->page,
+                   (unsigned long long) slot->seq,
+                   slot->state == LAYOUT_DIRTY ? "dirty" : "clean");
+    }
+    i = j;
+  }
+
+  for (uint32_t s = c->nslots; s-- > 0;)
+    if (!(c->pt.slots[s].flags & PT_INDEXED)) {
+      c->pt.slots[s].state = LAYOUT_FREE;
+      pagetable_put_free (&c->pt, s);
+    }
+  c->ndirty = ndirty;
+  STATS_ADD (&c->stats, loaded_slots, loaded);
+  STATS_ADD (&c->stats, dropped_entries, dropped);
+  STATS_ADD (&c->stats, dirty_dropped, lost);
+  if (dropped && c->was_clean)
+    log_error ("cache file %s: %llu page-table entries were damaged or "
+               "stale and have been dropped", c->path,
+               (unsigned long long) dropped);
+  log_debug ("cache file %s: %s start, %llu pages loaded (%llu dirty), "
+             "%llu dropped", c->path,
+             c->was_clean ? "clean" : "unclean (recovered)",
+             (unsigned long long) loaded, (unsigned long long) ndirty,
+             (unsigned long long) dropped);
+  ret = 0;
+ out:
+  free (raw);
+  free (page_buf);
+  free (cand);
+  return ret;
+}
+
+int
+cache_attach (struct cache *c, uint64_t backend_size)
+{
+  struct layout_sb sb;
+
+  c->backend_size = backend_size;
+  if (c->have_sb && c->pool.sb.backend_size != backend_size) {
+    if (!c->reset || (c->pool.sb.flags & LAYOUT_SB_DIRTY)) {
+      log_error ("cache file %s was built for a backend size of %llu "
+                 "bytes, but the backend size is now %llu; %s", c->path,
+                 (unsigned long long) c->pool.sb.backend_size,
+                 (unsigned long long) backend_size,
+                 (c->pool.sb.flags & LAYOUT_SB_DIRTY)
+                 ? "it may hold dirty data, refusing to reset it"
+                 : "use ssdcache-reset=true to re-initialise it");
+      return -1;
+    }
+    log_error ("cache file %s: backend size changed, re-initialising it "
+               "(ssdcache-reset=true)", c->path);
+    c->have_sb = false;
+  }
+  if (c->have_sb && c->cfg_size &&
+      wanted_slots (c, c->cfg_size, c->pool.sb.page_size) !=
+      c->pool.sb.nslots) {
+    if (!c->reset || (c->pool.sb.flags & LAYOUT_SB_DIRTY)) {
+      log_error ("cache file %s was built with %llu slots of %u bytes, "
+                 "not the size asked for now; %s", c->path,
+                 (unsigned long long) c->pool.sb.nslots,
+                 c->pool.sb.page_size,
+                 (c->pool.sb.flags & LAYOUT_SB_DIRTY)
+                 ? "it may hold dirty data, refusing to reset it"
+                 : "use ssdcache-reset=true to re-initialise it");
+      return -1;
+    }
+    log_error ("cache file %s: size changed, re-initialising it "
+               "(ssdcache-reset=true)", c->path);
+    c->have_sb = false;
+  }
+  if (!c->have_sb) {
+    if (format_new (c) == -1)
+      return -1;
+    c->was_clean = true;
+  }
+  else
+    c->was_clean = c->pool.sb.flags & LAYOUT_SB_CLEAN;
+
+  c->page_size = c->pool.sb.page_size;
+  c->sector_size = c->pool.sb.sector_size;
+  c->nsectors = c->page_size / c->sector_size;
+  c->nslots = c->pool.sb.nslots;
+  {
+    uint8_t none[LAYOUT_MAX_SECTORS / 8] = { 0 };
+    uint8_t *zero = calloc (1, c->page_size);
+    if (zero == NULL) {
+      log_error ("calloc: %m");
+      return -1;
+    }
+    c->zero_page_crc = cache_page_crc (c, zero, none);
+    free (zero);
+  }
+
+  if (pagetable_init (&c->pt, c->nslots) == -1 ||
+      (c->ev = evict_new (c->nslots)) == NULL) {
+    log_error ("cannot allocate the page table for %u slots", c->nslots);
+    return -1;
+  }
+  if (c->have_sb && load_entries (c) == -1)
+    return -1;
+
+  /* From now on a crash must be noticed at the next start; this also
+   * makes the FREE entries written by recovery durable.
+   */
+  sb = c->pool.sb;
+  sb.flags &= ~LAYOUT_SB_CLEAN;
+  if (c->mode == LAYOUT_MODE_WRITEBACK || c->ndirty > 0)
+    sb.flags |= LAYOUT_SB_DIRTY;
+  sb.mode = c->mode;
+  if (pool_write_sb (&c->pool, &sb) == -1)
+    return -1;
+  return 0;
+}
+
+int
+cache_writeback_start (struct cache *c, const struct cache_backend *be)
+{
+  return writeback_start (c, be);
+}
+
+int
+cache_writeback_all (struct cache *c, const struct cache_backend *be,
+                     int *err)
+{
+  int r;
+
+  /* Busy pages (r == 1) cannot happen without clients, but be safe. */
+  for (int tries = 0; tries < 100; tries++) {
+    r = writeback_pass (c, be, 0, err);
+    if (r != 1)
+      return r;
+  }
+  *err = EBUSY;
+  return -1;
+}
+
+void
+cache_writeback_stop (struct cache *c)
+{
+  writeback_stop (c);
+}
+
+void
+cache_close (struct cache *c)
+{
+  if (c == NULL)
+    return;
+  writeback_stop (c);
+  if (c->pool.fd >= 0 && c->ev != NULL) {
+    struct layout_sb sb = c->pool.sb;
+    int err;
+
+    /* Superseded slots can all go once everything is durable. */
+    if (cache_sync (c, &err) == 0 && cache_sync (c, &err) == 0) {
+      sb.flags |= LAYOUT_SB_CLEAN;
+      if (c->ndirty == 0)
+        sb.flags &= ~LAYOUT_SB_DIRTY;
+      else {
+        sb.flags |= LAYOUT_SB_DIRTY;
+        log_debug ("cache file %s: %llu dirty pages stay in the cache",
+                   c->path, (unsigned long long) c->ndirty);
+      }
+      pool_write_sb (&c->pool, &sb);
+    }
+    else
+      log_error ("cache file %s: fdatasync at close: %m", c->path);
+  }
+  if (c->pool.fd >= 0)
+    pool_close (&c->pool);
+  if (c->ev)
+    evict_free (c->ev);
+  if (c->pt.slots)
+    pagetable_free (&c->pt);
+  rangelock_destroy (&c->ranges);
+  pthread_cond_destroy (&c->space);
+  pthread_mutex_destroy (&c->lock);
+  free (c->sup);
+  free (c->path);
+  free (c->id_text);
+  free (c);
+}

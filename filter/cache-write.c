@@ -1,0 +1,561 @@
+/* nbdkit-ssdcache-filter: the write path (all modes), zero, trim,
+ * invalidation and client flush.
+ *
+ * Every function here that changes what is cached for a page holds
+ * that page's range lock (c->ranges) across the backend and cache I/O;
+ * see cache-int.h for the rest of the locking.
+ *
+ * Writethrough / writearound: the backend is written first; then the
+ * cached copy is updated in place (writethrough) or dropped
+ * (writearound).  Writeback: the data goes to the cache as dirty
+ * sectors, in place if the slot holds nothing durable and dirty,
+ * otherwise into a new slot (copy on write).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache-int.h"
+#include "log.h"
+#include "writeback.h"
+
+enum wkind {
+  W_CLEAN,          /* the backend has this data already */
+  W_DIRTY,          /* only the cache has it */
+};
+
+void
+cache_invalidate_pages (struct cache *c, uint64_t first, uint64_t last)
+{
+  for (uint64_t page = first; page <= last; page++) {
+    uint32_t s = cache_lookup_pin (c, page);
+    if (s != PT_NONE) {
+      if (ssdcache_debug_verbose)
+        log_debug ("invalidate page %llu (slot %u)",
+                   (unsigned long long) page, s);
+      cache_drop_slot (c, s);
+    }
+  }
+}
+
+void
+cache_invalidate (struct cache *c, uint32_t count, uint64_t offset)
+{
+  uint64_t first, last;
+
+  if (count == 0)
+    return;
+  first = offset / c->page_size;
+  last = (offset + count - 1) / c->page_size;
+  if (rangelock_acquire (&c->ranges, first, last) == -1) {
+    log_error ("cache file %s: cannot lock range for invalidation", c->path);
+    return;
+  }
+  cache_invalidate_pages (c, first, last);
+  rangelock_release (&c->ranges, first, last);
+}
+
+/* Merge a write of src, bytes [off, off+n) of page, into span, which
+ * holds sectors [sf, sl] of the page as stored (invalid sectors read as
+ * zeroes), and update the valid/dirty maps.  A partly written sector
+ * that was not valid is completed from the backend for W_DIRTY and
+ * left invalid for W_CLEAN.  Returns 0 or -1 (*err) if the backend read
+ * failed.
+ */
+static int
+merge_span (struct cache *c, const struct cache_backend *be, uint64_t page,
+            uint8_t *span, unsigned sf, unsigned sl, const uint8_t *src,
+            uint32_t off, uint32_t n, enum wkind kind,
+            uint8_t *valid, uint8_t *dirty, int *err)
+{
+  const uint32_t ss = c->sector_size;
+  const uint32_t pbytes = cache_page_bytes (c, page);
+  const uint32_t span_off = sf * ss;
+  bool skip[2] = { false, false };
+  unsigned edge[2] = { sf, sl };
+
+  for (int k = 0; k < 2; k++) {
+    unsigned i = edge[k];
+    uint32_t s0 = i * ss, s1 = s0 + ss > pbytes ? pbytes : s0 + ss;
+    bool covered = off <= s0 && off + n >= s1;
+
+    if (k == 1 && sl == sf) {
+      skip[1] = skip[0];
+      break;
+    }
+    if (covered || layout_bit_test (valid, i))
+      continue;
+    if (kind == W_CLEAN) {
+      skip[k] = true;
+      continue;
+    }
+    /* Complete the sector from the backend (zeroes past its end). */
+    memset (span + (s0 - span_off), 0, ss);
+    if (be->pread (be->h, span + (s0 - span_off), s1 - s0,
+                   page * c->page_size + s0, err) == -1)
+      return -1;
+    STATS_ADD (&c->stats, bytes_from_backend, s1 - s0);
+  }
+
+  memcpy (span + (off - span_off), src, n);
+
+  for (unsigned i = sf; i <= sl; i++) {
+    uint32_t s0 = i * ss, s1 = s0 + ss > pbytes ? pbytes : s0 + ss;
+    bool covered = off <= s0 && off + n >= s1;
+    bool is_edge_skip = (i == sf && skip[0]) || (i == sl && skip[1]);
+
+    if (is_edge_skip) {
+      /* Not valid and only partly written: stays invalid (zeroes). */
+      memset (span + (s0 - span_off), 0, ss);
+      continue;
+    }
+    layout_bit_set (valid, i);
+    if (kind == W_DIRTY)
+      layout_bit_set (dirty, i);
+    else if (covered)
+      layout_bit_clear (dirty, i);
+    /* else: a partly written sector keeps its dirty bit: the backend
+     * got only part of it.
+     */
+  }
+  return 0;
+}
+
+/* Apply a write in place to slot s (pinned; fresh: newly allocated and
+ * empty, not indexed).  Only the sectors touched are read and written;
+ * the data CRC is patched, not recomputed.  Consumes the pin (or, for
+ * fresh, indexes the slot).  Returns 0, or -1 with *err set.
+ */
+static int
+patch_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
+            uint32_t s, bool fresh, const uint8_t *src, uint32_t off,
+            uint32_t n, enum wkind kind, int *err)
+{
+  const uint32_t ss = c->sector_size;
+  unsigned sf, sl;
+  uint32_t span_off, span_len;
+  uint8_t *old = NULL, *span = NULL;
+  struct pt_slot upd;
+  bool wrote = false;
+  int ret = -1;
+
+  cache_sector_span (c, off, n, &sf, &sl);
+  span_off = sf * ss;
+  span_len = (sl - sf + 1) * ss;
+  old = malloc (span_len);
+  span = malloc (span_len);
+  if (old == NULL || span == NULL) {
+    *err = ENOMEM;
+    goto out;
+  }
+
+  if (fresh) {
+    memset (&upd, 0, sizeof upd);
+    upd.page = page;
+    upd.data_crc = c->zero_page_crc;
+    memset (old, 0, span_len);
+  }
+  else {
+    pthread_mutex_lock (&c->lock);
+    upd = c->pt.slots[s];
+    pthread_mutex_unlock (&c->lock);
+    if (upd.flags & PT_BAD) {
+      *err = EIO;
+      goto out;
+    }
+    if (pool_read_data (&c->pool, s, old, span_len, span_off) == -1) {
+      cache_io_error (c, "reading data", s);
+      *err = EIO;
+      goto out;
+    }
+    for (unsigned i = sf; i <= sl; i++)
+      if (!layout_bit_test (upd.valid, i))
+        memset (old + (i - sf) * ss, 0, ss);
+  }
+  memcpy (span, old, span_len);
+  if (merge_span (c, be, page, span, sf, sl, src, off, n, kind,
+                  upd.valid, upd.dirty, err) == -1)
+    goto out;
+  upd.data_crc = layout_crc32c_patch (upd.data_crc, c->page_size, span_off,
+                                      old, span, span_len);
+  upd.state = cache_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
+
+  if (pool_write_data (&c->pool, s, span, span_len, span_off) == -1 ||
+      cache_commit_entry (c, s, &upd) == -1) {
+    cache_io_error (c, "writing", s);
+    *err = EIO;
+    wrote = true;
+    goto out;
+  }
+  ret = 0;
+  if (fresh) {
+    pthread_mutex_lock (&c->lock);
+    c->pt.slots[s].flags |= PT_VERIFIED;
+    pagetable_insert (&c->pt, s, page);
+    evict_insert (c->ev, s);
+    cache_set_state_counts (c, LAYOUT_FREE, upd.state);
+    pthread_mutex_unlock (&c->lock);
+    STATS_ADD (&c->stats, fills, 1);
+  }
+  else {
+    STATS_ADD (&c->stats, pages_updated, 1);
+    cache_unpin (c, s);
+  }
+
+ out:
+  if (ret == -1) {
+    if (fresh) {
+      pthread_mutex_lock (&c->lock);
+      pagetable_put_free (&c->pt, s);
+      pthread_mutex_unlock (&c->lock);
+    }
+    else if (wrote && kind == W_CLEAN)
+      cache_drop_slot (c, s);   /* may be torn: the backend has it */
+    else
+      cache_unpin (c, s);
+  }
+  free (old);
+  free (span);
+  return ret;
+}
+
+/* Apply a write to a copy of pinned slot s in a new slot, which then
+ * replaces it.  Returns 0, 1 if no slot could be had, -1 (*err).
+ * Consumes the pin.
+ */
+static int
+cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
+          uint32_t s, const uint8_t *src, uint32_t off, uint32_t n,
+          enum wkind kind, int *err)
+{
+  uint8_t *buf = malloc (c->page_size);
+  struct pt_slot snap;
+  unsigned sf, sl;
+  int r;
+
+  if (buf == NULL) {
+    cache_unpin (c, s);
+    *err = ENOMEM;
+    return -1;
+  }
+  if (cache_read_verified (c, s, buf) == -1) {
+    free (buf);
+    *err = EIO;
+    return -1;                  /* bad dirty data: pin consumed */
+  }
+  pthread_mutex_lock (&c->lock);
+  snap = c->pt.slots[s];
+  pthread_mutex_unlock (&c->lock);
+  for (unsigned i = 0; i < c->nsectors; i++)
+    if (!layout_bit_test (snap.valid, i))
+      memset (buf + (size_t) i * c->sector_size, 0, c->sector_size);
+
+  cache_sector_span (c, off, n, &sf, &sl);
+  if (merge_span (c, be, page, buf + sf * c->sector_size, sf, sl, src,
+                  off, n, kind, snap.valid, snap.dirty, err) == -1) {
+    cache_unpin (c, s);
+    free (buf);
+    return -1;
+  }
+  /* cache_fill_slot wants a whole valid page: complete the invalid
+   * sectors only if all are valid; otherwise write it ourselves.
+   */
+  {
+    uint32_t ns = cache_alloc_slot (c, true);
+    struct pt_slot upd = snap;
+
+    if (ns == PT_NONE) {
+      cache_unpin (c, s);
+      free (buf);
+      return 1;
+    }
+    upd.state = cache_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
+    upd.data_crc = cache_page_crc (c, buf, upd.valid);
+    if (pool_write_data (&c->pool, ns, buf, c->page_size, 0) == -1 ||
+        cache_commit_entry (c, ns, &upd) == -1) {
+      cache_io_error (c, "writing", ns);
+      pthread_mutex_lock (&c->lock);
+      pagetable_put_free (&c->pt, ns);
+      pthread_mutex_unlock (&c->lock);
+      cache_unpin (c, s);
+      free (buf);
+      *err = EIO;
+      return -1;
+    }
+    pthread_mutex_lock (&c->lock);
+    c->pt.slots[ns].flags |= PT_VERIFIED;
+    pthread_mutex_unlock (&c->lock);
+    cache_supersede (c, s, ns, page);
+    r = 0;
+  }
+  free (buf);
+  return r;
+}
+
+/* Write straight to the backend because the cache has no room. */
+static int
+write_around (struct cache *c, const struct cache_backend *be,
+              const uint8_t *src, uint32_t n, uint64_t offset, int *err)
+{
+  STATS_ADD (&c->stats, write_through_full, 1);
+  atomic_store (&c->backend_unflushed, true);
+  return be->pwrite (be->h, src, n, offset, false, err);
+}
+
+/* Put bytes [off, off+n) of page (from src) into the cache as kind.
+ * W_CLEAN: the backend already has them; a page not cached is only
+ * added when written whole.  The page is range locked by the caller.
+ */
+static int
+write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
+            const uint8_t *src, uint32_t off, uint32_t n, enum wkind kind,
+            uint8_t *tmp, int *err)
+{
+  const uint32_t pbytes = cache_page_bytes (c, page);
+  const bool whole = off == 0 && n >= pbytes;
+  uint32_t s = cache_lookup_pin (c, page);
+  bool cow = false, bad = false;
+  int r;
+
+  if (s != PT_NONE) {
+    pthread_mutex_lock (&c->lock);
+    cow = cache_must_cow (c, &c->pt.slots[s]);
+    bad = c->pt.slots[s].flags & PT_BAD;
+    pthread_mutex_unlock (&c->lock);
+  }
+
+  if (whole) {
+    uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
+    const uint8_t *data = src;
+
+    if (n < c->page_size) {
+      memcpy (tmp, src, n);
+      memset (tmp + n, 0, c->page_size - n);
+      data = tmp;
+    }
+    cache_map_fill (c, dirty);
+    r = cache_fill_slot (c, page, s, data, kind == W_DIRTY ? dirty : NULL);
+    if (r == 1 && kind == W_DIRTY)
+      return write_around (c, be, src, n, page * c->page_size, err);
+    if (r == -1 && kind == W_DIRTY) {
+      *err = EIO;
+      return -1;
+    }
+    return 0;
+  }
+
+  if (bad) {
+    cache_unpin (c, s);
+    *err = EIO;
+    return -1;
+  }
+  if (s == PT_NONE) {
+    uint32_t ns;
+
+    if (kind == W_CLEAN)
+      return 0;                 /* partial page not cached: leave it */
+    ns = cache_alloc_slot (c, true);
+    if (ns == PT_NONE)
+      return write_around (c, be, src, n, page * c->page_size + off, err);
+    return patch_slot (c, be, page, ns, true, src, off, n, kind, err);
+  }
+  if (cow) {
+    r = cow_slot (c, be, page, s, src, off, n, kind, err);
+    if (r == 1) {
+      *err = ENOSPC;
+      log_error ("cache file %s: no free slot to copy dirty page %llu "
+                 "while the cache is full of dirty data",
+                 c->path, (unsigned long long) page);
+      return -1;
+    }
+    return r;
+  }
+  return patch_slot (c, be, page, s, false, src, off, n, kind, err);
+}
+
+int
+cache_write (struct cache *c, const struct cache_backend *be,
+             const void *buf, uint32_t count, uint64_t offset, bool fua,
+             int *err)
+{
+  const uint32_t ps = c->page_size;
+  const bool writeback = c->mode == LAYOUT_MODE_WRITEBACK;
+  const bool through = !writeback;
+  uint64_t first, last;
+  uint8_t *tmp = NULL;
+  int ret = -1;
+
+  STATS_ADD (&c->stats, write_ops, 1);
+  STATS_ADD (&c->stats, bytes_written, count);
+  cache_touch_io (c);
+  if (count == 0)
+    return 0;
+
+  first = offset / ps;
+  last = (offset + count - 1) / ps;
+  tmp = malloc (ps);
+  if (tmp == NULL) {
+    *err = ENOMEM;
+    return -1;
+  }
+  if (rangelock_acquire (&c->ranges, first, last) == -1) {
+    *err = errno;
+    free (tmp);
+    return -1;
+  }
+
+  if (through) {
+    if (be->pwrite (be->h, buf, count, offset, fua, err) == -1) {
+      /* The backend may hold some of the new data now.  Clean copies
+       * are dropped; dirty ones stay (they are newer than the rest of
+       * the backend page and will be written back).
+       */
+      if (!writeback)
+        cache_invalidate_pages (c, first, last);
+      goto out;
+    }
+    if (c->mode == LAYOUT_MODE_WRITEAROUND) {
+      cache_invalidate_pages (c, first, last);
+      ret = 0;
+      goto out;
+    }
+  }
+
+  for (uint64_t page = first; page <= last; page++) {
+    uint64_t pstart = page * ps;
+    uint32_t a = offset > pstart ? offset - pstart : 0;
+    uint32_t b = offset + count < pstart + ps ? offset + count - pstart : ps;
+    int r = write_page (c, be, page,
+                        (const uint8_t *) buf + (pstart + a - offset),
+                        a, b - a, through ? W_CLEAN : W_DIRTY, tmp, err);
+    if (r == -1 && !through)
+      goto out;
+  }
+  ret = 0;
+
+ out:
+  rangelock_release (&c->ranges, first, last);
+  free (tmp);
+  /* A FUA write is durable as the flush mode says.  In writethrough it
+   * is durable on the backend already; syncing the cache too keeps an
+   * older cached copy from coming back after power loss.
+   */
+  if (ret == 0 && fua) {
+    if (writeback)
+      ret = cache_flush (c, be, err);
+    else
+      cache_sync (c, err);
+  }
+  return ret;
+}
+
+int
+cache_zero_trim (struct cache *c, const struct cache_backend *be,
+                 bool is_zero, cache_backend_op do_op, void *opaque,
+                 uint32_t count, uint64_t offset, bool fua, int *err)
+{
+  const uint32_t ps = c->page_size;
+  const bool writeback = c->mode == LAYOUT_MODE_WRITEBACK;
+  uint64_t first, last, end = offset + count;
+  uint64_t full_lo, full_hi;    /* whole pages: [full_lo, full_hi) bytes */
+  uint8_t *zeroes = NULL;
+  int ret = -1;
+
+  cache_touch_io (c);
+  if (count == 0)
+    return do_op (opaque, count, offset, err);
+  first = offset / ps;
+  last = (end - 1) / ps;
+
+  if (!writeback) {
+    /* The backend is the truth: do it there, drop cached copies. */
+    if (rangelock_acquire (&c->ranges, first, last) == -1) {
+      *err = errno;
+      return -1;
+    }
+    ret = do_op (opaque, count, offset, err);
+    cache_invalidate_pages (c, first, last);
+    rangelock_release (&c->ranges, first, last);
+    if (ret == 0 && fua)
+      cache_sync (c, err);
+    return ret;
+  }
+
+  /* Writeback: whole pages go to the backend and leave the cache; the
+   * partial pages at the edges keep their dirty data, with zeroes
+   * written over the zeroed part.
+   */
+  full_lo = (offset + ps - 1) / ps * ps;
+  full_hi = end / ps * ps;
+  if (end == c->backend_size)
+    full_hi = end;              /* the short last page counts as whole */
+  if (full_hi < full_lo)
+    full_hi = full_lo;
+
+  if (full_hi > full_lo) {
+    uint64_t flo = full_lo / ps, fhi = (full_hi - 1) / ps;
+    if (rangelock_acquire (&c->ranges, flo, fhi) == -1) {
+      *err = errno;
+      return -1;
+    }
+    ret = do_op (opaque, full_hi - full_lo, full_lo, err);
+    if (ret == 0) {
+      atomic_store (&c->backend_unflushed, true);
+      cache_invalidate_pages (c, flo, fhi);
+    }
+    rangelock_release (&c->ranges, flo, fhi);
+    if (ret == -1)
+      return -1;
+  }
+  if (is_zero) {
+    uint64_t parts[2][2] = {
+      { offset, full_lo < end ? full_lo : end },
+      { full_hi > offset ? full_hi : offset, end },
+    };
+    zeroes = calloc (1, ps);
+    if (zeroes == NULL) {
+      *err = ENOMEM;
+      return -1;
+    }
+    for (int k = 0; k < 2; k++) {
+      uint64_t lo = parts[k][0], hi = parts[k][1];
+      while (lo < hi) {
+        uint32_t n = hi - lo < ps - lo % ps ? hi - lo : ps - lo % ps;
+        if (cache_write (c, be, zeroes, n, lo, false, err) == -1)
+          goto out;
+        lo += n;
+      }
+    }
+  }
+  ret = 0;
+  if (fua && cache_flush (c, be, err) == -1)
+    ret = -1;
+ out:
+  free (zeroes);
+  return ret;
+}
+
+int
+cache_flush (struct cache *c, const struct cache_backend *be, int *err)
+{
+  cache_touch_io (c);
+  if (c->mode == LAYOUT_MODE_WRITEBACK &&
+      c->flush_mode == CACHE_FLUSH_BACKEND && c->wb) {
+    if (writeback_request_all (c, err) == -1)
+      return -1;
+  }
+  /* Anything sent straight to the backend (writethrough writes, or
+   * writeback zeroes/trims and writes that found the cache full).
+   */
+  if (c->mode != LAYOUT_MODE_WRITEBACK ||
+      atomic_exchange (&c->backend_unflushed, false) ||
+      c->flush_mode == CACHE_FLUSH_BACKEND) {
+    if (be->flush && be->flush (be->h, err) == -1) {
+      atomic_store (&c->backend_unflushed, true);
+      return -1;
+    }
+  }
+  if (cache_sync (c, err) == -1)
+    return c->mode == LAYOUT_MODE_WRITEBACK ? -1 : 0;
+  return 0;
+}

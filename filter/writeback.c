@@ -1,0 +1,451 @@
+/* nbdkit-ssdcache-filter: the writeback engine.
+ *
+ * Owns struct writeback and its thread; see writeback.h for what each
+ * lock protects.  A pass collects the dirty pages, sorts them by
+ * backend offset, and for each group of adjacent pages (at most
+ * WB_GROUP_BYTES) reads the dirty sectors from the cache and writes
+ * them to the backend in as few requests as possible.  After all
+ * groups, one backend flush; only then are the pages marked clean (a
+ * page changed meanwhile keeps its dirty bits: its sequence number
+ * tells).  Backend errors leave pages dirty, to be retried.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache-int.h"
+#include "log.h"
+#include "writeback.h"
+
+#define WB_GROUP_BYTES (4 * 1024 * 1024)
+#define WB_POLL_MS 100
+#define WB_RETRY_MS 1000
+
+struct writeback {
+  struct cache *c;
+  struct cache_backend be;
+  pthread_t thread;
+  bool started;
+
+  pthread_mutex_t lock;
+  pthread_cond_t wake, done;
+  bool stop;
+  uint64_t req_gen, done_gen;
+  int done_err;
+
+  atomic_bool kicked;
+  pthread_mutex_t pass_lock;
+};
+
+struct wb_page {
+  uint64_t page;
+  uint32_t slot;
+  uint64_t seq;
+  uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
+};
+
+static int
+cmp_u64 (const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+  return x < y ? -1 : x > y;
+}
+
+static void
+sleep_ms (uint64_t ms)
+{
+  struct timespec ts = { .tv_sec = ms / 1000,
+                         .tv_nsec = (ms % 1000) * 1000000 };
+  while (nanosleep (&ts, &ts) == -1 && errno == EINTR)
+    ;
+}
+
+/* Dirty pages now, sorted.  Returns the count, or -1. */
+static int64_t
+collect_dirty (struct cache *c, uint64_t **pages_out)
+{
+  uint64_t *pages, n = 0;
+
+  pthread_mutex_lock (&c->lock);
+  pages = malloc ((c->ndirty ? c->ndirty : 1) * sizeof *pages);
+  if (pages == NULL) {
+    pthread_mutex_unlock (&c->lock);
+    return -1;
+  }
+  for (uint32_t s = 0; s < c->nslots && n < c->ndirty; s++) {
+    const struct pt_slot *slot = &c->pt.slots[s];
+    if (slot->state == LAYOUT_DIRTY && (slot->flags & PT_INDEXED) &&
+        !(slot->flags & PT_BAD))
+      pages[n++] = slot->page;
+  }
+  pthread_mutex_unlock (&c->lock);
+  qsort (pages, n, sizeof *pages, cmp_u64);
+  *pages_out = pages;
+  return n;
+}
+
+/* Write the dirty sectors of one group of adjacent pages [g, g+ng),
+ * whose data is in buf (page k at k * page_size).  Runs of dirty
+ * sectors that touch are written as one request.
+ */
+/* Write [lo, hi) (clipped to the backend size) from the group buffer. */
+static int
+emit (struct cache *c, const struct cache_backend *be, const uint8_t *buf,
+      uint64_t base, uint64_t lo, uint64_t hi, uint64_t *bytes, int *err)
+{
+  if (hi > c->backend_size)
+    hi = c->backend_size;
+  if (hi <= lo)
+    return 0;
+  if (be->pwrite (be->h, buf + (lo - base), hi - lo, lo, false, err) == -1)
+    return -1;
+  *bytes += hi - lo;
+  return 0;
+}
+
+/* Write the dirty sectors of one group of adjacent pages g[0..ng),
+ * whose data is in buf (page k at k * page_size).  Runs of dirty
+ * sectors that touch are written as one request.
+ */
+static int
+write_group (struct cache *c, const struct cache_backend *be,
+             const struct wb_page *g, size_t ng, const uint8_t *buf,
+             uint64_t *bytes, int *err)
+{
+  const uint32_t ps = c->page_size, ss = c->sector_size;
+  const uint64_t base = g[0].page * ps;
+  uint64_t lo = 0, hi = 0;
+  bool in_run = false;
+
+  for (size_t k = 0; k < ng; k++) {
+    for (unsigned i = 0; i < c->nsectors; i++) {
+      bool d = g[k].slot != PT_NONE && layout_bit_test (g[k].dirty, i);
+      uint64_t off = g[k].page * ps + (uint64_t) i * ss;
+
+      if (d && in_run && hi == off) {
+        hi += ss;
+        continue;
+      }
+      if (in_run && emit (c, be, buf, base, lo, hi, bytes, err) == -1)
+        return -1;
+      in_run = d;
+      lo = off;
+      hi = off + ss;
+    }
+  }
+  if (in_run && emit (c, be, buf, base, lo, hi, bytes, err) == -1)
+    return -1;
+  return 0;
+}
+
+int
+writeback_pass (struct cache *c, const struct cache_backend *be,
+                uint64_t target, int *err)
+{
+  const uint32_t ps = c->page_size;
+  const size_t max_group = WB_GROUP_BYTES / ps ? WB_GROUP_BYTES / ps : 1;
+  struct writeback *wb = c->wb;
+  uint64_t *pages = NULL;
+  int64_t n;
+  struct wb_page *done = NULL;
+  size_t ndone = 0;
+  uint8_t *buf = NULL;
+  bool failed = false, skipped = false;
+  uint64_t bytes = 0, start_ms = cache_now_ms ();
+  int ret = -1;
+
+  if (wb)
+    pthread_mutex_lock (&wb->pass_lock);
+  n = collect_dirty (c, &pages);
+  if (n == -1) {
+    *err = ENOMEM;
+    goto out;
+  }
+  done = malloc ((n ? n : 1) * sizeof *done);
+  buf = malloc (max_group * ps);
+  if (done == NULL || buf == NULL) {
+    *err = ENOMEM;
+    goto out;
+  }
+
+  for (int64_t i = 0; i < n;) {
+    int64_t j = i;
+    size_t ng;
+    struct wb_page *g = done + ndone;
+
+    if (target > 0 && (uint64_t) (n - i) <= target)
+      break;
+    while (j + 1 < n && pages[j + 1] == pages[j] + 1 &&
+           (size_t) (j + 1 - i) < max_group)
+      j++;
+    ng = j - i + 1;
+    if (rangelock_try_acquire (&c->ranges, pages[i], pages[j]) == -1) {
+      skipped = true;           /* a client is on it: later */
+      i = j + 1;
+      continue;
+    }
+    for (size_t k = 0; k < ng; k++) {
+      uint32_t s = cache_lookup_pin (c, pages[i + k]);
+      g[k].page = pages[i + k];
+      g[k].slot = PT_NONE;
+      if (s == PT_NONE)
+        continue;
+      pthread_mutex_lock (&c->lock);
+      bool dirty = c->pt.slots[s].state == LAYOUT_DIRTY &&
+        !(c->pt.slots[s].flags & PT_BAD);
+      pthread_mutex_unlock (&c->lock);
+      if (!dirty) {
+        cache_unpin (c, s);
+        continue;
+      }
+      if (cache_read_verified (c, s, buf + k * ps) == -1)
+        continue;               /* marked bad, pin consumed */
+      pthread_mutex_lock (&c->lock);
+      g[k].slot = s;
+      g[k].seq = c->pt.slots[s].seq;
+      memcpy (g[k].dirty, c->pt.slots[s].dirty, sizeof g[k].dirty);
+      pthread_mutex_unlock (&c->lock);
+    }
+    if (write_group (c, be, g, ng, buf, &bytes, err) == -1) {
+      rangelock_release (&c->ranges, pages[i], pages[j]);
+      for (size_t k = 0; k < ng; k++)
+        if (g[k].slot != PT_NONE)
+          cache_unpin (c, g[k].slot);
+      STATS_ADD (&c->stats, writeback_errors, 1);
+      log_error ("writeback of pages %llu-%llu failed: %s; they stay "
+                 "dirty and will be retried",
+                 (unsigned long long) pages[i],
+                 (unsigned long long) pages[j], strerror (*err));
+      failed = true;
+      break;
+    }
+    rangelock_release (&c->ranges, pages[i], pages[j]);
+    ndone += ng;
+    i = j + 1;
+
+    /* Rate limit: stay at or under wbcfg.rate bytes per second. */
+    if (c->wbcfg.rate) {
+      uint64_t want_ms = bytes * 1000 / c->wbcfg.rate;
+      uint64_t took = cache_now_ms () - start_ms;
+      if (want_ms > took)
+        sleep_ms (want_ms - took);
+    }
+  }
+
+  /* The backend must have it durably before the cache forgets it. */
+  if (ndone > 0 && !failed && be->flush && be->flush (be->h, err) == -1) {
+    STATS_ADD (&c->stats, writeback_errors, 1);
+    log_error ("writeback: backend flush failed: %s; pages stay dirty",
+               strerror (*err));
+    failed = true;
+  }
+  for (size_t k = 0; k < ndone; k++) {
+    struct wb_page *p = &done[k];
+    struct pt_slot upd;
+    bool same;
+
+    if (p->slot == PT_NONE)
+      continue;
+    if (failed) {
+      cache_unpin (c, p->slot);
+      continue;
+    }
+    if (rangelock_try_acquire (&c->ranges, p->page, p->page) == -1) {
+      /* A client is changing it (maybe waiting for us to make room):
+       * leave it dirty, it will be written again.
+       */
+      cache_unpin (c, p->slot);
+      continue;
+    }
+    pthread_mutex_lock (&c->lock);
+    upd = c->pt.slots[p->slot];
+    same = pagetable_lookup (&c->pt, p->page) == p->slot &&
+      upd.seq == p->seq;
+    pthread_mutex_unlock (&c->lock);
+    if (same) {
+      for (unsigned b = 0; b < sizeof upd.dirty; b++)
+        upd.dirty[b] &= ~p->dirty[b];
+      upd.state = cache_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
+      if (cache_commit_entry (c, p->slot, &upd) == -1)
+        cache_io_error (c, "writing entry", p->slot);
+      STATS_ADD (&c->stats, pages_written_back, 1);
+    }
+    rangelock_release (&c->ranges, p->page, p->page);
+    cache_unpin (c, p->slot);
+  }
+  if (ndone > 0 && !failed) {
+    int e;
+    STATS_ADD (&c->stats, bytes_written_back, bytes);
+    cache_sync (c, &e);
+  }
+  ret = failed ? -1 : skipped ? 1 : 0;
+
+ out:
+  if (wb)
+    pthread_mutex_unlock (&wb->pass_lock);
+  free (pages);
+  free (done);
+  free (buf);
+  return ret;
+}
+
+static void *
+writeback_thread (void *arg)
+{
+  struct writeback *wb = arg;
+  struct cache *c = wb->c;
+  const uint64_t high = (uint64_t) c->nslots * c->wbcfg.high_pct / 100;
+  const uint64_t low = (uint64_t) c->nslots * c->wbcfg.low_pct / 100;
+
+  for (;;) {
+    uint64_t gen, target, ndirty, idle_for;
+    bool full, run, kicked;
+    int r, err = 0;
+
+    pthread_mutex_lock (&wb->lock);
+    if (wb->stop) {
+      pthread_mutex_unlock (&wb->lock);
+      break;
+    }
+    gen = wb->req_gen;
+    full = gen > wb->done_gen;
+    pthread_mutex_unlock (&wb->lock);
+
+    ndirty = cache_dirty_pages (c);
+    kicked = atomic_exchange (&wb->kicked, false);
+    idle_for = cache_now_ms () - atomic_load (&c->last_io_ms);
+    run = true;
+    if (full)
+      target = 0;
+    else if (ndirty > high)
+      target = low;
+    else if (kicked && ndirty > 0)
+      target = ndirty / 2 < low ? ndirty / 2 : low;
+    else if (c->wbcfg.idle_ms && idle_for >= c->wbcfg.idle_ms && ndirty > 0)
+      target = 0;
+    else
+      run = false;
+
+    if (run) {
+      if (ssdcache_debug_verbose)
+        log_debug ("writeback: %llu dirty, target %llu%s",
+                   (unsigned long long) ndirty, (unsigned long long) target,
+                   full ? " (flush)" : "");
+      r = writeback_pass (c, &wb->be, target, &err);
+      pthread_mutex_lock (&wb->lock);
+      if (full && r != 1) {
+        wb->done_gen = gen;
+        wb->done_err = r == -1 ? (err ? err : EIO) : 0;
+        pthread_cond_broadcast (&wb->done);
+      }
+      pthread_mutex_unlock (&wb->lock);
+      if (r == 1)
+        sleep_ms (1);           /* busy pages: let the clients go on */
+      else if (r == -1)
+        sleep_ms (WB_RETRY_MS); /* backend trouble: back off */
+      continue;
+    }
+
+    /* Nothing to do: sleep until woken or the next poll. */
+    pthread_mutex_lock (&wb->lock);
+    if (!wb->stop && wb->req_gen == wb->done_gen) {
+      struct timespec ts;
+      clock_gettime (CLOCK_REALTIME, &ts);
+      ts.tv_nsec += WB_POLL_MS * 1000000L;
+      if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+      }
+      pthread_cond_timedwait (&wb->wake, &wb->lock, &ts);
+    }
+    pthread_mutex_unlock (&wb->lock);
+  }
+  return NULL;
+}
+
+int
+writeback_start (struct cache *c, const struct cache_backend *be)
+{
+  struct writeback *wb = calloc (1, sizeof *wb);
+  int r;
+
+  if (wb == NULL) {
+    log_error ("calloc: %m");
+    return -1;
+  }
+  wb->c = c;
+  wb->be = *be;
+  pthread_mutex_init (&wb->lock, NULL);
+  pthread_mutex_init (&wb->pass_lock, NULL);
+  pthread_cond_init (&wb->wake, NULL);
+  pthread_cond_init (&wb->done, NULL);
+  atomic_init (&wb->kicked, false);
+  c->wb = wb;
+  r = pthread_create (&wb->thread, NULL, writeback_thread, wb);
+  if (r != 0) {
+    errno = r;
+    log_error ("cannot start the writeback thread: %m");
+    c->wb = NULL;
+    free (wb);
+    return -1;
+  }
+  wb->started = true;
+  return 0;
+}
+
+void
+writeback_stop (struct cache *c)
+{
+  struct writeback *wb = c->wb;
+
+  if (wb == NULL)
+    return;
+  pthread_mutex_lock (&wb->lock);
+  wb->stop = true;
+  pthread_cond_broadcast (&wb->wake);
+  pthread_cond_broadcast (&wb->done);
+  pthread_mutex_unlock (&wb->lock);
+  if (wb->started)
+    pthread_join (wb->thread, NULL);
+  c->wb = NULL;
+  pthread_mutex_destroy (&wb->lock);
+  pthread_mutex_destroy (&wb->pass_lock);
+  pthread_cond_destroy (&wb->wake);
+  pthread_cond_destroy (&wb->done);
+  free (wb);
+}
+
+void
+writeback_kick (struct cache *c)
+{
+  struct writeback *wb = c->wb;
+
+  if (wb) {
+    atomic_store (&wb->kicked, true);
+    pthread_cond_signal (&wb->wake);
+  }
+}
+
+int
+writeback_request_all (struct cache *c, int *err)
+{
+  struct writeback *wb = c->wb;
+  uint64_t mine;
+  int r;
+
+  pthread_mutex_lock (&wb->lock);
+  mine = ++wb->req_gen;
+  pthread_cond_signal (&wb->wake);
+  while (wb->done_gen < mine && !wb->stop)
+    pthread_cond_wait (&wb->done, &wb->lock);
+  r = wb->done_gen >= mine ? wb->done_err : ESHUTDOWN;
+  pthread_mutex_unlock (&wb->lock);
+  if (r) {
+    *err = r;
+    return -1;
+  }
+  return 0;
+}

@@ -194,22 +194,32 @@ cache_must_cow (const struct cache *c, const struct pt_slot *s)
   return s->state == LAYOUT_DIRTY && durable;
 }
 
-/* Settle slot s before it is dropped: if freeing an older version of
- * its page is not yet durable, make it so first, or the older version
- * could come back after a power failure.
+/* Under c->lock: must the cache file be synced before slot s may stop
+ * holding its page?  True while an older version of the page is still
+ * on disk (not yet freed) or freed by an entry that is not durable yet:
+ * losing s then could bring the older version back after a crash.
  */
+static bool
+needs_settling (const struct cache *c, const struct pt_slot *s)
+{
+  return (s->flags & PT_HASPRED) ||
+    ((s->flags & PT_NEEDSYNC) && s->epoch > c->durable_epoch);
+}
+
+/* Settle slot s (pinned) before it is dropped. */
 static void
 settle (struct cache *c, uint32_t s)
 {
-  bool pending;
-  int err;
+  for (int i = 0; i < 4; i++) {
+    bool pending;
+    int err;
 
-  pthread_mutex_lock (&c->lock);
-  pending = (c->pt.slots[s].flags & PT_NEEDSYNC) &&
-    c->pt.slots[s].epoch > c->durable_epoch;
-  pthread_mutex_unlock (&c->lock);
-  if (pending)
-    cache_sync (c, &err);
+    pthread_mutex_lock (&c->lock);
+    pending = needs_settling (c, &c->pt.slots[s]);
+    pthread_mutex_unlock (&c->lock);
+    if (!pending || cache_sync (c, &err) == -1)
+      return;
+  }
 }
 
 /* Drop pinned slot s (its page is range locked by the caller): it
@@ -232,7 +242,7 @@ cache_drop_slot (struct cache *c, uint32_t s)
     evict_remove (c->ev, s);
   }
   slot->flags |= PT_ORPHAN;
-  slot->flags &= ~(PT_VERIFIED | PT_NEEDSYNC | PT_BAD);
+  slot->flags &= ~(PT_VERIFIED | PT_NEEDSYNC | PT_BAD | PT_HASPRED);
   slot->state = LAYOUT_FREE;
   memset (slot->valid, 0, sizeof slot->valid);
   memset (slot->dirty, 0, sizeof slot->dirty);
@@ -255,8 +265,7 @@ can_take (void *opaque, uint32_t s)
   const struct pt_slot *slot = &c->pt.slots[s];
 
   return slot->pins == 0 && slot->state == LAYOUT_CLEAN &&
-    (slot->flags & PT_INDEXED) &&
-    !((slot->flags & PT_NEEDSYNC) && slot->epoch > c->durable_epoch);
+    (slot->flags & PT_INDEXED) && !needs_settling (c, slot);
 }
 
 /* Under c->lock. */
@@ -347,6 +356,7 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
     o->flags |= PT_SUPERSEDED;
     o->pins--;
   }
+  c->pt.slots[succ].flags |= PT_HASPRED;
   pagetable_insert (&c->pt, succ, page);
   evict_insert (c->ev, succ);
   cache_set_state_counts (c, LAYOUT_FREE, c->pt.slots[succ].state);
@@ -355,28 +365,29 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
 }
 
 /* Free superseded slots whose successors are durable (called after a
- * sync).  Oldest first, so a chain of versions unwinds in order.
+ * sync), in the order they were superseded, so that in a chain of
+ * versions the older FREE entry is always written first.
  */
 static void
 free_superseded (struct cache *c)
 {
-  for (;;) {
-    struct layout_entry e;
-    uint32_t old, succ;
+  size_t i = 0;
 
-    pthread_mutex_lock (&c->lock);
-    if (c->nsup == 0 ||
-        c->pt.slots[c->sup[0].succ].epoch > c->durable_epoch) {
-      pthread_mutex_unlock (&c->lock);
-      return;
+  pthread_mutex_lock (&c->lock);
+  while (i < c->nsup) {
+    struct layout_entry e;
+    uint32_t old = c->sup[i].slot, succ = c->sup[i].succ;
+
+    if (c->pt.slots[succ].epoch > c->durable_epoch) {
+      i++;
+      continue;
     }
-    old = c->sup[0].slot;
-    succ = c->sup[0].succ;
-    memmove (c->sup, c->sup + 1, (c->nsup - 1) * sizeof *c->sup);
+    memmove (c->sup + i, c->sup + i + 1, (c->nsup - i - 1) * sizeof *c->sup);
     c->nsup--;
     /* Until the FREE entry is durable the successor must stay as it
      * is on disk.
      */
+    c->pt.slots[succ].flags &= ~PT_HASPRED;
     c->pt.slots[succ].flags |= PT_NEEDSYNC;
     c->pt.slots[succ].epoch = PT_EPOCH_PENDING;
     memset (&e, 0, sizeof e);
@@ -394,8 +405,8 @@ free_superseded (struct cache *c)
     c->pt.slots[old].state = LAYOUT_FREE;
     if (c->pt.slots[old].pins == 0)
       release_slot_locked (c, old);
-    pthread_mutex_unlock (&c->lock);
   }
+  pthread_mutex_unlock (&c->lock);
 }
 
 int

@@ -28,6 +28,8 @@
 #define PT_BAD       0x10   /* dirty data failed its CRC: reads get EIO */
 #define PT_SUPERSEDED 0x20  /* a newer slot holds this page; freed once
                                the newer one is durable */
+#define PT_HASPRED   0x40   /* an older, superseded slot for this page is
+                               still on disk (not yet freed) */
 
 struct pt_slot {
   uint64_t page;                      /* backend page number */

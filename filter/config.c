@@ -44,13 +44,21 @@ is_secret (const char *key)
     strstr (key, "header") || strstr (key, "key");
 }
 
+/* nbdkit's parsers say what is wrong but not where: add the where. */
+static int
+bad_value (const char *key, const char *value)
+{
+  nbdkit_error ("%s: invalid value '%s'", key, value);
+  return -1;
+}
+
 static int
 parse_pow2_page (const char *key, const char *value, uint32_t *out)
 {
   int64_t v = nbdkit_parse_size (value);
 
   if (v == -1)
-    return -1;
+    return bad_value (key, value);
   if (v < LAYOUT_MIN_PAGE || v > LAYOUT_MAX_PAGE || (v & (v - 1)) != 0) {
     nbdkit_error ("%s: must be a power of two from 4K to 2M, not %s",
                   key, value);
@@ -64,6 +72,10 @@ int
 config_set (const char *key, const char *value)
 {
   if (strcmp (key, "ssdcache-file") == 0) {
+    if (*value == '\0') {
+      nbdkit_error ("%s: the path must not be empty", key);
+      return -1;
+    }
     free (config.file);
     config.file = nbdkit_absolute_path (value);
     return config.file ? 0 : -1;
@@ -71,7 +83,7 @@ config_set (const char *key, const char *value)
   if (strcmp (key, "ssdcache-size") == 0) {
     int64_t v = nbdkit_parse_size (value);
     if (v == -1)
-      return -1;
+      return bad_value (key, value);
     if (v == 0) {
       nbdkit_error ("%s: the cache size must be greater than zero", key);
       return -1;
@@ -107,11 +119,15 @@ config_set (const char *key, const char *value)
   if (strcmp (key, "ssdcache-reset") == 0) {
     int r = nbdkit_parse_bool (value);
     if (r == -1)
-      return -1;
+      return bad_value (key, value);
     config.reset = r;
     return 0;
   }
   if (strcmp (key, "ssdcache-stats") == 0) {
+    if (*value == '\0') {
+      nbdkit_error ("%s: the path must not be empty", key);
+      return -1;
+    }
     free (config.stats_file);
     config.stats_file = nbdkit_absolute_path (value);
     return config.stats_file ? 0 : -1;
@@ -131,7 +147,7 @@ config_set (const char *key, const char *value)
       strcmp (key, "ssdcache-writeback-low") == 0) {
     unsigned v;
     if (nbdkit_parse_unsigned (key, value, &v) == -1)
-      return -1;
+      return bad_value (key, value);
     if (v > 100) {
       nbdkit_error ("%s: a percentage from 0 to 100, not %s", key, value);
       return -1;
@@ -145,16 +161,19 @@ config_set (const char *key, const char *value)
   if (strcmp (key, "ssdcache-writeback-rate") == 0) {
     int64_t v = nbdkit_parse_size (value);
     if (v == -1)
-      return -1;
+      return bad_value (key, value);
     config.wb.rate = v;
     return 0;
   }
-  if (strcmp (key, "ssdcache-writeback-idle") == 0)
-    return nbdkit_parse_unsigned (key, value, &config.wb.idle_ms);
+  if (strcmp (key, "ssdcache-writeback-idle") == 0) {
+    if (nbdkit_parse_unsigned (key, value, &config.wb.idle_ms) == -1)
+      return bad_value (key, value);
+    return 0;
+  }
   if (strcmp (key, "ssdcache-writeback-on-exit") == 0) {
     int r = nbdkit_parse_bool (value);
     if (r == -1)
-      return -1;
+      return bad_value (key, value);
     config.writeback_on_exit = r;
     return 0;
   }

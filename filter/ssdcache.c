@@ -27,6 +27,11 @@ static struct cache *cache;
  */
 static nbdkit_next *wb_next;
 
+/* Set when the cache could not be attached in a captive nbdkit (see
+ * ssdcache_after_fork): every connection then fails with this message.
+ */
+static char attach_error[512];
+
 static void
 ssdcache_unload (void)
 {
@@ -158,8 +163,46 @@ open_context (nbdkit_backend *backend, int readonly)
   return next;
 }
 
+/* Is this nbdkit running a captive command (--run)?  There, a failing
+ * .after_fork leaves the command waiting forever on a socket that
+ * nobody serves, so we fail its connections instead.
+ */
+static bool
+is_captive (void)
+{
+  char buf[8192];
+  FILE *fp = fopen ("/proc/self/cmdline", "r");
+  size_t n;
+  bool r = false;
+
+  if (fp == NULL)
+    return false;
+  n = fread (buf, 1, sizeof buf - 1, fp);
+  fclose (fp);
+  buf[n] = '\0';
+  for (size_t i = 0; i < n; i += strlen (buf + i) + 1)
+    if (strcmp (buf + i, "--run") == 0 || strncmp (buf + i, "--run=", 6) == 0)
+      r = true;
+  return r;
+}
+
+static int attach_backend (nbdkit_backend *backend);
+
 static int
 ssdcache_after_fork (nbdkit_backend *backend)
+{
+  if (attach_backend (backend) == 0)
+    return 0;
+  if (!is_captive ())
+    return -1;
+  snprintf (attach_error, sizeof attach_error,
+            "ssdcache: the cache could not be started (see the error "
+            "above): refusing connections");
+  return 0;
+}
+
+static int
+attach_backend (nbdkit_backend *backend)
 {
   nbdkit_next *next;
   int64_t size;
@@ -256,6 +299,19 @@ ssdcache_cleanup (nbdkit_backend *backend)
   }
   cache_close (cache);
   cache = NULL;
+}
+
+static void *
+ssdcache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
+               int readonly, const char *exportname, int is_tls)
+{
+  if (attach_error[0]) {
+    nbdkit_error ("%s", attach_error);
+    return NULL;
+  }
+  if (next (nxdata, readonly, exportname) == -1)
+    return NULL;
+  return NBDKIT_HANDLE_NOT_NEEDED;
 }
 
 static int
@@ -426,6 +482,7 @@ static struct nbdkit_filter filter = {
   .get_ready         = ssdcache_get_ready,
   .after_fork        = ssdcache_after_fork,
   .cleanup           = ssdcache_cleanup,
+  .open              = ssdcache_open,
   .prepare           = ssdcache_prepare,
   .can_cache         = ssdcache_can_cache,
   .can_fua           = ssdcache_can_fua,

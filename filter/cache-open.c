@@ -24,6 +24,20 @@
 
 #define LOAD_CHUNK 4096          /* entries read at a time */
 
+/* Slots wanted for size bytes: never more than the backend has pages
+ * (they would never be used), at least one.
+ */
+static uint64_t
+wanted_slots (uint64_t backend_size, uint64_t size, uint32_t ps)
+{
+  uint64_t npages = (backend_size + ps - 1) / ps;
+  uint64_t nslots = size / ps;
+
+  if (nslots > npages)
+    nslots = npages;
+  return nslots ? nslots : 1;
+}
+
 struct cache *
 cache_open (const struct cache_config *cfg)
 {
@@ -84,6 +98,10 @@ cache_open (const struct cache_config *cfg)
       mismatch = "identity";
     else if (c->cfg_page_size && sb->page_size != c->cfg_page_size)
       mismatch = "page size";
+    else if (c->cfg_size &&
+             wanted_slots (sb->backend_size, c->cfg_size, sb->page_size) !=
+             sb->nslots)
+      mismatch = "size";   /* (a backend size change is found later) */
 
     if (mismatch && !c->reset) {
       if (strcmp (mismatch, "identity") == 0)
@@ -119,20 +137,6 @@ cache_open (const struct cache_config *cfg)
   return NULL;
 }
 
-/* Slots wanted for size bytes: never more than the backend has pages
- * (they would never be used), at least one.
- */
-static uint64_t
-wanted_slots (const struct cache *c, uint64_t size, uint32_t ps)
-{
-  uint64_t npages = (c->backend_size + ps - 1) / ps;
-  uint64_t nslots = size / ps;
-
-  if (nslots > npages)
-    nslots = npages;
-  return nslots ? nslots : 1;
-}
-
 static int
 format_new (struct cache *c)
 {
@@ -141,8 +145,8 @@ format_new (struct cache *c)
   uint32_t ps = c->cfg_page_size ? c->cfg_page_size : CACHE_DEFAULT_PAGE;
 
   memset (&sb, 0, sizeof sb);
-  nslots = wanted_slots (c, c->cfg_size ? c->cfg_size : CACHE_DEFAULT_SIZE,
-                         ps);
+  nslots = wanted_slots (c->backend_size,
+                         c->cfg_size ? c->cfg_size : CACHE_DEFAULT_SIZE, ps);
   if (nslots > UINT32_MAX - 1) {
     log_error ("ssdcache-size: too many pages (%llu); use a larger "
                "ssdcache-page-size", (unsigned long long) nslots);
@@ -357,23 +361,6 @@ cache_attach (struct cache *c, uint64_t backend_size)
       return -1;
     }
     log_error ("cache file %s: backend size changed, re-initialising it "
-               "(ssdcache-reset=true)", c->path);
-    c->have_sb = false;
-  }
-  if (c->have_sb && c->cfg_size &&
-      wanted_slots (c, c->cfg_size, c->pool.sb.page_size) !=
-      c->pool.sb.nslots) {
-    if (!c->reset || (c->pool.sb.flags & LAYOUT_SB_DIRTY)) {
-      log_error ("cache file %s was built with %llu slots of %u bytes, "
-                 "not the size asked for now; %s", c->path,
-                 (unsigned long long) c->pool.sb.nslots,
-                 c->pool.sb.page_size,
-                 (c->pool.sb.flags & LAYOUT_SB_DIRTY)
-                 ? "it may hold dirty data, refusing to reset it"
-                 : "use ssdcache-reset=true to re-initialise it");
-      return -1;
-    }
-    log_error ("cache file %s: size changed, re-initialising it "
                "(ssdcache-reset=true)", c->path);
     c->have_sb = false;
   }

@@ -1,0 +1,327 @@
+# nbdkit-ssdcache-filter tests: shared shell helpers.
+#
+# Sourced by every test-ssdcache-*.sh script:
+#
+#   source "$(dirname "$0")/functions.sh"
+#   set -e -x
+#
+# Works under `make check` (tests/Makefile.am exports abs_top_builddir,
+# abs_top_srcdir, SSDCACHE_FILTER and PYTHON) and when a script is run
+# by hand from the build tree (cd tests && ./test-ssdcache-foo.sh).
+#
+# Provides:
+#   requires CMD ARGS...      skip the test (exit 77) unless CMD succeeds
+#   cleanup_fn CMD ARGS...    run CMD at exit (last registered runs first)
+#   fail MESSAGE...           print "FAIL: MESSAGE" and exit 1
+#   start_nbdkit -P PIDFILE ARGS...
+#                             nbdkit in the background, wait until it is
+#                             serving, kill it at exit
+#   stop_nbdkit PIDFILE       SIGTERM, wait for a clean exit
+#   crash_nbdkit PIDFILE      SIGKILL, wait until it is gone
+#   sock_uri SOCKET           NBD URI of a Unix socket
+#   stat_get FILE NAME        a counter from an ssdcache-stats file
+#   backend_read_bytes FILE   bytes read, from a stats filter statsfile
+#   backend_read_ops FILE     read requests, from a stats filter statsfile
+#   random_file FILE SIZE     FILE with SIZE random bytes
+#   $tmpdir                   a private directory, removed at exit
+#   $SSDCACHE_FILTER          absolute path of the filter under test
+#   $PYTHON, $random_io       interpreter with libnbd, random-io.py path
+
+# -- where things are ---------------------------------------------------
+
+testsrcdir="$(cd "$(dirname "$0")" && pwd)"
+: "${abs_top_srcdir:=$(cd "$testsrcdir/.." && pwd)}"
+if [ -z "${abs_top_builddir:-}" ]; then
+    if [ -d "$PWD/../filter" ]; then
+        abs_top_builddir="$(cd "$PWD/.." && pwd)"
+    else
+        abs_top_builddir="$abs_top_srcdir"
+    fi
+fi
+: "${SSDCACHE_FILTER:=$abs_top_builddir/filter/.libs/nbdkit-ssdcache-filter.so}"
+: "${PYTHON:=/usr/bin/python3}"
+random_io="$testsrcdir/random-io.py"
+export abs_top_srcdir abs_top_builddir SSDCACHE_FILTER PYTHON random_io
+
+# Keep the C locale so error messages and tool output are predictable.
+export LANG=C LC_ALL=C
+
+# -- cleanup ------------------------------------------------------------
+
+_cleanup_cmds=()
+
+# cleanup_fn CMD ARGS...: run CMD ARGS at exit, whatever the outcome.
+cleanup_fn ()
+{
+    local quoted
+    quoted="$(printf '%q ' "$@")"
+    _cleanup_cmds+=("$quoted")
+}
+
+_run_cleanups ()
+{
+    local status=$? i
+    set +e
+    for (( i = ${#_cleanup_cmds[@]} - 1; i >= 0; i-- )); do
+        eval "${_cleanup_cmds[i]}"
+    done
+    exit $status
+}
+trap _run_cleanups EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# -- basic checks -------------------------------------------------------
+
+# fail MESSAGE...: the test failed.
+fail ()
+{
+    echo "$0: FAIL: $*" >&2
+    exit 1
+}
+
+# requires CMD ARGS...: skip (exit 77) unless CMD ARGS runs successfully.
+requires ()
+{
+    if ! ( "$@" ) </dev/null >/dev/null 2>&1; then
+        echo "$0: test skipped because this failed: $*"
+        exit 77
+    fi
+}
+
+# The filter under test must have been built: a missing filter is a
+# failure, not a reason to skip.
+if [ ! -f "$SSDCACHE_FILTER" ]; then
+    fail "filter not found: $SSDCACHE_FILTER (build it first: make)"
+fi
+requires nbdkit --version
+requires nbdkit file --version
+
+# -- private temporary directory ----------------------------------------
+
+# /var/tmp rather than /tmp: it is on disk on most systems, and the
+# cache file may be opened with O_DIRECT, which tmpfs refuses.
+tmpdir="$(mktemp -d "${TMPDIR:-/var/tmp}/ssdcache-$(basename "$0" .sh).XXXXXX")"
+cleanup_fn rm -rf "$tmpdir"
+export tmpdir
+# nbdkit -U - creates its socket under $TMPDIR: keep that private too.
+export TMPDIR="$tmpdir"
+# Nothing may land in the user's own cache directory.
+export NBDKIT_SSDCACHE_DIR="$tmpdir/default-cache-dir"
+export XDG_CACHE_HOME="$tmpdir/xdg-cache"
+
+# nbdsh runs "python3 -mnbd": make sure "python3" is an interpreter
+# that has the libnbd bindings ($PYTHON), whatever comes first on PATH.
+if ! python3 -c 'import nbd' >/dev/null 2>&1 &&
+   "$PYTHON" -c 'import nbd' >/dev/null 2>&1; then
+    mkdir "$tmpdir/bin"
+    ln -s "$(command -v "$PYTHON")" "$tmpdir/bin/python3"
+    export PATH="$tmpdir/bin:$PATH"
+fi
+
+# -- nbdkit in the background -------------------------------------------
+
+# start_nbdkit -P PIDFILE ARGS...: start "nbdkit -f -P PIDFILE ARGS..."
+# in the background (stderr goes to the test log), wait until it has
+# written PIDFILE (it is serving by then) and make sure it is killed at
+# exit.  $NBDKIT_VERBOSE=1 adds -v.
+start_nbdkit ()
+{
+    local pidfile pid i
+    if [ "$1" != "-P" ] || [ -z "$2" ]; then
+        fail "start_nbdkit: the first arguments must be -P PIDFILE"
+    fi
+    pidfile="$2"
+    shift 2
+    rm -f "$pidfile"
+    # A server killed with SIGKILL leaves its socket behind.
+    local prev= a
+    for a in "$@"; do
+        if [ "$prev" = "-U" ] && [ "$a" != "-" ] && [ -S "$a" ]; then
+            rm -f "$a"
+        fi
+        prev="$a"
+    done
+    nbdkit ${NBDKIT_VERBOSE:+-v} -f -P "$pidfile" "$@" &
+    pid=$!
+    _live_pids[$pid]=1
+    cleanup_fn _kill_nbdkit_pid "$pid"
+    for (( i = 0; i < 300; i++ )); do
+        if [ -s "$pidfile" ]; then
+            break
+        fi
+        if ! kill -0 "$pid" 2>/dev/null ||
+           [ "$(ps -o stat= -p "$pid" 2>/dev/null | cut -c1)" = "Z" ]; then
+            wait "$pid" || true
+            unset "_live_pids[$pid]"
+            fail "nbdkit exited during start-up: nbdkit $*"
+        fi
+        sleep 0.1
+    done
+    [ -s "$pidfile" ] || fail "nbdkit did not write $pidfile in 30s: nbdkit $*"
+    [ "$(cat "$pidfile")" = "$pid" ] ||
+        fail "pidfile $pidfile holds $(cat "$pidfile"), expected $pid"
+}
+
+# Servers started by start_nbdkit and not yet reaped: only those are
+# ever signalled (a reaped pid may belong to someone else by now).
+declare -A _live_pids=()
+
+_kill_nbdkit_pid ()
+{
+    local pid="$1"
+    [ -n "${_live_pids[$pid]:-}" ] || return 0
+    kill -TERM "$pid" 2>/dev/null
+    if ! _wait_gone "$pid" 10; then
+        kill -KILL "$pid" 2>/dev/null
+        _wait_gone "$pid" 10
+    fi
+    unset "_live_pids[$pid]"
+}
+
+# _wait_gone PID SECONDS: wait for PID to exit; sets _exit_status when
+# PID is a child of this shell.
+_wait_gone ()
+{
+    local pid="$1" secs="$2" i
+    _exit_status=
+    for (( i = 0; i < secs * 10; i++ )); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            break
+        fi
+        # A zombie child still answers kill -0: reap it.
+        if [ "$(ps -o stat= -p "$pid" 2>/dev/null | cut -c1)" = "Z" ]; then
+            break
+        fi
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null &&
+       [ "$(ps -o stat= -p "$pid" 2>/dev/null | cut -c1)" != "Z" ]; then
+        return 1
+    fi
+    if wait "$pid" 2>/dev/null; then
+        _exit_status=0
+    else
+        _exit_status=$?
+    fi
+    return 0
+}
+
+# stop_nbdkit PIDFILE: clean shutdown (SIGTERM); fails the test if
+# nbdkit does not exit within 30 s or exits with an error.
+stop_nbdkit ()
+{
+    local pid
+    pid="$(cat "$1")"
+    [ -n "${_live_pids[$pid]:-}" ] || fail "stop_nbdkit: $pid is not a server we started"
+    kill -TERM "$pid"
+    _wait_gone "$pid" 30 || fail "nbdkit (pid $pid) did not exit after SIGTERM"
+    unset "_live_pids[$pid]"
+    rm -f "$1"
+    if [ -n "$_exit_status" ] && [ "$_exit_status" -ne 0 ]; then
+        fail "nbdkit (pid $pid) exited with status $_exit_status after SIGTERM"
+    fi
+}
+
+# crash_nbdkit PIDFILE: SIGKILL, as a crash would.
+crash_nbdkit ()
+{
+    local pid
+    pid="$(cat "$1")"
+    [ -n "${_live_pids[$pid]:-}" ] || fail "crash_nbdkit: $pid is not a server we started"
+    kill -KILL "$pid"
+    _wait_gone "$pid" 30 || fail "nbdkit (pid $pid) survived SIGKILL"
+    unset "_live_pids[$pid]"
+    rm -f "$1"
+}
+
+# expect_start_failure PATTERN NBDKIT-ARGS...: "nbdkit -U - NBDKIT-ARGS"
+# must refuse to serve: nbdkit exits with an error and a client run by
+# --run can not use the export.  It must not hang (30 s limit), and
+# stderr must match the extended regular expression PATTERN.  stderr is
+# left in $tmpdir/err.
+expect_start_failure ()
+{
+    local pattern="$1" status=0
+    shift
+    timeout 30 nbdkit -U - "$@" --run 'nbdinfo --size "$uri"' \
+            > "$tmpdir/out" 2> "$tmpdir/err" || status=$?
+    cat "$tmpdir/out" "$tmpdir/err"
+    if [ $status -eq 124 ]; then
+        fail "nbdkit hung (30 s) instead of failing: nbdkit $*"
+    fi
+    [ $status -ne 0 ] || fail "nbdkit did not refuse to start: nbdkit $*"
+    grep -Eq -- "$pattern" "$tmpdir/err" ||
+        fail "the error does not match \"$pattern\": nbdkit $*"
+}
+
+# sock_uri SOCKET: the NBD URI of a Unix socket.
+sock_uri ()
+{
+    echo "nbd+unix:///?socket=$1"
+}
+
+# -- statistics ---------------------------------------------------------
+
+# stat_get FILE NAME: print counter NAME from an ssdcache-stats file
+# ("name: value" lines); fails the test if it is missing or not a number.
+stat_get ()
+{
+    local v
+    [ -f "$1" ] || fail "stats file $1 was not written"
+    v="$(awk -F': *' -v n="$2" '$1 == n { print $2; exit }' "$1")"
+    [ -n "$v" ] || fail "counter $2 missing from $1"
+    case "$v" in
+        *[!0-9]*) fail "counter $2 in $1 is not a number: $v" ;;
+    esac
+    echo "$v"
+}
+
+# backend_read_bytes FILE: bytes read through nbdkit's stats filter
+# (from its "read: N ops, T s, X UNIT, ..." line; 0 if no line).
+backend_read_bytes ()
+{
+    _stats_filter_field "$1" read bytes
+}
+
+# backend_read_ops FILE: read requests through nbdkit's stats filter.
+backend_read_ops ()
+{
+    _stats_filter_field "$1" read ops
+}
+
+_stats_filter_field ()
+{
+    [ -f "$1" ] || fail "stats filter file $1 was not written"
+    awk -v op="$2" -v what="$3" '
+        $1 == op ":" {
+            # e.g.  read: 12 ops, 0.000744 s, 3.00 MiB, 3.94 GiB/s op, ...
+            split($0, f, ", ")
+            sub(/^[a-z]+: /, "", f[1])
+            if (what == "ops") { split(f[1], a, " "); print a[1]; found = 1; exit }
+            split(f[3], b, " ")
+            m = 1
+            if (b[2] == "KiB") m = 1024
+            else if (b[2] == "MiB") m = 1024 * 1024
+            else if (b[2] == "GiB") m = 1024 * 1024 * 1024
+            else if (b[2] == "TiB") m = 1024 * 1024 * 1024 * 1024
+            else if (b[2] != "bytes") {
+                print "bad unit " b[2] > "/dev/stderr"; found = 1; exit 1
+            }
+            printf "%d\n", b[1] * m
+            found = 1
+            exit
+        }
+        END { if (!found) print 0 }
+    ' "$1"
+}
+
+# -- data ---------------------------------------------------------------
+
+# random_file FILE SIZE: FILE filled with SIZE random bytes.
+random_file ()
+{
+    head -c "$2" /dev/urandom > "$1.tmp"
+    [ "$(stat -c %s "$1.tmp")" -eq "$2" ] || fail "could not create $1"
+    mv "$1.tmp" "$1"
+}

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# nbdkit-ssdcache-filter: warm restart after kill -9.  A server reads
+# the whole disk, then takes random writes (writethrough: they are in
+# the backing file when they complete), then is killed with SIGKILL.
+# The restarted server must load the cache warm (almost nothing read
+# from the backend, counted by nbdkit's stats filter below ssdcache),
+# and every byte it serves must be the backing file's: no stale page
+# may survive the crash.
+
+source "$(dirname "$0")/functions.sh"
+set -e -x
+
+requires nbdcopy --version
+requires nbdsh --version
+requires "$PYTHON" -c 'import nbd'
+requires nbdkit --filter=stats null --version
+
+img="$tmpdir/disk.img"
+cache="$tmpdir/disk.ssdcache"
+stats="$tmpdir/ssdcache.stats"
+bstats="$tmpdir/backend.stats"
+sock="$tmpdir/sock"
+pid="$tmpdir/nbdkit.pid"
+size=$((8 * 1024 * 1024))
+random_file "$img" $size
+cp "$img" "$tmpdir/before.img"
+seed="${RANDOM_IO_SEED:-$RANDOM}"
+
+args=( --filter="$SSDCACHE_FILTER" --filter=stats file "$img"
+       statsfile="$bstats" ssdcache-file="$cache" ssdcache-size=8M
+       ssdcache-stats="$stats" )
+
+# Run 1: read everything, write some, crash.
+start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
+cmp "$img" "$tmpdir/copy.img" || fail "run 1 read data that is not the file's"
+"$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 400 \
+          --seed "$seed" --mix read=50,write=40,zero=5,trim=5 \
+          --trim-reads-zero --model "$tmpdir/before.img" \
+          --save-model "$tmpdir/expected.img"
+crash_nbdkit "$pid"
+cmp "$img" "$tmpdir/expected.img" ||
+    fail "the backing file does not hold the completed writes"
+
+# Run 2: restart after the crash, read everything.
+start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
+stop_nbdkit "$pid"
+cat "$bstats" "$stats"
+cmp "$img" "$tmpdir/copy.img" ||
+    fail "after kill -9 the restarted server served data that is not the file's"
+loaded="$(stat_get "$stats" loaded_slots)"
+[ "$loaded" -ge $((size / 65536 / 2)) ] ||
+    fail "only $loaded slots loaded after kill -9: the cache is not warm"
+b2="$(backend_read_bytes "$bstats")"
+# Pages touched by partial writes, zeroes and trims may be gone; the
+# rest must come from the cache.
+[ "$b2" -le $((size / 2)) ] ||
+    fail "run 2 read $b2 bytes of $size from the backend: the cache is not warm"
+
+# Run 2b: cache everything, change cached pages (writes, zeroes,
+# trims) without reading them again, kill -9, restart: the changed
+# pages must not come back from the cache file.
+start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
+cmp "$img" "$tmpdir/copy.img"
+nbdsh -u "$(sock_uri "$sock")" -c - <<'PY'
+h.pwrite(b"\x5a" * 200000, 100001)
+h.pwrite(b"\x6b" * 65536, 1024 * 1024)
+h.pwrite(b"\x7c" * 10, 2 * 1024 * 1024 + 5)
+h.zero(150000, 3 * 1024 * 1024 + 1)
+h.trim(2 * 65536, 4 * 1024 * 1024)
+h.trim(777, 5 * 1024 * 1024 + 3)
+PY
+crash_nbdkit "$pid"
+start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
+stop_nbdkit "$pid"
+cmp "$img" "$tmpdir/copy.img" ||
+    fail "after kill -9, pages changed before the crash were served stale"
+
+# Run 3: plain crash right after a cold read, no writes: the restart
+# must read (almost) nothing from the backend.
+rm -f "$cache" "$stats"
+start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
+crash_nbdkit "$pid"
+start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
+stop_nbdkit "$pid"
+cat "$bstats" "$stats"
+cmp "$img" "$tmpdir/copy.img" || fail "run 3 served data that is not the file's"
+b3="$(backend_read_bytes "$bstats")"
+[ "$b3" -le $((size / 64)) ] ||
+    fail "after kill -9 of a read-only run, $b3 bytes came from the backend (limit $((size / 64)))"

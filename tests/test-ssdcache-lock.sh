@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# nbdkit-ssdcache-filter: one cache file, one owner.  While a server
+# uses a cache file, a second nbdkit on the same file fails at start
+# ("in use by another process"), even for another backing file; once
+# the first one has exited the file can be used again.
+
+source "$(dirname "$0")/functions.sh"
+set -e -x
+
+requires nbdinfo --version
+requires nbdcopy --version
+
+img="$tmpdir/disk.img"
+cache="$tmpdir/disk.ssdcache"
+sock="$tmpdir/sock"
+pid="$tmpdir/nbdkit.pid"
+random_file "$img" $((1024 * 1024))
+
+start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
+             file "$img" ssdcache-file="$cache"
+# The first server works.
+[ "$(nbdinfo --size "$(sock_uri "$sock")")" -eq $((1024 * 1024)) ]
+
+second ()
+{
+    expect_start_failure "in use by another process" \
+                         --filter="$SSDCACHE_FILTER" "$@"
+}
+
+# Same backend, same cache file.
+second file "$img" ssdcache-file="$cache"
+# Another backend (even with a reset asked for) must not take it over.
+cp "$img" "$tmpdir/other.img"
+second file "$tmpdir/other.img" ssdcache-file="$cache" ssdcache-reset=true
+# Through a symlink to the cache file.
+ln -s "$cache" "$tmpdir/link.ssdcache"
+second file "$img" ssdcache-file="$tmpdir/link.ssdcache"
+
+# The first server is unharmed.
+nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
+cmp "$img" "$tmpdir/copy.img" || fail "the first server's data changed"
+stop_nbdkit "$pid"
+
+# Free again: a new server starts.
+nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" ssdcache-file="$cache" \
+       --run 'nbdinfo --size "$uri"' ||
+    fail "the cache file could not be used after its owner exited"

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# nbdkit-ssdcache-filter: warm restart after a clean stop.  Pass 1
+# reads the whole disk (everything comes from the backend), the server
+# stops cleanly, pass 2 on a new server reads the whole disk again and
+# must take (almost) nothing from the backend.  Backend traffic is
+# counted by nbdkit's stats filter placed below ssdcache.
+
+source "$(dirname "$0")/functions.sh"
+set -e -x
+
+requires nbdcopy --version
+requires nbdkit --filter=stats null --version
+
+img="$tmpdir/disk.img"
+cache="$tmpdir/disk.ssdcache"
+stats="$tmpdir/ssdcache.stats"
+bstats="$tmpdir/backend.stats"    # same path for both runs
+size=$((8 * 1024 * 1024))
+random_file "$img" $size
+
+run ()
+{
+    rm -f "$bstats" "$stats"
+    nbdkit -U - --filter="$SSDCACHE_FILTER" --filter=stats file "$img" \
+           statsfile="$bstats" ssdcache-file="$cache" ssdcache-size=8M \
+           ssdcache-stats="$stats" \
+           --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
+    cat "$bstats" "$stats"
+    cmp "$img" "$tmpdir/copy.img" || fail "data read differs from the file ($1)"
+}
+
+# Pass 1: cold.
+run "pass 1"
+b1="$(backend_read_bytes "$bstats")"
+[ "$b1" -ge $size ] ||
+    fail "pass 1 read only $b1 bytes from the backend, expected >= $size"
+[ "$(stat_get "$stats" read_misses)" -gt 0 ] || fail "pass 1 had no misses"
+
+# Pass 2: warm.
+run "pass 2"
+b2="$(backend_read_bytes "$bstats")"
+[ "$b2" -le $((size / 64)) ] ||
+    fail "pass 2 read $b2 bytes from the backend after a clean restart (limit $((size / 64)))"
+loaded="$(stat_get "$stats" loaded_slots)"
+[ "$loaded" -ge $((size / 65536 * 9 / 10)) ] ||
+    fail "only $loaded slots loaded at restart, expected about $((size / 65536))"
+hits="$(stat_get "$stats" read_hits)"
+[ "$hits" -gt 0 ] || fail "pass 2 had no read hits"
+fromcache="$(stat_get "$stats" bytes_from_cache)"
+[ "$fromcache" -ge $((size - size / 64)) ] ||
+    fail "pass 2 served only $fromcache bytes from the cache"
+
+# Pass 3: after changing the file behind the cache's back, with the
+# cache told to reset, the data must be the new file's.  (Sanity check
+# that pass 2 was not served from somewhere else.)
+random_file "$img" $size
+rm -f "$bstats" "$stats"
+nbdkit -U - --filter="$SSDCACHE_FILTER" --filter=stats file "$img" \
+       statsfile="$bstats" ssdcache-file="$cache" ssdcache-size=8M \
+       ssdcache-reset=true ssdcache-id=forced-new-identity \
+       --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
+cmp "$img" "$tmpdir/copy.img" || fail "after a reset the data is not the file's"
+[ "$(backend_read_bytes "$bstats")" -ge $size ] ||
+    fail "after a reset the data did not come from the backend"

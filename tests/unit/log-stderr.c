@@ -1,0 +1,57 @@
+/* nbdkit-ssdcache-filter unit tests: log.h implemented on stderr.
+ *
+ * log_error always prints; log_debug prints only when the environment
+ * variable SSDCACHE_TEST_DEBUG is set.  Tests that need to check that an
+ * error was reported, and what it said, declare
+ *
+ *   extern int log_error_count;
+ *   extern char log_error_last[512];
+ *
+ * and read them (they are not thread safe beyond a mutex around the
+ * update; tests only read them from the main thread).
+ */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "log.h"
+
+int ssdcache_debug_verbose;
+int ssdcache_debug_recovery;
+
+int log_error_count;
+char log_error_last[512];
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void
+log_error (const char *fs, ...)
+{
+  va_list args;
+
+  pthread_mutex_lock (&log_lock);
+  log_error_count++;
+  va_start (args, fs);
+  vsnprintf (log_error_last, sizeof log_error_last, fs, args);
+  va_end (args);
+  fprintf (stderr, "ssdcache: error: %s\n", log_error_last);
+  pthread_mutex_unlock (&log_lock);
+}
+
+void
+log_debug (const char *fs, ...)
+{
+  va_list args;
+
+  if (getenv ("SSDCACHE_TEST_DEBUG") == NULL)
+    return;
+
+  pthread_mutex_lock (&log_lock);
+  fprintf (stderr, "ssdcache: debug: ");
+  va_start (args, fs);
+  vfprintf (stderr, fs, args);
+  va_end (args);
+  fprintf (stderr, "\n");
+  pthread_mutex_unlock (&log_lock);
+}

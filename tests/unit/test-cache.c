@@ -1,0 +1,1589 @@
+/* nbdkit-ssdcache-filter unit tests: the cache engine (cache.c, pool.c)
+ * over a RAM backend and a real temporary cache file.
+ *
+ * Reads, hits, writes (writethrough and writearound), unaligned I/O, an
+ * odd backend size, eviction, invalidation, warm restart after a clean
+ * close and after a crash (a forked child that exits without closing),
+ * corrupted data and entries, identity / size / page-size mismatches,
+ * backend errors, the one-owner lock, and concurrent readers/writers.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "cache.h"
+#include "layout.h"
+#include "rambackend.h"
+#include "stats.h"
+
+extern int log_error_count;
+extern char log_error_last[512];
+
+#define PS 4096u
+#define ST(c, f) STATS_GET (cache_stats (c), f)
+
+static char cache_path[4096];
+
+/*----------------------------------------------------------------------
+ * Helpers.
+ */
+
+static int
+setup_file (void **state)
+{
+  const char *dir = getenv ("TMPDIR");
+  int fd;
+
+  if (dir == NULL || *dir == '\0')
+    dir = "/tmp";
+  snprintf (cache_path, sizeof cache_path, "%s/ssdcache-unit-XXXXXX", dir);
+  fd = mkstemp (cache_path);
+  if (fd == -1) {
+    perror ("mkstemp");
+    return -1;
+  }
+  close (fd);
+  return 0;
+}
+
+static int
+teardown_file (void **state)
+{
+  unlink (cache_path);
+  return 0;
+}
+
+static struct cache_config
+make_cfg (uint64_t size)
+{
+  struct cache_config cfg = {
+    .path = cache_path,
+    .size = size,
+    .page_size = PS,
+    .mode = LAYOUT_MODE_WRITETHROUGH,
+    .id_digest = { 0x1111222233334444ULL, 0x5555666677778888ULL },
+    .id_text = "unit test backend",
+    .reset = false,
+  };
+  return cfg;
+}
+
+static struct cache *
+open_attach (const struct cache_config *cfg, uint64_t backend_size)
+{
+  struct cache *c = cache_open (cfg);
+
+  if (c == NULL)
+    fail_msg ("cache_open %s failed: %s", cfg->path, log_error_last);
+  if (cache_attach (c, backend_size) != 0)
+    fail_msg ("cache_attach failed: %s", log_error_last);
+  return c;
+}
+
+static void
+read_check (struct cache *c, struct rambackend *rb, uint64_t off,
+            uint32_t len)
+{
+  uint8_t *buf = malloc (len ? len : 1), *exp = malloc (len ? len : 1);
+  int err = 0;
+
+  assert_non_null (buf);
+  assert_non_null (exp);
+  memset (buf, 0xd7, len);
+  if (cache_read (c, &rb->be, buf, len, off, &err) != 0)
+    fail_msg ("cache_read off=%llu len=%u failed, err=%d",
+              (unsigned long long) off, len, err);
+  rambackend_peek (rb, exp, len, off);
+  if (memcmp (buf, exp, len) != 0) {
+    uint32_t i = 0;
+    while (buf[i] == exp[i])
+      i++;
+    fail_msg ("cache_read off=%llu len=%u: wrong data at backend offset "
+              "%llu (page %llu): got 0x%02x, backend has 0x%02x",
+              (unsigned long long) off, len, (unsigned long long) (off + i),
+              (unsigned long long) ((off + i) / PS), buf[i], exp[i]);
+  }
+  free (buf);
+  free (exp);
+}
+
+static void
+read_all_check (struct cache *c, struct rambackend *rb, uint32_t chunk)
+{
+  for (uint64_t off = 0; off < rb->size; off += chunk) {
+    uint32_t n = rb->size - off < chunk ? rb->size - off : chunk;
+    read_check (c, rb, off, n);
+  }
+}
+
+static void
+fill_pattern (uint8_t *buf, uint32_t len, unsigned seed)
+{
+  uint32_t x = seed * 2654435761u + 1;
+  for (uint32_t i = 0; i < len; ++i) {
+    x = x * 1103515245u + 12345u;
+    buf[i] = x >> 16;
+  }
+}
+
+/* Write a pattern through the cache; check it reached the backend. */
+static void
+write_check (struct cache *c, struct rambackend *rb, uint64_t off,
+             uint32_t len, unsigned seed)
+{
+  uint8_t *buf = malloc (len), *got = malloc (len);
+  int err = 0;
+
+  assert_non_null (buf);
+  assert_non_null (got);
+  fill_pattern (buf, len, seed);
+  if (cache_write (c, &rb->be, buf, len, off, false, &err) != 0)
+    fail_msg ("cache_write off=%llu len=%u failed, err=%d",
+              (unsigned long long) off, len, err);
+  rambackend_peek (rb, got, len, off);
+  assert_memory_equal (buf, got, len);
+  free (buf);
+  free (got);
+}
+
+static uint64_t
+rnd64 (uint64_t *s)
+{
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+/* Read the superblock copy with the highest generation from the file. */
+static void
+read_file_sb (struct layout_sb *out)
+{
+  uint8_t buf[LAYOUT_SB_SIZE];
+  struct layout_sb sb;
+  bool found = false;
+  int fd = open (cache_path, O_RDONLY);
+
+  assert_true (fd >= 0);
+  for (int i = 0; i < LAYOUT_SB_COUNT; ++i) {
+    const char *why;
+    assert_int_equal (pread (fd, buf, sizeof buf, i * LAYOUT_SB_SIZE),
+                      sizeof buf);
+    if (layout_sb_decode (buf, &sb, &why) == 0 &&
+        (!found || sb.generation > out->generation)) {
+      *out = sb;
+      found = true;
+    }
+  }
+  close (fd);
+  assert_true (found);
+}
+
+static void
+patch_file (uint64_t off, const void *buf, size_t len)
+{
+  int fd = open (cache_path, O_WRONLY);
+
+  assert_true (fd >= 0);
+  assert_int_equal (pwrite (fd, buf, len, off), (ssize_t) len);
+  close (fd);
+}
+
+static void
+xor_file (uint64_t off, size_t len, uint8_t x)
+{
+  uint8_t buf[PS];
+  int fd = open (cache_path, O_RDWR);
+
+  assert_true (len <= sizeof buf);
+  assert_true (fd >= 0);
+  assert_int_equal (pread (fd, buf, len, off), (ssize_t) len);
+  for (size_t i = 0; i < len; ++i)
+    buf[i] ^= x;
+  assert_int_equal (pwrite (fd, buf, len, off), (ssize_t) len);
+  close (fd);
+}
+
+/*----------------------------------------------------------------------
+ * Basic reads and hits.
+ */
+
+static void
+test_new_file_reads_and_hits (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache *c;
+  struct layout_sb sb;
+  uint64_t reads;
+
+  rambackend_init (&rb, 64 * PS, 1);
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (cache_page_size (c), PS);
+  assert_int_equal (cache_nslots (c), 64);
+
+  /* The file carries a valid superblock for this cache, not clean
+   * while open.
+   */
+  read_file_sb (&sb);
+  assert_int_equal (sb.page_size, PS);
+  assert_int_equal (sb.nslots, 64);
+  assert_int_equal (sb.backend_size, rb.size);
+  assert_int_equal (sb.id_digest[0], cfg.id_digest[0]);
+  assert_int_equal (sb.id_digest[1], cfg.id_digest[1]);
+  assert_string_equal (sb.id_text, cfg.id_text);
+  assert_int_equal (sb.flags & LAYOUT_SB_CLEAN, 0);
+  {
+    struct stat st;
+    assert_int_equal (stat (cache_path, &st), 0);
+    assert_true ((uint64_t) st.st_size >= sb.pool_offset + 64 * PS);
+    assert_int_equal (sb.pool_offset % LAYOUT_POOL_ALIGN, 0);
+  }
+
+  /* First read: a miss, from the backend. */
+  read_check (c, &rb, 0, PS);
+  assert_int_equal (rb.reads, 1);
+  assert_int_equal (ST (c, read_misses), 1);
+  assert_int_equal (ST (c, fills), 1);
+  /* Second read: a hit. */
+  read_check (c, &rb, 0, PS);
+  assert_int_equal (rb.reads, 1);
+  assert_int_equal (ST (c, read_hits), 1);
+  assert_int_equal (ST (c, bytes_from_cache), PS);
+  /* Pieces of the same page are hits too. */
+  read_check (c, &rb, 1, 1);
+  read_check (c, &rb, 100, 3000);
+  read_check (c, &rb, PS - 1, 1);
+  assert_int_equal (rb.reads, 1);
+
+  /* Everything, in odd chunks; then again: no backend reads. */
+  read_all_check (c, &rb, 7 * 1024 + 3);
+  reads = rb.reads;
+  assert_true (reads >= 2);
+  assert_int_equal (ST (c, fills), 64);
+  assert_int_equal (rb.bytes_read, 64 * PS);   /* each page read once */
+  read_all_check (c, &rb, 5000);
+  read_all_check (c, &rb, 64 * PS);
+  assert_int_equal (rb.reads, reads);
+  assert_int_equal (ST (c, evictions), 0);
+  assert_int_equal (rb.out_of_range, 0);
+
+  cache_close (c);
+  /* Closed cleanly. */
+  read_file_sb (&sb);
+  assert_int_equal (sb.flags & LAYOUT_SB_CLEAN, LAYOUT_SB_CLEAN);
+  rambackend_free (&rb);
+}
+
+static void
+test_unaligned (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (256 * PS);
+  struct cache *c;
+  uint64_t s = 12345;
+
+  rambackend_init (&rb, 256 * PS, 2);
+  c = open_attach (&cfg, rb.size);
+  for (int i = 0; i < 600; ++i) {
+    uint64_t off = rnd64 (&s) % rb.size;
+    uint32_t len = 1 + rnd64 (&s) % 20000;
+    if (len > rb.size - off)
+      len = rb.size - off;
+    if (i % 3 == 0)
+      write_check (c, &rb, off, len, i);
+    else
+      read_check (c, &rb, off, len);
+  }
+  /* Reads spanning many pages, starting/ending mid-page. */
+  read_check (c, &rb, 1, rb.size - 2);
+  read_check (c, &rb, PS - 1, 2);
+  read_check (c, &rb, 3 * PS + 17, 40 * PS + 1000);
+  read_all_check (c, &rb, 65536);
+  /* Zero-length requests are harmless. */
+  {
+    int err = 0;
+    uint8_t b;
+    assert_int_equal (cache_read (c, &rb.be, &b, 0, 100, &err), 0);
+  }
+  assert_int_equal (rb.out_of_range, 0);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+static void
+test_odd_size (void **state)
+{
+  const uint64_t size = 130000;       /* 31 pages + 3024 bytes */
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (1024 * 1024);
+  struct cache *c;
+  uint64_t s = 777, reads;
+
+  rambackend_init (&rb, size, 3);
+  c = open_attach (&cfg, size);
+  /* Never more slots than backend pages. */
+  assert_int_equal (cache_nslots (c), (size + PS - 1) / PS);
+
+  read_check (c, &rb, size - 1, 1);
+  read_check (c, &rb, 31 * PS, size - 31 * PS);
+  read_check (c, &rb, 31 * PS - 10, 20);
+  read_check (c, &rb, 0, size);
+  reads = rb.reads;
+  read_check (c, &rb, 0, size);
+  read_check (c, &rb, size - 1, 1);
+  assert_int_equal (rb.reads, reads);       /* the short page is a hit */
+
+  /* Writes at the tail: partial, and the whole short page. */
+  write_check (c, &rb, size - 100, 100, 1);
+  read_check (c, &rb, size - 200, 200);
+  write_check (c, &rb, 31 * PS, size - 31 * PS, 2);
+  read_check (c, &rb, 31 * PS, size - 31 * PS);
+  write_check (c, &rb, size - 5000, 5000, 3);
+  read_check (c, &rb, 0, size);
+  assert_int_equal (rb.reads, reads);
+
+  for (int i = 0; i < 300; ++i) {
+    uint64_t off = rnd64 (&s) % size;
+    uint32_t len = 1 + rnd64 (&s) % 9000;
+    if (len > size - off)
+      len = size - off;
+    if (i % 2)
+      write_check (c, &rb, off, len, 100 + i);
+    else
+      read_check (c, &rb, off, len);
+  }
+  read_check (c, &rb, 0, size);
+  assert_int_equal (rb.out_of_range, 0);
+  cache_close (c);
+
+  /* Warm restart over the odd size: all hits, right data. */
+  c = open_attach (&cfg, size);
+  rambackend_reset_counters (&rb);
+  read_check (c, &rb, 0, size);
+  read_check (c, &rb, size - 1, 1);
+  assert_int_equal (rb.reads, 0);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+/*----------------------------------------------------------------------
+ * Writes.
+ */
+
+static void
+test_writethrough_updates_cache (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache *c;
+  uint64_t s = 99;
+
+  rambackend_init (&rb, 64 * PS, 4);
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 64 * PS);          /* everything cached */
+  rambackend_reset_counters (&rb);
+
+  for (int i = 0; i < 300; ++i) {
+    uint64_t off = rnd64 (&s) % rb.size;
+    uint32_t len = 1 + rnd64 (&s) % 10000;
+    if (len > rb.size - off)
+      len = rb.size - off;
+    write_check (c, &rb, off, len, i);
+    read_check (c, &rb, off > 100 ? off - 100 : 0, len + 200 > rb.size - off
+                ? rb.size - (off > 100 ? off - 100 : 0) : len + 200);
+  }
+  read_all_check (c, &rb, 64 * PS);
+  /* The cache was updated, not dropped: not one backend read. */
+  assert_int_equal (rb.reads, 0);
+  assert_int_equal (rb.writes, 300);
+  assert_true (ST (c, pages_updated) >= 300);
+  assert_int_equal (ST (c, write_ops), 300);
+  cache_close (c);
+
+  /* And the updates persisted. */
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 64 * PS);
+  assert_int_equal (rb.reads, 0);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+static void
+test_write_uncached (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache *c;
+
+  rambackend_init (&rb, 64 * PS, 5);
+  c = open_attach (&cfg, rb.size);
+
+  /* A partial page that is not cached is not added... */
+  write_check (c, &rb, 10, 100, 1);
+  assert_int_equal (rb.reads, 0);
+  read_check (c, &rb, 0, PS);
+  assert_int_equal (rb.reads, 1);
+
+  /* ...a whole page is (no backend read needed later). */
+  write_check (c, &rb, 2 * PS, PS, 2);
+  read_check (c, &rb, 2 * PS, PS);
+  assert_int_equal (rb.reads, 1);
+
+  /* A write covering 3 whole pages and two partial ones. */
+  write_check (c, &rb, 10 * PS + 500, 4 * PS, 3);
+  read_check (c, &rb, 11 * PS, 3 * PS);
+  assert_int_equal (rb.reads, 1);
+  read_check (c, &rb, 10 * PS, PS);
+  read_check (c, &rb, 14 * PS, PS);
+  assert_int_equal (rb.reads, 3);
+
+  /* FUA reaches the backend with the write. */
+  assert_int_equal (rb.fua_writes, 0);
+  {
+    uint8_t b[100];
+    int err = 0;
+    fill_pattern (b, sizeof b, 9);
+    assert_int_equal (cache_write (c, &rb.be, b, sizeof b, 11 * PS + 7,
+                                   true, &err), 0);
+    assert_int_equal (rb.fua_writes, 1);
+    read_check (c, &rb, 11 * PS, PS);
+    assert_int_equal (rb.reads, 3);
+  }
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+static void
+test_writearound (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache *c;
+
+  cfg.mode = LAYOUT_MODE_WRITEAROUND;
+  rambackend_init (&rb, 64 * PS, 6);
+  c = open_attach (&cfg, rb.size);
+  read_check (c, &rb, 0, 8 * PS);
+  rambackend_reset_counters (&rb);
+
+  /* A write drops the cached copies it touches. */
+  write_check (c, &rb, PS + 10, 2 * PS, 1);     /* pages 1..3 */
+  assert_true (ST (c, pages_invalidated) >= 3);
+  read_check (c, &rb, 0, PS);                   /* page 0: still a hit */
+  assert_int_equal (rb.reads, 0);
+  read_check (c, &rb, PS, 3 * PS);              /* 1..3 from the backend */
+  assert_true (rb.reads >= 1);
+  assert_int_equal (rb.bytes_read, 3 * PS);
+  read_check (c, &rb, 0, 8 * PS);
+  assert_int_equal (rb.bytes_read, 3 * PS);
+
+  /* Whole-page writes are not added in writearound mode. */
+  write_check (c, &rb, 20 * PS, PS, 2);
+  read_check (c, &rb, 20 * PS, PS);
+  assert_int_equal (rb.bytes_read, 4 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+/*----------------------------------------------------------------------
+ * Eviction and invalidation.
+ */
+
+static void
+test_eviction_small_cache (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (4 * PS);
+  struct cache *c;
+  uint64_t s = 4242;
+
+  rambackend_init (&rb, 256 * PS, 7);
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (cache_nslots (c), 4);
+
+  for (int i = 0; i < 1500; ++i) {
+    uint64_t off = rnd64 (&s) % rb.size;
+    uint32_t len = 1 + rnd64 (&s) % (6 * PS);
+    if (len > rb.size - off)
+      len = rb.size - off;
+    switch (rnd64 (&s) % 4) {
+    case 0:
+      write_check (c, &rb, off, len, i);
+      break;
+    case 1:   /* a small working set that should mostly hit */
+      read_check (c, &rb, (rnd64 (&s) % 3) * PS, PS);
+      break;
+    default:
+      read_check (c, &rb, off, len);
+    }
+  }
+  read_all_check (c, &rb, 3 * PS + 1);
+  assert_true (ST (c, evictions) > 0);
+  assert_true (ST (c, read_hits) > 0);
+  assert_int_equal (rb.out_of_range, 0);
+  cache_close (c);
+
+  /* After the churn, a restart still serves right data. */
+  c = open_attach (&cfg, rb.size);
+  assert_true (ST (c, loaded_slots) <= 4);
+  read_all_check (c, &rb, 5 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+static void
+test_invalidate (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache *c;
+  uint8_t newdata[2 * PS];
+  uint64_t reads;
+
+  rambackend_init (&rb, 64 * PS, 8);
+  c = open_attach (&cfg, rb.size);
+  read_check (c, &rb, 0, 8 * PS);
+  reads = rb.reads;
+
+  /* The backend changes behind the cache (as a zero or trim would),
+   * then the range is invalidated.
+   */
+  fill_pattern (newdata, sizeof newdata, 77);
+  rambackend_poke (&rb, newdata, sizeof newdata, PS);   /* pages 1, 2 */
+  cache_invalidate (c, PS + 1, PS + PS / 2);          /* touches 1 and 2 */
+  assert_true (ST (c, pages_invalidated) >= 2);
+  read_check (c, &rb, 0, 8 * PS);
+  assert_int_equal (rb.bytes_read, 8 * PS + 2 * PS);
+  assert_true (rb.reads > reads);
+
+  /* One byte at the very end of a page drops only that page. */
+  rambackend_poke (&rb, newdata, 1, 5 * PS + PS - 1);
+  cache_invalidate (c, 1, 5 * PS + PS - 1);
+  read_check (c, &rb, 0, 8 * PS);
+  assert_int_equal (rb.bytes_read, 8 * PS + 3 * PS);
+
+  /* Invalidating pages that are not cached, or nothing, is harmless. */
+  cache_invalidate (c, 10 * PS, 30 * PS);
+  cache_invalidate (c, 0, 0);
+  read_check (c, &rb, 0, 8 * PS);
+  assert_int_equal (rb.bytes_read, 8 * PS + 3 * PS);
+
+  /* Invalidated pages stay gone after a restart. */
+  cache_invalidate (c, PS, 0);
+  cache_close (c);
+  rambackend_poke (&rb, newdata + 7, PS, 0);
+  c = open_attach (&cfg, rb.size);
+  rambackend_reset_counters (&rb);
+  read_check (c, &rb, 0, 8 * PS);
+  assert_int_equal (rb.bytes_read, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+static void
+test_prefetch (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache *c;
+  int err = 0;
+
+  rambackend_init (&rb, 64 * PS, 9);
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (cache_prefetch (c, &rb.be, 10 * PS - 1, 5 * PS + 1,
+                                    &err), 0);
+  assert_int_equal (rb.bytes_read, 10 * PS);     /* pages 5..14 */
+  read_check (c, &rb, 5 * PS, 10 * PS);
+  assert_int_equal (rb.bytes_read, 10 * PS);
+  assert_int_equal (cache_sync (c, &err), 0);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+/*----------------------------------------------------------------------
+ * Persistence.
+ */
+
+static void
+test_warm_reopen (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache *c;
+  struct layout_sb sb;
+
+  rambackend_init (&rb, 64 * PS, 10);
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 10000);
+  write_check (c, &rb, 3 * PS + 5, 1000, 1);
+  write_check (c, &rb, 9 * PS, PS, 2);
+  cache_close (c);
+
+  read_file_sb (&sb);
+  assert_true (sb.flags & LAYOUT_SB_CLEAN);
+
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (ST (c, loaded_slots), 64);
+  assert_int_equal (ST (c, dropped_entries), 0);
+  rambackend_reset_counters (&rb);
+  read_all_check (c, &rb, 10000);
+  assert_int_equal (rb.reads, 0);
+  assert_true (ST (c, read_hits) >= 64);
+  assert_int_equal (ST (c, read_misses), 0);
+  assert_int_equal (ST (c, verify_failures), 0);
+  /* Reopened: the superblock is marked in use again. */
+  read_file_sb (&sb);
+  assert_int_equal (sb.flags & LAYOUT_SB_CLEAN, 0);
+  cache_close (c);
+
+  /* Third start, still warm. */
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 64 * PS);
+  assert_int_equal (rb.reads, 0);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+/* The writes the crashing child does, applied to the parent's copy of
+ * the backend too.
+ */
+static void
+crash_writes (struct cache *c, struct rambackend *rb)
+{
+  uint8_t buf[3 * PS];
+
+  for (int i = 0; i < 6; ++i) {
+    uint64_t off = (uint64_t) i * 7 * PS + i * 333;
+    uint32_t len = i % 2 ? PS : 3 * PS - i * 100;
+    fill_pattern (buf, len, 500 + i);
+    if (c) {
+      int err;
+      if (cache_write (c, &rb->be, buf, len, off, false, &err) != 0)
+        _exit (3);
+    }
+    else
+      rambackend_poke (rb, buf, len, off);
+  }
+}
+
+/* Kept reachable on purpose: the child "crashes" with them open. */
+static struct cache *crash_cache;
+static struct rambackend crash_rb;
+
+static void
+test_crash_reopen (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache *c;
+  struct layout_sb sb;
+  pid_t pid;
+  int status;
+
+  rambackend_init (&rb, 64 * PS, 11);
+  fflush (stdout);
+  fflush (stderr);
+  pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    uint8_t *buf = malloc (64 * PS);
+    int err;
+
+    rambackend_init (&crash_rb, 64 * PS, 11);
+    crash_cache = cache_open (&cfg);
+    if (crash_cache == NULL)
+      _exit (1);
+    if (cache_attach (crash_cache, crash_rb.size) != 0)
+      _exit (2);
+    if (cache_read (crash_cache, &crash_rb.be, buf, 64 * PS, 0, &err) != 0)
+      _exit (4);
+    crash_writes (crash_cache, &crash_rb);
+    free (buf);
+    _exit (0);                  /* no cache_close: a crash */
+  }
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status));
+  assert_int_equal (WEXITSTATUS (status), 0);
+  crash_writes (NULL, &rb);
+
+  read_file_sb (&sb);
+  assert_int_equal (sb.flags & LAYOUT_SB_CLEAN, 0);   /* not closed */
+
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (ST (c, loaded_slots), 64);
+  read_all_check (c, &rb, 64 * PS);
+  assert_int_equal (rb.reads, 0);                     /* warm */
+  assert_int_equal (ST (c, verify_failures), 0);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+/* Returns the pool offset of the cache file. */
+static uint64_t
+file_pool_offset (void)
+{
+  struct layout_sb sb;
+
+  read_file_sb (&sb);
+  return sb.pool_offset;
+}
+
+static void
+test_corrupt_data (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache *c;
+  uint64_t pool;
+  uint8_t garbage[100];
+
+  rambackend_init (&rb, 16 * PS, 12);
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 16 * PS);
+  cache_close (c);
+
+  pool = file_pool_offset ();
+  memset (garbage, 0xa5, sizeof garbage);
+  patch_file (pool + 0 * PS + 1000, garbage, sizeof garbage);   /* slot 0 */
+  xor_file (pool + 5 * PS + PS - 1, 1, 0x01);                   /* slot 5 */
+
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (ST (c, loaded_slots), 16);
+  rambackend_reset_counters (&rb);
+  read_all_check (c, &rb, 16 * PS);
+  assert_int_equal (ST (c, verify_failures), 2);
+  assert_int_equal (rb.bytes_read, 2 * PS);       /* just the two pages */
+  /* Refilled: everything hits now. */
+  rambackend_reset_counters (&rb);
+  read_all_check (c, &rb, 3000);
+  assert_int_equal (rb.reads, 0);
+  cache_close (c);
+
+  /* Corruption found with small reads (hit path) too. */
+  pool = file_pool_offset ();
+  xor_file (pool + 7 * PS + 17, 1, 0x80);
+  c = open_attach (&cfg, rb.size);
+  for (uint64_t p = 0; p < 16; ++p)
+    read_check (c, &rb, p * PS + 17, 1);
+  assert_int_equal (ST (c, verify_failures), 1);
+  read_all_check (c, &rb, 16 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+static void
+test_corrupt_entry (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache *c;
+  struct layout_sb sb;
+
+  rambackend_init (&rb, 16 * PS, 13);
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 16 * PS);
+  cache_close (c);
+
+  read_file_sb (&sb);
+  xor_file (sb.pt_offset + 3 * LAYOUT_ENTRY_SIZE + 10, 1, 0x04);
+  xor_file (sb.pt_offset + 9 * LAYOUT_ENTRY_SIZE + 63, 1, 0x40);
+
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (ST (c, dropped_entries), 2);
+  assert_int_equal (ST (c, loaded_slots), 14);
+  rambackend_reset_counters (&rb);
+  read_all_check (c, &rb, 16 * PS);
+  assert_int_equal (rb.bytes_read, 2 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+/* Page-table entry pointing at a page past the end of the backend
+ * (valid CRC) must not be served or crash anything.  Also an entry
+ * naming a page another entry holds with a higher sequence number:
+ * the newer one wins.
+ */
+static void
+test_entry_conflicts (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache *c;
+  struct layout_sb sb;
+  uint8_t raw[LAYOUT_ENTRY_SIZE];
+  struct layout_entry e4, e6;
+  int fd;
+
+  rambackend_init (&rb, 16 * PS, 14);
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 16 * PS);
+  cache_close (c);
+
+  read_file_sb (&sb);
+  fd = open (cache_path, O_RDWR);
+  assert_true (fd >= 0);
+  /* Slot 4's entry: make it claim slot 6's page with an older seq;
+   * its data is slot 4's data, which is not that page: if it won, a
+   * read of that page would be wrong.
+   */
+  assert_int_equal (pread (fd, raw, sizeof raw,
+                           sb.pt_offset + 6 * LAYOUT_ENTRY_SIZE),
+                    sizeof raw);
+  assert_int_equal (layout_entry_decode (raw, PS / 512, &e6), 0);
+  assert_int_equal (pread (fd, raw, sizeof raw,
+                           sb.pt_offset + 4 * LAYOUT_ENTRY_SIZE),
+                    sizeof raw);
+  assert_int_equal (layout_entry_decode (raw, PS / 512, &e4), 0);
+  e4.page = e6.page;
+  e4.seq = e6.seq > 1 ? e6.seq - 1 : 0;
+  layout_entry_encode (&e4, raw);
+  assert_int_equal (pwrite (fd, raw, sizeof raw,
+                            sb.pt_offset + 4 * LAYOUT_ENTRY_SIZE),
+                    sizeof raw);
+  /* Slot 8's entry: a page past the end of the backend. */
+  assert_int_equal (pread (fd, raw, sizeof raw,
+                           sb.pt_offset + 8 * LAYOUT_ENTRY_SIZE),
+                    sizeof raw);
+  {
+    struct layout_entry e8;
+    assert_int_equal (layout_entry_decode (raw, PS / 512, &e8), 0);
+    e8.page = 1000;
+    layout_entry_encode (&e8, raw);
+  }
+  assert_int_equal (pwrite (fd, raw, sizeof raw,
+                            sb.pt_offset + 8 * LAYOUT_ENTRY_SIZE),
+                    sizeof raw);
+  close (fd);
+
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (ST (c, loaded_slots), 14);
+  read_all_check (c, &rb, 16 * PS);
+  assert_int_equal (ST (c, verify_failures), 0);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+/*----------------------------------------------------------------------
+ * Wrong backend, lock.
+ */
+
+static void
+test_wrong_identity (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache *c;
+  int errs;
+
+  rambackend_init (&rb, 16 * PS, 15);
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 16 * PS);
+  cache_close (c);
+
+  cfg.id_digest[1] ^= 1;
+  cfg.id_text = "another backend";
+  errs = log_error_count;
+  c = cache_open (&cfg);
+  assert_null (c);
+  assert_true (log_error_count > errs);
+  if (strstr (log_error_last, "built for another backend") == NULL)
+    fail_msg ("unexpected message: %s", log_error_last);
+
+  /* With reset: opens, empty. */
+  cfg.reset = true;
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (ST (c, loaded_slots), 0);
+  rambackend_reset_counters (&rb);
+  read_all_check (c, &rb, 16 * PS);
+  assert_int_equal (rb.bytes_read, 16 * PS);
+  cache_close (c);
+
+  /* The file now belongs to the new identity. */
+  cfg.reset = false;
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (ST (c, loaded_slots), 16);
+  cache_close (c);
+  cfg.id_digest[1] ^= 1;
+  assert_null (cache_open (&cfg));
+  rambackend_free (&rb);
+}
+
+static void
+test_wrong_backend_size (void **state)
+{
+  struct rambackend rb, rb2;
+  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache *c;
+  int errs;
+
+  rambackend_init (&rb, 16 * PS, 16);
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 16 * PS);
+  cache_close (c);
+
+  /* Same identity, bigger backend. */
+  rambackend_init (&rb2, 16 * PS + 512, 17);
+  c = cache_open (&cfg);
+  assert_non_null (c);
+  errs = log_error_count;
+  assert_int_equal (cache_attach (c, rb2.size), -1);
+  assert_true (log_error_count > errs);
+  if (strstr (log_error_last, "backend size") == NULL)
+    fail_msg ("unexpected message: %s", log_error_last);
+  cache_close (c);
+
+  cfg.reset = true;
+  c = open_attach (&cfg, rb2.size);
+  assert_int_equal (ST (c, loaded_slots), 0);
+  read_all_check (c, &rb2, 16 * PS + 512);
+  assert_int_equal (rb2.bytes_read, rb2.size);
+  cache_close (c);
+  rambackend_free (&rb);
+  rambackend_free (&rb2);
+}
+
+static void
+test_page_size_or_size_change (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache *c;
+  int errs;
+
+  rambackend_init (&rb, 64 * PS, 18);
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 16 * PS);
+  cache_close (c);
+
+  /* Another page size. */
+  cfg.page_size = 2 * PS;
+  errs = log_error_count;
+  c = cache_open (&cfg);
+  if (c != NULL) {
+    assert_int_equal (cache_attach (c, rb.size), -1);
+    cache_close (c);
+  }
+  assert_true (log_error_count > errs);
+
+  /* Another explicit size. */
+  cfg.page_size = PS;
+  cfg.size = 32 * PS;
+  errs = log_error_count;
+  c = cache_open (&cfg);
+  if (c != NULL) {
+    assert_int_equal (cache_attach (c, rb.size), -1);
+    cache_close (c);
+  }
+  assert_true (log_error_count > errs);
+
+  /* Size 0 (default) takes the existing cache as it is. */
+  cfg.size = 0;
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (cache_nslots (c), 16);
+  assert_int_equal (ST (c, loaded_slots), 16);
+  cache_close (c);
+
+  /* Reset re-initialises with the new size. */
+  cfg.size = 32 * PS;
+  cfg.reset = true;
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (cache_nslots (c), 32);
+  assert_int_equal (ST (c, loaded_slots), 0);
+  read_all_check (c, &rb, 64 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+static void
+test_lock (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache *c, *c2;
+  int errs;
+
+  rambackend_init (&rb, 16 * PS, 19);
+  c = open_attach (&cfg, rb.size);
+  read_check (c, &rb, 0, PS);
+
+  errs = log_error_count;
+  c2 = cache_open (&cfg);
+  assert_null (c2);
+  assert_true (log_error_count > errs);
+  if (strstr (log_error_last, "in use by another process") == NULL)
+    fail_msg ("unexpected message: %s", log_error_last);
+  /* Not even with reset. */
+  cfg.reset = true;
+  assert_null (cache_open (&cfg));
+  cfg.reset = false;
+
+  /* The failed attempt did not disturb the first owner. */
+  read_check (c, &rb, 0, 16 * PS);
+  cache_close (c);
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (ST (c, loaded_slots), 16);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+/* A file that is not a cache at all. */
+static void
+test_garbage_file (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache *c;
+  uint8_t junk[3 * PS];
+  int errs;
+
+  rambackend_init (&rb, 16 * PS, 20);
+  fill_pattern (junk, sizeof junk, 1);
+  patch_file (0, junk, sizeof junk);
+  errs = log_error_count;
+  c = cache_open (&cfg);
+  if (c != NULL) {
+    assert_int_equal (cache_attach (c, rb.size), -1);
+    cache_close (c);
+  }
+  assert_true (log_error_count > errs);
+  /* The file was not overwritten. */
+  {
+    uint8_t back[sizeof junk];
+    int fd = open (cache_path, O_RDONLY);
+    assert_int_equal (pread (fd, back, sizeof back, 0), sizeof back);
+    close (fd);
+    assert_memory_equal (junk, back, sizeof junk);
+  }
+  /* A tiny non-empty file is not a cache either. */
+  assert_int_equal (truncate (cache_path, 100), 0);
+  cfg.reset = false;
+  errs = log_error_count;
+  c = cache_open (&cfg);
+  if (c != NULL) {
+    assert_int_equal (cache_attach (c, rb.size), -1);
+    cache_close (c);
+  }
+  assert_true (log_error_count > errs);
+  {
+    struct stat st;
+    assert_int_equal (stat (cache_path, &st), 0);
+    assert_int_equal (st.st_size, 100);
+  }
+
+  cfg.reset = true;
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 16 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+/* One damaged superblock copy: the other one is used. */
+static void
+test_one_sb_damaged (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache *c;
+  uint8_t buf[LAYOUT_SB_SIZE];
+  struct layout_sb sb;
+  int fd, newest = -1;
+  uint64_t gen = 0;
+
+  rambackend_init (&rb, 16 * PS, 21);
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 16 * PS);
+  cache_close (c);
+
+  /* Damage the newest copy. */
+  fd = open (cache_path, O_RDWR);
+  assert_true (fd >= 0);
+  for (int i = 0; i < 2; ++i) {
+    assert_int_equal (pread (fd, buf, sizeof buf, i * LAYOUT_SB_SIZE),
+                      sizeof buf);
+    if (layout_sb_decode (buf, &sb, NULL) == 0 &&
+        (newest == -1 || sb.generation > gen)) {
+      newest = i;
+      gen = sb.generation;
+    }
+  }
+  assert_true (newest >= 0);
+  assert_int_equal (pread (fd, buf, sizeof buf, newest * LAYOUT_SB_SIZE),
+                    sizeof buf);
+  buf[200] ^= 0xff;
+  assert_int_equal (pwrite (fd, buf, sizeof buf, newest * LAYOUT_SB_SIZE),
+                    sizeof buf);
+  close (fd);
+
+  c = open_attach (&cfg, rb.size);
+  rambackend_reset_counters (&rb);
+  read_all_check (c, &rb, 16 * PS);
+  assert_int_equal (rb.reads, 0);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+/*----------------------------------------------------------------------
+ * Backend errors.
+ */
+
+static void
+test_backend_read_error (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache *c;
+  uint8_t buf[8 * PS];
+  int err;
+  uint64_t fills;
+
+  rambackend_init (&rb, 64 * PS, 22);
+  c = open_attach (&cfg, rb.size);
+
+  rambackend_fail_next_read (&rb, EIO);
+  err = 0;
+  assert_int_equal (cache_read (c, &rb.be, buf, PS, 0, &err), -1);
+  assert_int_equal (err, EIO);
+  assert_int_equal (ST (c, fills), 0);
+  /* Nothing was cached: the next read goes to the backend, right data. */
+  rambackend_reset_counters (&rb);
+  read_check (c, &rb, 0, PS);
+  assert_int_equal (rb.reads, 1);
+
+  /* A multi-page read whose first pages are hits. */
+  read_check (c, &rb, PS, PS);
+  fills = ST (c, fills);
+  rambackend_fail_next_read (&rb, ENOSPC);
+  err = 0;
+  assert_int_equal (cache_read (c, &rb.be, buf, 8 * PS, 0, &err), -1);
+  assert_int_equal (err, ENOSPC);
+  assert_int_equal (ST (c, fills), fills);
+  rambackend_reset_counters (&rb);
+  read_check (c, &rb, 0, 8 * PS);
+  assert_int_equal (rb.bytes_read, 6 * PS);
+
+  /* Prefetch errors propagate too. */
+  rambackend_fail_next_read (&rb, EIO);
+  err = 0;
+  assert_int_equal (cache_prefetch (c, &rb.be, PS, 20 * PS, &err), -1);
+  assert_int_equal (err, EIO);
+  read_check (c, &rb, 20 * PS, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+static void
+test_backend_write_error (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache *c;
+  uint8_t buf[3 * PS];
+  int err;
+
+  rambackend_init (&rb, 64 * PS, 23);
+  c = open_attach (&cfg, rb.size);
+  read_check (c, &rb, 0, 8 * PS);
+
+  fill_pattern (buf, sizeof buf, 5);
+  /* Partial and whole pages, cached. */
+  rambackend_fail_next_write (&rb, EIO);
+  err = 0;
+  assert_int_equal (cache_write (c, &rb.be, buf, sizeof buf, PS + 100,
+                                 false, &err), -1);
+  assert_int_equal (err, EIO);
+  read_check (c, &rb, 0, 8 * PS);       /* old data, never the new */
+
+  /* Not cached, whole pages. */
+  rambackend_fail_next_write (&rb, EROFS);
+  err = 0;
+  assert_int_equal (cache_write (c, &rb.be, buf, 2 * PS, 20 * PS,
+                                 true, &err), -1);
+  assert_int_equal (err, EROFS);
+  read_check (c, &rb, 20 * PS, 2 * PS);
+
+  /* Then it works again. */
+  write_check (c, &rb, PS + 100, 3 * PS, 6);
+  read_check (c, &rb, 0, 8 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+/*----------------------------------------------------------------------
+ * Threads.
+ */
+
+#define NTHREADS 4
+#define OWN_BYTES (16 * PS)
+#define SHARED_OFF (NTHREADS * OWN_BYTES)
+#define SHARED_MAX (32 * PS)
+
+/* Size of the region all threads read and write (<= SHARED_MAX), and
+ * operations per thread; set by run_threads.
+ */
+static uint64_t shared_bytes;
+static int thread_ops;
+
+/* The threads stop every OPS_PER_ROUND operations; while they wait, the
+ * main thread compares the whole cache view with the backend, so a
+ * stale page is caught before later writes can hide it.
+ */
+#define OPS_PER_ROUND 10
+static pthread_barrier_t round_barrier;
+
+struct thr {
+  int id;
+  struct cache *c;
+  struct rambackend *rb;
+  uint8_t model[OWN_BYTES];
+  int failures;
+  char msg[256];
+};
+
+static void *
+thread_main (void *arg)
+{
+  struct thr *t = arg;
+  uint64_t s = 1000 + t->id;
+  uint8_t *buf = malloc (3 * PS), *wbuf = malloc (3 * PS);
+  const uint64_t own = (uint64_t) t->id * OWN_BYTES;
+
+  for (int i = 0; i < thread_ops; ++i) {
+    if (i > 0 && i % OPS_PER_ROUND == 0) {
+      pthread_barrier_wait (&round_barrier);    /* round done */
+      pthread_barrier_wait (&round_barrier);    /* check done */
+    }
+    if (t->failures)
+      continue;
+    int op = rnd64 (&s) % 4;
+    bool shared = op >= 2;
+    uint64_t base = shared ? SHARED_OFF : own;
+    uint64_t span = shared ? shared_bytes : OWN_BYTES;
+    uint64_t off = rnd64 (&s) % span;
+    uint32_t len = 1 + rnd64 (&s) % (3 * PS);
+    int err = 0;
+
+    if (len > span - off)
+      len = span - off;
+    if (op % 2 == 0) {
+      if (cache_read (t->c, &t->rb->be, buf, len, base + off, &err) != 0) {
+        t->failures++;
+        snprintf (t->msg, sizeof t->msg, "read failed err=%d", err);
+      }
+      else if (!shared && memcmp (buf, t->model + off, len) != 0) {
+        uint32_t k = 0;
+        while (buf[k] == t->model[off + k])
+          k++;
+        t->failures++;
+        snprintf (t->msg, sizeof t->msg,
+                  "thread %d op %d: read off=%llu len=%u wrong at %llu",
+                  t->id, i, (unsigned long long) (base + off), len,
+                  (unsigned long long) (base + off + k));
+      }
+    }
+    else {
+      fill_pattern (wbuf, len, t->id * 100000 + i);
+      if (cache_write (t->c, &t->rb->be, wbuf, len, base + off,
+                       rnd64 (&s) % 8 == 0, &err) != 0) {
+        t->failures++;
+        snprintf (t->msg, sizeof t->msg, "write failed err=%d", err);
+      }
+      else if (!shared)
+        memcpy (t->model + off, wbuf, len);
+    }
+    if (rnd64 (&s) % 50 == 0)
+      cache_invalidate (t->c, 1 + rnd64 (&s) % (2 * PS),
+                        SHARED_OFF + rnd64 (&s) % (shared_bytes - PS));
+  }
+  pthread_barrier_wait (&round_barrier);
+  pthread_barrier_wait (&round_barrier);
+  free (buf);
+  free (wbuf);
+  return NULL;
+}
+
+/* Compare the cache view of the whole backend with the backend, without
+ * cmocka asserts (threads are waiting on the barrier).  Returns false
+ * and fills msg on the first difference.
+ */
+static bool
+compare_all (struct cache *c, struct rambackend *rb, char *msg, size_t len)
+{
+  uint8_t *got = malloc (rb->size), *exp = malloc (rb->size);
+  int err = 0;
+  bool ok = true;
+
+  if (cache_read (c, &rb->be, got, rb->size, 0, &err) != 0) {
+    snprintf (msg, len, "cache_read of everything failed, err=%d", err);
+    ok = false;
+  }
+  else {
+    rambackend_peek (rb, exp, rb->size, 0);
+    for (uint64_t i = 0; i < rb->size; ++i)
+      if (got[i] != exp[i]) {
+        snprintf (msg, len, "stale data at offset %llu (page %llu): "
+                  "cache 0x%02x, backend 0x%02x",
+                  (unsigned long long) i, (unsigned long long) (i / PS),
+                  got[i], exp[i]);
+        ok = false;
+        break;
+      }
+  }
+  free (got);
+  free (exp);
+  return ok;
+}
+
+static void
+run_threads (uint64_t cache_bytes, enum layout_mode mode,
+             uint64_t shared, int ops, unsigned delay_us)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (cache_bytes);
+  struct cache *c;
+  struct thr *t = calloc (NTHREADS, sizeof *t);
+  pthread_t th[NTHREADS];
+
+  assert_non_null (t);
+  cfg.mode = mode;
+  cfg.reset = true;
+  shared_bytes = shared;
+  thread_ops = ops;
+  rambackend_init (&rb, SHARED_OFF + SHARED_MAX, 24);
+  c = open_attach (&cfg, rb.size);
+  /* Warm part of it so there are hits to race with. */
+  read_check (c, &rb, 0, rb.size / 2);
+  atomic_store (&rb.delay_max_us, delay_us);
+  assert_int_equal (ops % OPS_PER_ROUND, 0);
+  assert_int_equal (pthread_barrier_init (&round_barrier, NULL,
+                                          NTHREADS + 1), 0);
+  for (int i = 0; i < NTHREADS; ++i) {
+    t[i].id = i;
+    t[i].c = c;
+    t[i].rb = &rb;
+    rambackend_peek (&rb, t[i].model, OWN_BYTES, (uint64_t) i * OWN_BYTES);
+    assert_int_equal (pthread_create (&th[i], NULL, thread_main, &t[i]), 0);
+  }
+  {
+    char msg[256] = "";
+    int bad_round = -1;
+    for (int r = 0; r < ops / OPS_PER_ROUND; ++r) {
+      pthread_barrier_wait (&round_barrier);
+      if (bad_round == -1 && !compare_all (c, &rb, msg, sizeof msg))
+        bad_round = r;
+      pthread_barrier_wait (&round_barrier);
+    }
+    for (int i = 0; i < NTHREADS; ++i)
+      assert_int_equal (pthread_join (th[i], NULL), 0);
+    pthread_barrier_destroy (&round_barrier);
+    if (bad_round >= 0)
+      fail_msg ("after round %d of %d ops per thread: %s",
+                bad_round, OPS_PER_ROUND, msg);
+  }
+  atomic_store (&rb.delay_max_us, 0);
+  for (int i = 0; i < NTHREADS; ++i)
+    if (t[i].failures)
+      fail_msg ("%s", t[i].msg);
+
+  /* Final contents: cache view == backend, own regions == models. */
+  read_all_check (c, &rb, 5 * PS + 7);
+  for (int i = 0; i < NTHREADS; ++i) {
+    uint8_t got[OWN_BYTES];
+    rambackend_peek (&rb, got, OWN_BYTES, (uint64_t) i * OWN_BYTES);
+    assert_memory_equal (got, t[i].model, OWN_BYTES);
+  }
+  assert_int_equal (rb.out_of_range, 0);
+  cache_close (c);
+
+  /* And after a restart. */
+  cfg.reset = false;
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 3 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (t);
+}
+
+static void
+test_threads_small_cache (void **state)
+{
+  run_threads (8 * PS, LAYOUT_MODE_WRITETHROUGH, SHARED_MAX, 800, 0);
+}
+
+static void
+test_threads_big_cache (void **state)
+{
+  run_threads (128 * PS, LAYOUT_MODE_WRITETHROUGH, SHARED_MAX, 800, 0);
+}
+
+static void
+test_threads_writearound (void **state)
+{
+  run_threads (16 * PS, LAYOUT_MODE_WRITEAROUND, SHARED_MAX, 800, 0);
+}
+
+/* A slow backend (random delays after each call) and a small shared
+ * region: requests on the same pages overlap in time, so a missing
+ * range lock (a miss fill racing a write, two writes updating the
+ * cache in the opposite order to the backend) leaves stale data.
+ */
+static void
+test_threads_slow_backend (void **state)
+{
+  run_threads (128 * PS, LAYOUT_MODE_WRITETHROUGH, 3 * PS, 300, 300);
+}
+
+static void
+test_threads_slow_backend_evicting (void **state)
+{
+  run_threads (6 * PS, LAYOUT_MODE_WRITETHROUGH, 3 * PS, 300, 300);
+}
+
+/* Read-only stress with big pages and a tiny cache: the backend never
+ * changes, so every read by every thread can be checked.  Slot data I/O
+ * is long (1 MiB pages), so evicting a slot that a hit is still reading
+ * (a pin not honoured) or serving a slot being refilled shows up.
+ */
+#define RO_PAGE (1024 * 1024)
+#define RO_PAGES 12
+
+struct ro_thr {
+  int id;
+  struct cache *c;
+  struct rambackend *rb;
+  int ops;
+  int failures;
+  char msg[256];
+};
+
+static void *
+ro_thread (void *arg)
+{
+  struct ro_thr *t = arg;
+  uint64_t s = 77 + t->id;
+  const uint32_t maxlen = RO_PAGE + RO_PAGE / 2;
+  uint8_t *buf = malloc (maxlen), *exp = malloc (maxlen);
+
+  for (int i = 0; i < t->ops && t->failures == 0; ++i) {
+    uint64_t off, len;
+    int err = 0;
+
+    /* Mostly 3 hot pages (hits), sometimes anywhere (evictions). */
+    if (rnd64 (&s) % 3)
+      off = (rnd64 (&s) % 3) * RO_PAGE + rnd64 (&s) % RO_PAGE;
+    else
+      off = rnd64 (&s) % t->rb->size;
+    len = 1 + rnd64 (&s) % maxlen;
+    if (len > t->rb->size - off)
+      len = t->rb->size - off;
+    if (cache_read (t->c, &t->rb->be, buf, len, off, &err) != 0) {
+      t->failures++;
+      snprintf (t->msg, sizeof t->msg, "read failed, err=%d", err);
+      break;
+    }
+    rambackend_peek (t->rb, exp, len, off);
+    if (memcmp (buf, exp, len) != 0) {
+      uint64_t k = 0;
+      while (buf[k] == exp[k])
+        k++;
+      t->failures++;
+      snprintf (t->msg, sizeof t->msg,
+                "thread %d: read off=%llu len=%llu wrong at offset %llu "
+                "(page %llu)", t->id, (unsigned long long) off,
+                (unsigned long long) len, (unsigned long long) (off + k),
+                (unsigned long long) ((off + k) / RO_PAGE));
+    }
+  }
+  free (buf);
+  free (exp);
+  return NULL;
+}
+
+static void
+test_threads_readonly_big_pages (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (3 * RO_PAGE);
+  struct cache *c;
+  struct ro_thr t[NTHREADS];
+  pthread_t th[NTHREADS];
+
+  cfg.page_size = RO_PAGE;
+  rambackend_init (&rb, RO_PAGES * RO_PAGE - 12345, 31);
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (cache_nslots (c), 3);
+  for (int i = 0; i < NTHREADS; ++i) {
+    t[i] = (struct ro_thr) { .id = i, .c = c, .rb = &rb, .ops = 120 };
+    assert_int_equal (pthread_create (&th[i], NULL, ro_thread, &t[i]), 0);
+  }
+  for (int i = 0; i < NTHREADS; ++i)
+    assert_int_equal (pthread_join (th[i], NULL), 0);
+  for (int i = 0; i < NTHREADS; ++i)
+    if (t[i].failures)
+      fail_msg ("%s", t[i].msg);
+  assert_true (ST (c, evictions) > 0);
+  assert_true (ST (c, read_hits) > 0);
+  assert_int_equal (rb.out_of_range, 0);
+  cache_close (c);
+
+  /* Warm restart with big pages, short last page. */
+  c = open_attach (&cfg, rb.size);
+  read_check (c, &rb, 0, rb.size);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+#define T(f) cmocka_unit_test_setup_teardown (f, setup_file, teardown_file)
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    T (test_new_file_reads_and_hits),
+    T (test_unaligned),
+    T (test_odd_size),
+    T (test_writethrough_updates_cache),
+    T (test_write_uncached),
+    T (test_writearound),
+    T (test_eviction_small_cache),
+    T (test_invalidate),
+    T (test_prefetch),
+    T (test_warm_reopen),
+    T (test_crash_reopen),
+    T (test_corrupt_data),
+    T (test_corrupt_entry),
+    T (test_entry_conflicts),
+    T (test_wrong_identity),
+    T (test_wrong_backend_size),
+    T (test_page_size_or_size_change),
+    T (test_lock),
+    T (test_garbage_file),
+    T (test_one_sb_damaged),
+    T (test_backend_read_error),
+    T (test_backend_write_error),
+    T (test_threads_small_cache),
+    T (test_threads_big_cache),
+    T (test_threads_writearound),
+    T (test_threads_slow_backend),
+    T (test_threads_slow_backend_evicting),
+    T (test_threads_readonly_big_pages),
+  };
+
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}

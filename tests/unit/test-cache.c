@@ -12,6 +12,7 @@
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -40,6 +41,26 @@ extern char log_error_last[512];
 
 static char cache_path[4096];
 
+/* A deadlock or livelock in the engine must fail the test, not hang
+ * "make check": every test gets WATCHDOG_SECONDS (valgrind included).
+ */
+#define WATCHDOG_SECONDS 300
+
+static void
+watchdog (int sig)
+{
+  static const char msg[] = "test-cache: watchdog: the test above (last "
+    "RUN line) did not finish: deadlock or livelock in the engine?\n";
+
+  /* Not async-signal-safe, but we are about to die anyway and the RUN
+   * line naming the test may still be in the stdio buffer.
+   */
+  fflush (stdout);
+  (void) !write (2, msg, sizeof msg - 1);
+  unlink (cache_path);
+  _exit (1);
+}
+
 /*----------------------------------------------------------------------
  * Helpers.
  */
@@ -59,12 +80,15 @@ setup_file (void **state)
     return -1;
   }
   close (fd);
+  signal (SIGALRM, watchdog);
+  alarm (WATCHDOG_SECONDS);
   return 0;
 }
 
 static int
 teardown_file (void **state)
 {
+  alarm (0);
   unlink (cache_path);
   return 0;
 }

@@ -323,6 +323,7 @@ load_entries (struct cache *c)
       pagetable_put_free (&c->pt, s);
     }
   c->ndirty = ndirty;
+  atomic_store (&c->stats.dirty_pages, ndirty);
   STATS_ADD (&c->stats, loaded_slots, loaded);
   STATS_ADD (&c->stats, dropped_entries, dropped);
   STATS_ADD (&c->stats, dirty_dropped, lost);

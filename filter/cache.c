@@ -146,6 +146,8 @@ cache_set_state_counts (struct cache *c, uint8_t old_state,
   }
   else if (old_state != LAYOUT_DIRTY && new_state == LAYOUT_DIRTY)
     c->ndirty++;
+  atomic_store_explicit (&c->stats.dirty_pages, c->ndirty,
+                         memory_order_relaxed);
 }
 
 /* Write the entry of pinned (or privately owned) slot s with a new

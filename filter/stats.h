@@ -41,6 +41,7 @@ struct stats {
   _Atomic uint64_t write_through_full;/* writes sent to the backend because
                                          the cache was full of dirty data */
   _Atomic uint64_t wait_ms;           /* time writes waited for a slot */
+  _Atomic uint64_t dirty_pages;       /* gauge: pages holding dirty data */
 };
 
 #define STATS_ADD(st, field, n) \

@@ -220,8 +220,8 @@ patch_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
 }
 
 /* Apply a write to a copy of pinned slot s in a new slot, which then
- * replaces it.  Returns 0, 1 if no slot could be had, -1 (*err).
- * Consumes the pin.
+ * replaces it (if no slot can be had, the page is written back first
+ * and changed in place).  Returns 0 or -1 (*err).  Consumes the pin.
  */
 static int
 cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
@@ -265,9 +265,15 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
     struct pt_slot upd = snap;
 
     if (ns == PT_NONE) {
-      cache_unpin (c, s);
+      /* No room for a copy: write this page back ourselves; then it is
+       * clean and may be changed in place.
+       */
       free (buf);
-      return 1;
+      if (writeback_page_locked (c, be, page, s, err) == -1) {
+        cache_unpin (c, s);
+        return -1;
+      }
+      return patch_slot (c, be, page, s, false, src, off, n, kind, err);
     }
     upd.state = cache_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
     upd.data_crc = cache_page_crc (c, buf, upd.valid);
@@ -359,17 +365,8 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
       return write_around (c, be, src, n, page * c->page_size + off, err);
     return patch_slot (c, be, page, ns, true, src, off, n, kind, err);
   }
-  if (cow) {
-    r = cow_slot (c, be, page, s, src, off, n, kind, err);
-    if (r == 1) {
-      *err = ENOSPC;
-      log_error ("cache file %s: no free slot to copy dirty page %llu "
-                 "while the cache is full of dirty data",
-                 c->path, (unsigned long long) page);
-      return -1;
-    }
-    return r;
-  }
+  if (cow)
+    return cow_slot (c, be, page, s, src, off, n, kind, err);
   return patch_slot (c, be, page, s, false, src, off, n, kind, err);
 }
 

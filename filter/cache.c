@@ -25,7 +25,8 @@
 /* Zeroes standing in for invalid sectors in data CRCs. */
 static const uint8_t zero_sector[LAYOUT_MAX_PAGE / LAYOUT_MAX_SECTORS];
 
-#define ALLOC_WAIT_MAX_MS 60000  /* give up waiting for a clean slot */
+#define ALLOC_WAIT_MAX_MS 2000   /* then fall back (write through, or
+                                    write the page back ourselves) */
 
 uint64_t
 cache_now_ms (void)

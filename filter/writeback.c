@@ -181,12 +181,18 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
     while (j + 1 < n && pages[j + 1] == pages[j] + 1 &&
            (size_t) (j + 1 - i) < max_group)
       j++;
-    ng = j - i + 1;
     if (rangelock_try_acquire (&c->ranges, pages[i], pages[j]) == -1) {
-      skipped = true;           /* a client is on it: later */
-      i = j + 1;
-      continue;
+      /* A client holds some of these pages (it may be waiting for us
+       * to make room): go page by page around it.
+       */
+      j = i;
+      if (rangelock_try_acquire (&c->ranges, pages[i], pages[i]) == -1) {
+        skipped = true;         /* this one later */
+        i++;
+        continue;
+      }
     }
+    ng = j - i + 1;
     for (size_t k = 0; k < ng; k++) {
       uint32_t s = cache_lookup_pin (c, pages[i + k]);
       g[k].page = pages[i + k];
@@ -290,6 +296,52 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
   free (done);
   free (buf);
   return ret;
+}
+
+int
+writeback_page_locked (struct cache *c, const struct cache_backend *be,
+                       uint64_t page, uint32_t s, int *err)
+{
+  uint8_t *buf = malloc (c->page_size);
+  struct wb_page g = { .page = page, .slot = s };
+  struct pt_slot upd;
+  uint64_t bytes = 0;
+
+  if (buf == NULL) {
+    *err = ENOMEM;
+    return -1;
+  }
+  pthread_mutex_lock (&c->lock);
+  c->pt.slots[s].pins++;        /* read_verified consumes one on error */
+  pthread_mutex_unlock (&c->lock);
+  if (cache_read_verified (c, s, buf) == -1) {
+    free (buf);
+    *err = EIO;
+    return -1;
+  }
+  cache_unpin (c, s);
+  pthread_mutex_lock (&c->lock);
+  upd = c->pt.slots[s];
+  pthread_mutex_unlock (&c->lock);
+  memcpy (g.dirty, upd.dirty, sizeof g.dirty);
+
+  if (write_group (c, be, &g, 1, buf, &bytes, err) == -1 ||
+      (be->flush && be->flush (be->h, err) == -1)) {
+    STATS_ADD (&c->stats, writeback_errors, 1);
+    free (buf);
+    return -1;
+  }
+  free (buf);
+  memset (upd.dirty, 0, sizeof upd.dirty);
+  upd.state = LAYOUT_CLEAN;
+  if (cache_commit_entry (c, s, &upd) == -1) {
+    cache_io_error (c, "writing entry", s);
+    *err = EIO;
+    return -1;
+  }
+  STATS_ADD (&c->stats, pages_written_back, 1);
+  STATS_ADD (&c->stats, bytes_written_back, bytes);
+  return 0;
 }
 
 static void *

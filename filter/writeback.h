@@ -35,6 +35,15 @@ extern void writeback_kick (struct cache *c);
 extern int writeback_pass (struct cache *c, const struct cache_backend *be,
                            uint64_t target, int *err);
 
+/* Write back the dirty sectors of one page now, from the caller's
+ * thread: slot s holds page, is pinned (the pin stays), and the page is
+ * range locked by the caller.  The backend is flushed, then the slot is
+ * marked clean.  For a writer that needs a slot when there is none.
+ */
+extern int writeback_page_locked (struct cache *c,
+                                  const struct cache_backend *be,
+                                  uint64_t page, uint32_t s, int *err);
+
 /* Ask the thread for a full pass (and backend flush) and wait for it. */
 extern int writeback_request_all (struct cache *c, int *err);
 

@@ -1,0 +1,907 @@
+#!/usr/bin/python3
+# nbdkit-ssdcache-filter: crash test of writeback mode (kill -9).
+#
+# Each iteration starts nbdkit with ssdcache-mode=writeback over a file
+# backend on a small cache (so eviction and writeback run all the
+# time), opens two connections and sends batches of random
+# asynchronous writes (unaligned offsets and lengths, 1 KiB writes,
+# multi-page writes) with flushes and FUA writes in between.  What was
+# durable is tracked as:
+#
+#   D  the contents the export must have kept: the data every completed
+#      write had when the last completed FLUSH was issued, plus the data
+#      of every completed FUA write;
+#   W  every write issued since (complete or not), in issue order.
+#
+# nbdkit is then killed with SIGKILL at a random moment with writes in
+# flight, restarted on the same cache file, and the whole export is
+# read back: every byte must equal its value in D or the value of some
+# write in W covering it.  The data read back is the starting point of
+# the next iteration.  Per iteration the flush semantics
+# (ssdcache-flush=cache|backend), page size, cache size, watermarks
+# and idle time are chosen at random; sometimes the server restarts in
+# writethrough or writearound mode (which must write all dirty data
+# back before serving), and sometimes it is stopped cleanly with or
+# without ssdcache-writeback-on-exit.  At the end nbdkit is stopped
+# cleanly (SIGTERM, writeback-on-exit=true) and the backing file must
+# equal the final model.
+#
+# Exit status: 0 all good, 1 a violation (details on stderr), 2 usage
+# or environment error.
+#
+# Needs the libnbd Python bindings: run with /usr/bin/python3.
+
+import argparse
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import nbd
+
+MiB = 1024 * 1024
+SECTOR = 512
+
+
+def info(msg):
+    print("crash-writeback: " + msg, flush=True)
+
+
+class Violation(Exception):
+    pass
+
+
+class EnvError(Exception):
+    pass
+
+
+# -- the server --------------------------------------------------------
+
+class Server:
+    """One nbdkit process on the shared backing file and cache file."""
+
+    counter = 0
+
+    def __init__(self, args, cfg, mode, on_exit):
+        Server.counter += 1
+        self.no = Server.counter
+        self.args = args
+        self.cfg = cfg
+        self.mode = mode
+        self.on_exit = on_exit
+        wd = args.workdir
+        self.sock = os.path.join(wd, "sock")
+        self.pidfile = os.path.join(wd, "nbdkit.pid")
+        self.stats = os.path.join(wd, "stats.%d" % self.no)
+        self.logname = os.path.join(wd, "nbdkit.%d.log" % self.no)
+        self.proc = None
+
+    def argv(self):
+        c = self.cfg
+        a = ["nbdkit"] + (["-v", "-D", "ssdcache.verbose=1"]
+                          if self.args.debug else []) + ["-U", self.sock, "-P", self.pidfile, "-f",
+             "--filter=" + self.args.filter,
+             "file", self.args.image,
+             "ssdcache-file=" + self.args.cache,
+             "ssdcache-size=%d" % c["cache_size"],
+             "ssdcache-page-size=%d" % c["page_size"],
+             "ssdcache-mode=" + self.mode,
+             "ssdcache-stats=" + self.stats,
+             "ssdcache-writeback-on-exit=" + ("true" if self.on_exit
+                                              else "false")]
+        if self.mode == "writeback":
+            a += ["ssdcache-flush=" + c["flush"],
+                  "ssdcache-writeback-high=%d" % c["high"],
+                  "ssdcache-writeback-low=%d" % c["low"],
+                  "ssdcache-writeback-idle=%d" % c["idle"],
+                  "ssdcache-writeback-rate=%d" % c["rate"]]
+        return a
+
+    def describe(self):
+        return "server #%d: %s" % (self.no, " ".join(self.argv()))
+
+    def start(self):
+        for f in (self.pidfile, self.sock):
+            try:
+                os.unlink(f)
+            except FileNotFoundError:
+                pass
+        log = open(self.logname, "wb")
+        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=log)
+        log.close()
+        LIVE.append(self)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if os.path.exists(self.pidfile) and \
+               os.path.getsize(self.pidfile) > 0:
+                return
+            if self.proc.poll() is not None:
+                raise Violation("nbdkit exited with status %d during "
+                                "start-up\n%s\n%s" % (
+                                    self.proc.returncode, self.describe(),
+                                    self.log_tail()))
+            time.sleep(0.01)
+        raise Violation("nbdkit did not start in 60 s\n" + self.describe())
+
+    def log_tail(self, n=30):
+        try:
+            with open(self.logname, "rb") as f:
+                lines = f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join("  nbdkit: " + l for l in lines[-n:])
+
+    def kill(self):
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        """Clean shutdown; returns the counters of the stats file."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise Violation("nbdkit did not exit within 90 s of SIGTERM\n" +
+                            self.describe())
+        if rc != 0:
+            raise Violation("nbdkit exited with status %d after SIGTERM\n"
+                            "%s\n%s" % (rc, self.describe(), self.log_tail()))
+        return self.read_stats()
+
+    def read_stats(self):
+        stats = {}
+        try:
+            with open(self.stats) as f:
+                for line in f:
+                    k, _, v = line.partition(":")
+                    v = v.strip()
+                    if v.isdigit():
+                        stats[k.strip()] = int(v)
+        except FileNotFoundError:
+            raise Violation("nbdkit did not write its stats file %s\n%s" % (
+                self.stats, self.describe()))
+        return stats
+
+    def connect(self, n):
+        hs = []
+        for i in range(n):
+            h = nbd.NBD()
+            h.set_handle_name("crash-wb-%d" % i)
+            h.connect_unix(self.sock)
+            hs.append(h)
+        return hs
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+
+# -- what must survive --------------------------------------------------
+
+class Entry:
+    """A write issued since the last completed flush (maybe trimmed)."""
+    __slots__ = ("id", "off", "data", "fua", "done")
+
+    def __init__(self, id, off, data, fua):
+        self.id = id
+        self.off = off
+        self.data = data
+        self.fua = fua
+        self.done = False
+
+    @property
+    def end(self):
+        return self.off + len(self.data)
+
+
+class Op:
+    __slots__ = ("kind", "conn", "cookie", "off", "n", "buf", "entry",
+                 "expect", "snapshot", "keep_from", "incomplete",
+                 "issued", "subs")
+
+    def __init__(self, kind, conn):
+        self.kind = kind
+        self.conn = conn
+        self.cookie = None
+        self.off = 0
+        self.n = 0
+        self.buf = None
+        self.entry = None
+        self.expect = None
+        self.snapshot = None
+        self.keep_from = 0
+        self.incomplete = None
+        self.issued = time.monotonic()
+        self.subs = None
+
+    def __str__(self):
+        s = "%s conn=%d" % (self.kind, self.conn)
+        if self.kind in ("write", "read"):
+            s += " off=%d len=%d" % (self.off, self.n)
+        if self.entry is not None:
+            s += " id=%d%s" % (self.entry.id, " FUA" if self.entry.fua else "")
+        return s
+
+
+class State:
+    """The model: D (durable), W (issued since), model (completed)."""
+
+    def __init__(self, data):
+        self.model = bytearray(data)
+        self.durable = bytearray(data)
+        self.w = []
+        self.next_id = 0
+        self.flushes_done = 0
+        self.fuas_done = 0
+
+    def rebase(self, data):
+        self.model = bytearray(data)
+        self.durable = bytearray(data)
+        self.w = []
+
+
+def trim_entries(entries, lo, hi):
+    """Remove [lo, hi) from every entry: a durable FUA write there
+    is newer than all of them."""
+    out = []
+    for e in entries:
+        if e.end <= lo or e.off >= hi:
+            out.append(e)
+            continue
+        if e.off < lo:
+            p = Entry(e.id, e.off, e.data[:lo - e.off], e.fua)
+            p.done = e.done
+            out.append(p)
+        if e.end > hi:
+            p = Entry(e.id, hi, e.data[hi - e.off:], e.fua)
+            p.done = e.done
+            out.append(p)
+    return out
+
+
+def check_export(got, durable, entries, size, limit=20):
+    """Every byte of got must be durable[b] or the byte of an entry that
+    covers b.  Returns a list of violations (at most limit)."""
+    bad = []
+    bounds = {0, size}
+    for e in entries:
+        bounds.add(e.off)
+        bounds.add(e.end)
+    bounds = sorted(bounds)
+    by_off = sorted(entries, key=lambda e: e.off)
+    active = []
+    k = 0
+    for a, b in zip(bounds, bounds[1:]):
+        while k < len(by_off) and by_off[k].off <= a:
+            active.append(by_off[k])
+            k += 1
+        active = [e for e in active if e.end > a]
+        g = got[a:b]
+        if g == durable[a:b]:
+            continue
+        if any(e.data[a - e.off:b - e.off] == g for e in active):
+            continue
+        # A mixture (e.g. part of a write in flight reached the cache):
+        # go sector by sector, then byte by byte.
+        s = a
+        while s < b:
+            t = min(b, (s // SECTOR + 1) * SECTOR)
+            gs = got[s:t]
+            if gs != durable[s:t] and \
+               not any(e.data[s - e.off:t - e.off] == gs for e in active):
+                first, nbad = None, 0
+                for j in range(s, t):
+                    v = got[j]
+                    if v == durable[j]:
+                        continue
+                    if any(e.data[j - e.off] == v for e in active):
+                        continue
+                    nbad += 1
+                    if first is None:
+                        first = j
+                if first is not None:
+                    j = first
+                    bad.append((j, nbad, durable[j],
+                                [(e.id, e.data[j - e.off], e.fua, e.done)
+                                 for e in active], got[j]))
+                    if len(bad) >= limit:
+                        return bad
+            s = t
+    return bad
+
+
+def format_violations(bad, size, page_size):
+    lines = []
+    for off, nbad, dval, cands, got in bad:
+        c = ", ".join("write #%d%s%s=0x%02x" % (
+            i, " FUA" if f else "", "" if d else " (in flight)", v)
+            for i, v, f, d in cands)
+        lines.append("  offset %d (page %d, 512-byte sector %d of it; %d "
+                     "bad byte(s) in this sector): got 0x%02x; expected one "
+                     "of: last flushed 0x%02x%s" % (
+                         off, off // page_size,
+                         (off % page_size) // SECTOR, nbad, got, dval,
+                         (", " + c) if c else ""))
+    return "\n".join(lines)
+
+
+# -- the client ---------------------------------------------------------
+
+class Client:
+    def __init__(self, args, rng, state, handles, cfg):
+        self.args = args
+        self.rng = rng
+        self.st = state
+        self.h = handles
+        self.cfg = cfg
+        self.size = args.size
+        self.inflight = []
+        self.server = None
+        self.pending_flush = None
+        self.multi_conn = handles[0].can_multi_conn()
+        self.counts = {"write": 0, "fua": 0, "flush": 0, "read": 0}
+        self.hot = rng.randrange(0, self.size - args.hot_size + 1, 4096)
+
+    # generating
+
+    def gen_range(self):
+        r = self.rng.random()
+        rng = self.rng
+        if r < 0.25:
+            n = 1024
+        elif r < 0.5:
+            n = rng.randint(1, 8192)
+        elif r < 0.85:
+            n = rng.randint(4096, 98304)
+        else:
+            n = rng.randint(128 * 1024, 512 * 1024)
+        if rng.random() < 0.6:
+            lo, hi = self.hot, self.hot + self.args.hot_size
+        else:
+            lo, hi = 0, self.size
+        n = min(n, hi - lo)
+        off = rng.randint(lo, hi - n)
+        if n == 1024 and rng.random() < 0.8:
+            off -= off % 1024
+        elif rng.random() < 0.2:
+            off -= off % 4096
+        return off, n
+
+    def overlaps_inflight(self, off, n):
+        for op in self.inflight:
+            if op.kind in ("write", "read") and \
+               off < op.off + op.n and op.off < off + n:
+                return True
+        return False
+
+    def busy(self, conn):
+        return sum(1 for op in self.inflight if op.conn == conn)
+
+    # issuing
+
+    def issue_write(self, conn, fua=False):
+        while True:
+            off, n = self.gen_range()
+            if not self.overlaps_inflight(off, n):
+                break
+        op = Op("write", conn)
+        op.off, op.n = off, n
+        data = self.rng.randbytes(n)
+        op.buf = bytearray(data)
+        e = Entry(self.st.next_id, off, data, fua)
+        self.st.next_id += 1
+        op.entry = e
+        self.st.w.append(e)
+        op.cookie = self.h[conn].aio_pwrite(
+            nbd.Buffer.from_buffer(op.buf), off,
+            flags=nbd.CMD_FLAG_FUA if fua else 0)
+        self.inflight.append(op)
+        self.counts["fua" if fua else "write"] += 1
+
+    def issue_flush(self, conn):
+        """FLUSH covers the writes completed before it is issued."""
+        op = Op("flush", conn)
+        op.snapshot = bytearray(self.st.model)
+        op.keep_from = self.st.next_id
+        op.incomplete = {o.entry.id for o in self.inflight
+                         if o.kind == "write"}
+        if self.multi_conn:
+            op.cookie = self.h[conn].aio_flush()
+            op.subs = None
+        else:
+            op.subs = [(i, h.aio_flush()) for i, h in enumerate(self.h)]
+        self.pending_flush = op
+        self.inflight.append(op)
+
+    # completing
+
+    def complete(self, op):
+        self.inflight.remove(op)
+        st = self.st
+        if op.kind == "write":
+            e = op.entry
+            e.done = True
+            st.model[op.off:op.off + op.n] = op.buf
+            if e.fua:
+                st.durable[op.off:op.off + op.n] = op.buf
+                st.w = trim_entries(st.w, op.off, op.off + op.n)
+                if self.pending_flush is not None:
+                    self.pending_flush.snapshot[op.off:op.off + op.n] = op.buf
+                st.fuas_done += 1
+        elif op.kind == "read":
+            if op.buf != op.expect:
+                j = next(i for i in range(op.n) if op.buf[i] != op.expect[i])
+                raise Violation("read %s returned wrong data at offset %d: "
+                                "expected 0x%02x, got 0x%02x" % (
+                                    op, op.off + j, op.expect[j], op.buf[j]))
+            self.counts["read"] += 1
+        elif op.kind == "flush":
+            st.durable = op.snapshot
+            st.w = [e for e in st.w
+                    if e.id >= op.keep_from or e.id in op.incomplete]
+            self.pending_flush = None
+            st.flushes_done += 1
+            self.counts["flush"] += 1
+
+    def cmd_done(self, op):
+        """True if op finished; raises nbd.Error on a failed command."""
+        if op.subs is not None:
+            rest = []
+            for i, c in op.subs:
+                if not self.h[i].aio_command_completed(c):
+                    rest.append((i, c))
+            op.subs = rest
+            return not rest
+        return self.h[op.conn].aio_command_completed(op.cookie)
+
+    def progress(self, timeout):
+        rl, wl, fds = [], [], {}
+        for h in self.h:
+            d = h.aio_get_direction()
+            fd = h.aio_get_fd()
+            fds[fd] = h
+            if d & nbd.AIO_DIRECTION_READ:
+                rl.append(fd)
+            if d & nbd.AIO_DIRECTION_WRITE:
+                wl.append(fd)
+        r, w, _ = select.select(rl, wl, [], timeout)
+        for fd in r:
+            fds[fd].aio_notify_read()
+        for fd in w:
+            fds[fd].aio_notify_write()
+        for op in list(self.inflight):
+            try:
+                done = self.cmd_done(op)
+            except nbd.Error as e:
+                raise Violation("%s failed after %.3f s: %s\n%s" % (
+                    op, time.monotonic() - op.issued, e,
+                    self.server.log_tail() if self.server else ""))
+            if done:
+                self.complete(op)
+
+    def wait_until(self, cond, what):
+        last = time.monotonic()
+        n = len(self.inflight)
+        while not cond():
+            self.progress(0.5)
+            if len(self.inflight) != n:
+                n = len(self.inflight)
+                last = time.monotonic()
+            elif time.monotonic() - last > self.args.timeout:
+                raise Violation("no request completed for %d s while "
+                                "waiting for %s; in flight: %s" % (
+                                    self.args.timeout, what,
+                                    "; ".join(map(str, self.inflight))))
+
+    # phases
+
+    def run_writes(self, nwrites, kill=False, server=None):
+        """Issue nwrites writes (with reads, flushes and FUA writes mixed
+        in).  With kill, SIGKILL the server at a random moment after the
+        last one is issued, with requests still in flight; returns how
+        many were in flight then."""
+        depth = self.args.depth
+        since_sync = 0
+        top = 15 if self.args.sabotage else 60
+        sync_every = self.rng.randint(10, top)
+        for i in range(nwrites):
+            conn = i % len(self.h)
+            self.wait_until(lambda: self.busy(conn) < depth, "a free slot")
+            if self.rng.random() < 0.1:
+                self.issue_read_sync(conn)
+            since_sync += 1
+            if since_sync >= sync_every:
+                since_sync = 0
+                sync_every = self.rng.randint(10, top)
+                self.sync_point(conn)
+            else:
+                self.issue_write(conn)
+            if self.rng.random() < 0.3:
+                self.progress(0)
+        if not kill:
+            self.wait_until(lambda: not self.inflight, "the last requests")
+            return 0
+        # Let the requests run for a random moment (or not at all),
+        # then kill -9 with some still in flight.
+        if self.kill_rng.random() < 0.6:
+            t_end = time.monotonic() + self.kill_rng.uniform(0, 0.01)
+            while time.monotonic() < t_end and len(self.inflight) > 1:
+                self.progress(0.001)
+        # Make sure writes are in flight: a last burst, not waited for.
+        for i in range(self.kill_rng.randint(1, depth)):
+            conn = i % len(self.h)
+            if self.busy(conn) < depth + 2:
+                self.issue_write(conn)
+        in_flight = sum(1 for op in self.inflight if op.kind == "write")
+        server.kill()
+        return in_flight
+
+    def issue_read_sync(self, conn):
+        # Reads go through aio_pread with a buffer we own so the data
+        # can be checked at completion.
+        for _ in range(20):
+            off, n = self.gen_range()
+            if not self.overlaps_inflight(off, n):
+                break
+        else:
+            return
+        op = Op("read", conn)
+        op.off, op.n = off, n
+        op.expect = bytes(self.st.model[off:off + n])
+        op.buf = bytearray(n)
+        op.cookie = self.h[conn].aio_pread(nbd.Buffer.from_buffer(op.buf),
+                                           off)
+        self.inflight.append(op)
+
+    def sync_point(self, conn):
+        """A FLUSH (possibly with writes still in flight) or a FUA
+        write."""
+        if self.rng.random() < self.args.fua_prob:
+            self.issue_write(conn, fua=True)
+            return
+        if self.pending_flush is not None:
+            self.wait_until(lambda: self.pending_flush is None,
+                            "the previous flush")
+        if self.rng.random() < 0.5:
+            self.wait_until(lambda: not any(o.kind == "write"
+                                            for o in self.inflight),
+                            "writes before a flush")
+        self.issue_flush(conn)
+
+
+# -- the driver ---------------------------------------------------------
+
+def geometry(cfg):
+    return (cfg["page_size"], cfg["cache_size"])
+
+
+def choose_cfg(rng, prev=None, sabotage=False):
+    cfg = choose_cfg1(rng, prev)
+    if sabotage:
+        # Keep dirty data in the cache so that losing it shows.
+        cfg.update(flush="cache", high=100, low=90, idle=0)
+    return cfg
+
+
+def choose_cfg1(rng, prev=None):
+    if prev is not None and rng.random() < 0.7:
+        page_size, cache_size = geometry(prev)
+    else:
+        page_size = rng.choice([4096, 65536])
+        cache_size = rng.choice([2, 3, 4]) * MiB
+    high, low = rng.choice([(50, 10), (50, 10), (25, 5), (90, 40), (10, 0)])
+    return {
+        "page_size": page_size,
+        "cache_size": cache_size,
+        "flush": rng.choice(["cache", "backend"]),
+        "high": high,
+        "low": low,
+        "idle": rng.choice([0, 50, 1000]),
+        "rate": rng.choice([0, 0, 0, 32 * MiB]),
+    }
+
+
+def describe_cfg(cfg):
+    return ("page %dK cache %dM flush=%s high=%d low=%d idle=%d rate=%d" % (
+        cfg["page_size"] // 1024, cfg["cache_size"] // MiB, cfg["flush"],
+        cfg["high"], cfg["low"], cfg["idle"], cfg["rate"]))
+
+
+def read_all(h, size):
+    out = bytearray()
+    chunk = 4 * MiB
+    off = 0
+    while off < size:
+        n = min(chunk, size - off)
+        try:
+            out += h.pread(n, off)
+        except nbd.Error as e:
+            raise Violation("reading back [%d, %d) failed: %s" % (
+                off, off + n, e))
+        off += n
+    return bytes(out)
+
+
+def first_diff(a, b):
+    step = 65536
+    for i in range(0, min(len(a), len(b)), step):
+        if a[i:i + step] != b[i:i + step]:
+            for j in range(i, min(i + step, len(a), len(b))):
+                if a[j] != b[j]:
+                    return j
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare_backing(args, expected, what):
+    with open(args.image, "rb") as f:
+        data = f.read()
+    if data != expected:
+        j = first_diff(expected, data)
+        n = sum(1 for i in range(0, len(data), 4096)
+                if data[i:i + 4096] != expected[i:i + 4096])
+        raise Violation("%s: the backing file differs from the model at "
+                        "offset %d (expected 0x%02x, got 0x%02x); %d 4K "
+                        "blocks differ" % (
+                            what, j, expected[j], data[j], n))
+
+
+def check_stats(server, stats):
+    for k in ("dirty_lost", "writeback_errors"):
+        if stats.get(k, 0) != 0:
+            raise Violation("%s: counter %s is %d, expected 0\n%s" % (
+                server.describe(), k, stats[k], server.log_tail()))
+
+
+def close_handles(hs):
+    for h in hs:
+        try:
+            h.shutdown()
+        except nbd.Error:
+            pass
+    hs.clear()
+
+
+def make_backing(args, rng):
+    """Random data in some 1M chunks, holes elsewhere."""
+    with open(args.image, "wb") as f:
+        f.truncate(args.size)
+        for off in range(0, args.size, MiB):
+            if rng.random() < 0.5:
+                f.seek(off)
+                f.write(rng.randbytes(min(MiB, args.size - off)))
+    with open(args.image, "rb") as f:
+        return f.read()
+
+
+def run(args):
+    rng = random.Random(args.seed)           # configurations, kills
+    data_rng = random.Random(args.seed + 1)  # requests and data
+    os.makedirs(args.workdir, exist_ok=True)
+    args.image = os.path.join(args.workdir, "backing.img")
+    args.cache = os.path.join(args.workdir, "cache.ssdcache")
+    if os.path.exists(args.cache):
+        os.unlink(args.cache)
+    state = State(make_backing(args, rng))
+    totals = {"write": 0, "fua": 0, "flush": 0, "read": 0, "inflight": 0,
+              "restart_wt": 0, "clean_restart": 0, "new_cache": 0}
+
+    cfg = choose_cfg(rng, None, args.sabotage)
+    server = Server(args, cfg, "writeback", on_exit=rng.random() < 0.5)
+    server.start()
+    t_start = time.monotonic()
+    for it in range(args.iterations):
+        try:
+            cfg, server = iteration(args, rng, data_rng, state, totals, it,
+                                    cfg, server)
+        except Violation as e:
+            raise Violation("iteration %d (%s): %s" % (
+                it, describe_cfg(cfg), e))
+    finish(args, server, state, totals, t_start)
+
+
+def iteration(args, rng, data_rng, state, totals, it, cfg, server):
+    if True:
+        t0 = time.monotonic()
+        last = it + 1 == args.iterations
+        hs = server.connect(2)
+        client = Client(args, data_rng, state, hs, cfg)
+        client.server = server
+        client.kill_rng = random.Random(rng.random())
+        nwrites = rng.randint(args.min_writes, args.max_writes)
+        in_flight = client.run_writes(nwrites, kill=True, server=server)
+        close_handles(hs)
+        client.h = []
+        for k in ("write", "fua", "flush", "read"):
+            totals[k] += client.counts[k]
+        totals["inflight"] += in_flight
+
+        if args.sabotage:
+            # Self-test: lose the cache at the crash; the check must
+            # notice (flushed data only the cache had is gone).
+            os.unlink(args.cache)
+        next_cfg = cfg if last else choose_cfg(rng, cfg, args.sabotage)
+        same_geo = geometry(next_cfg) == geometry(cfg)
+        r = rng.random()
+        vmode = "writeback" if r < 0.75 else \
+            "writethrough" if r < 0.9 else "writearound"
+        continuing = vmode == "writeback" and same_geo and \
+            (last or rng.random() < 0.75)
+        if continuing:
+            vserver = Server(args, next_cfg, "writeback",
+                             on_exit=True if last else rng.random() < 0.5)
+        else:
+            vserver = Server(args, cfg, vmode,
+                             on_exit=True if not same_geo
+                             else rng.random() < 0.5)
+        vserver.start()
+        h = vserver.connect(1)[0]
+        got = read_all(h, args.size)
+        close_handles([h])
+        bad = check_export(got, state.durable, state.w, args.size)
+        if bad:
+            raise Violation(
+                "after kill -9 and restart, %s%s sector(s) hold bytes that "
+                "are neither the last flushed data nor data written since:"
+                "\n%s\n"
+                "crashed: %s\nrestarted: %s\n%d write(s) since the last "
+                "completed flush, %d in flight at the kill" % (
+                    len(bad), "+" if len(bad) >= 20 else "",
+                    format_violations(bad, args.size, cfg["page_size"]),
+                    server.describe(), vserver.describe(),
+                    len({e.id for e in state.w}), in_flight))
+        if vmode != "writeback":
+            totals["restart_wt"] += 1
+            compare_backing(args, got, "iteration %d: restarted in %s mode "
+                            "(dirty data must be written back before "
+                            "serving)" % (it, vmode))
+        state.rebase(got)
+        line = ("iteration %d: %s; %d writes, %d FUA, %d flushes, %d reads, "
+                "%d in flight at kill; restart %s" % (
+                    it, describe_cfg(cfg), client.counts["write"],
+                    client.counts["fua"], client.counts["flush"],
+                    client.counts["read"], in_flight, vmode))
+        if continuing:
+            server = vserver
+        else:
+            stats = vserver.stop()
+            check_stats(vserver, stats)
+            if vserver.on_exit or vmode != "writeback":
+                compare_backing(args, state.model,
+                                "iteration %d: clean exit of %s" % (
+                                    it, vserver.describe()))
+            if not same_geo:
+                os.unlink(args.cache)
+                totals["new_cache"] += 1
+                line += ", new cache"
+            else:
+                totals["clean_restart"] += 1
+                line += ", clean restart (on-exit=%s)" % (
+                    "true" if vserver.on_exit else "false")
+            server = Server(args, next_cfg, "writeback",
+                            on_exit=True if last else rng.random() < 0.5)
+            server.start()
+            if same_geo:
+                h = server.connect(1)[0]
+                again = read_all(h, args.size)
+                close_handles([h])
+                if again != state.model:
+                    j = first_diff(state.model, again)
+                    raise Violation(
+                        "iteration %d: after a clean restart the export "
+                        "changed at offset %d: expected 0x%02x, got 0x%02x"
+                        "\nstopped: %s\nstarted: %s" % (
+                            it, j, state.model[j], again[j],
+                            vserver.describe(), server.describe()))
+        info(line + " (%.1fs)" % (time.monotonic() - t0))
+        return next_cfg, server
+
+
+def finish(args, server, state, totals, t_start):
+    stats = server.stop()
+    check_stats(server, stats)
+    if not server.on_exit:
+        raise EnvError("internal: the last server must write back at exit")
+    compare_backing(args, state.model, "final clean exit (writeback-on-exit"
+                    "=true)")
+    info("PASS: seed %d, %d iterations in %.1fs: %d writes, %d FUA writes, "
+         "%d flushes, %d checked reads, %d writes in flight at kills, %d "
+         "restarts in writethrough/writearound, %d clean restarts, %d new "
+         "caches; final stats: pages_written_back=%d evictions=%d "
+         "cow_copies=%d" % (
+             args.seed, args.iterations, time.monotonic() - t_start,
+             totals["write"], totals["fua"], totals["flush"], totals["read"],
+             totals["inflight"], totals["restart_wt"],
+             totals["clean_restart"], totals["new_cache"],
+             stats.get("pages_written_back", -1),
+             stats.get("evictions", -1), stats.get("cow_copies", -1)))
+
+
+def main():
+    p = argparse.ArgumentParser(
+        description="kill -9 crash test of ssdcache writeback mode.")
+    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--seed", type=int, default=None,
+                   help="random seed (default: random, printed)")
+    p.add_argument("--filter", default=None,
+                   help="the filter .so (default: $SSDCACHE_FILTER or "
+                   "../filter/.libs/nbdkit-ssdcache-filter.so)")
+    p.add_argument("--workdir", default=None,
+                   help="directory for the backing file, cache and logs "
+                   "(default: a new directory under /var/tmp, removed "
+                   "after a pass)")
+    p.add_argument("--size", type=int, default=32 * MiB,
+                   help="backing file size (default 32M)")
+    p.add_argument("--hot-size", type=int, default=6 * MiB,
+                   help="size of the region most writes go to (default 6M)")
+    p.add_argument("--min-writes", type=int, default=50)
+    p.add_argument("--max-writes", type=int, default=400)
+    p.add_argument("--depth", type=int, default=8,
+                   help="requests in flight per connection (default 8)")
+    p.add_argument("--fua-prob", type=float, default=0.3,
+                   help="probability a sync point is a FUA write rather "
+                   "than a FLUSH (default 0.3)")
+    p.add_argument("--debug", action="store_true",
+                   help="run nbdkit with -v -D ssdcache.verbose=1 (logs in "
+                   "the workdir)")
+    p.add_argument("--sabotage", action="store_true",
+                   help="self-test: delete the cache file after each kill; "
+                   "the run must then FAIL")
+    p.add_argument("--timeout", type=int, default=90,
+                   help="fail if no request completes for this long")
+    args = p.parse_args()
+    if args.seed is None:
+        args.seed = int.from_bytes(os.urandom(4), "little")
+    if args.filter is None:
+        args.filter = os.environ.get("SSDCACHE_FILTER") or os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "..", "filter",
+            ".libs", "nbdkit-ssdcache-filter.so")
+    args.filter = os.path.abspath(args.filter)
+    if not os.path.isfile(args.filter):
+        print("crash-writeback: filter not found: %s" % args.filter,
+              file=sys.stderr)
+        return 2
+    made = False
+    if args.workdir is None:
+        import tempfile
+        args.workdir = tempfile.mkdtemp(prefix="ssdcache-crash-wb-",
+                                        dir="/var/tmp")
+        made = True
+    args.workdir = os.path.abspath(args.workdir)
+    if args.hot_size > args.size:
+        args.hot_size = args.size
+    info("seed %d, %d iterations, workdir %s" % (
+        args.seed, args.iterations, args.workdir))
+    try:
+        run(args)
+    except Violation as e:
+        print("crash-writeback: FAIL (seed %d): %s" % (args.seed, e),
+              file=sys.stderr, flush=True)
+        print("crash-writeback: rerun with --seed %d; logs in %s" % (
+            args.seed, args.workdir), file=sys.stderr)
+        return 1
+    except EnvError as e:
+        print("crash-writeback: ERROR: %s" % e, file=sys.stderr)
+        return 2
+    finally:
+        kill_leftover(args)
+    if made:
+        import shutil
+        shutil.rmtree(args.workdir, ignore_errors=True)
+    return 0
+
+
+def kill_leftover(args):
+    """Kill the server this run started, if one is still running."""
+    for srv in LIVE:
+        if srv.alive():
+            srv.kill()
+
+
+LIVE = []
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# nbdkit-ssdcache-filter: writeback crash test (kill -9 with writes in
+# flight), 20 iterations of crash-writeback.py.  Every byte read back
+# after a restart must be the data it had at the last completed FLUSH
+# (or FUA write) or the data of a write issued after it; a clean exit
+# with ssdcache-writeback-on-exit=true must leave the backing file
+# complete.  `make check-crash` runs 1000 iterations.
+#
+# First a short self-test: crash-writeback.py --sabotage deletes the
+# cache file at each crash, so flushed data is lost, and the checker
+# must report it.  Set CRASH_WB_SEED to repeat a run.
+
+source "$(dirname "$0")/functions.sh"
+set -e -x
+
+requires "$PYTHON" -c 'import nbd'
+
+crash="$testsrcdir/crash-writeback.py"
+seed="${CRASH_WB_SEED:-$RANDOM}"
+
+# The checker must catch lost data.
+if "$PYTHON" "$crash" --iterations 2 --seed "$seed" --sabotage \
+             --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/sabotage" \
+             > "$tmpdir/sabotage.log" 2>&1; then
+    cat "$tmpdir/sabotage.log"
+    fail "crash-writeback.py --sabotage passed: the checker does not see lost data"
+fi
+grep -q "neither the last flushed data" "$tmpdir/sabotage.log" || {
+    cat "$tmpdir/sabotage.log"
+    fail "crash-writeback.py --sabotage failed for another reason"
+}
+rm -rf "$tmpdir/sabotage"
+
+"$PYTHON" "$crash" --iterations "${CRASH_WB_ITERATIONS:-20}" --seed "$seed" \
+          --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/crash"

@@ -341,8 +341,19 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
     }
     cache_map_fill (c, dirty);
     r = cache_fill_slot (c, page, s, data, kind == W_DIRTY ? dirty : NULL);
-    if (r == 1 && kind == W_DIRTY)
-      return write_around (c, be, src, n, page * c->page_size, err);
+    if (r == 1) {
+      /* No slot for the new version: it goes to the backend, and the
+       * cached version, now older than the backend's, must go.
+       */
+      uint32_t old;
+      if (kind == W_DIRTY &&
+          write_around (c, be, src, n, page * c->page_size, err) == -1)
+        return -1;
+      old = cache_lookup_pin (c, page);
+      if (old != PT_NONE)
+        cache_drop_slot (c, old);
+      return 0;
+    }
     if (r == -1 && kind == W_DIRTY) {
       *err = EIO;
       return -1;

@@ -74,6 +74,8 @@ struct cache {
   uint64_t ndirty;               /* slots in state DIRTY (indexed) */
 
   /* Lock free. */
+  atomic_bool degraded;          /* the cache device failed: pass-through */
+  atomic_uint read_errors;       /* cache-file read errors so far */
   atomic_bool backend_unflushed; /* a change went straight to the backend */
   _Atomic uint64_t last_io_ms;   /* monotonic time of the last client op */
   uint32_t zero_page_crc;        /* CRC of an all-invalid page */
@@ -98,6 +100,8 @@ extern void cache_set_state_counts (struct cache *c, uint8_t old_state,
                                     uint8_t new_state);
 extern int cache_drop_slot (struct cache *c, uint32_t s);
 extern uint32_t cache_alloc_slot (struct cache *c, bool wait);
+extern bool cache_degraded (const struct cache *c);
+extern bool cache_page_dirty (struct cache *c, uint64_t page);
 extern int cache_read_verified (struct cache *c, uint32_t s, uint8_t *buf);
 extern bool cache_must_cow (const struct cache *c, const struct pt_slot *s);
 extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
@@ -108,6 +112,8 @@ extern void cache_touch_io (struct cache *c);
 extern uint64_t cache_now_ms (void);
 
 /* cache-write.c */
+extern int cache_clean_pages (struct cache *c, const struct cache_backend *be,
+                              uint64_t first, uint64_t last, int *err);
 extern void cache_invalidate_pages (struct cache *c, uint64_t first,
                                     uint64_t last);
 

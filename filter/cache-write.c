@@ -55,6 +55,65 @@ cache_invalidate (struct cache *c, uint32_t count, uint64_t offset)
   rangelock_release (&c->ranges, first, last);
 }
 
+/* Write back (from the caller's thread) every dirty page in [first,
+ * last], which the caller has range locked, so that the backend alone
+ * is current for them.  Returns 0 or -1 (*err): a page that cannot be
+ * written back (bad data, backend error) stays dirty.
+ */
+int
+cache_clean_pages (struct cache *c, const struct cache_backend *be,
+                   uint64_t first, uint64_t last, int *err)
+{
+  for (uint64_t page = first; page <= last; page++) {
+    uint32_t s;
+    int r = 0;
+
+    if (!cache_page_dirty (c, page))
+      continue;
+    s = cache_lookup_pin (c, page);
+    if (s == PT_NONE)
+      continue;
+    pthread_mutex_lock (&c->lock);
+    bool dirty = c->pt.slots[s].state == LAYOUT_DIRTY;
+    pthread_mutex_unlock (&c->lock);
+    if (dirty)
+      r = writeback_page_locked (c, be, page, s, err);
+    cache_unpin (c, s);
+    if (r == -1)
+      return -1;
+  }
+  return 0;
+}
+
+/* Pass-through (the cache device failed): dirty pages in the range are
+ * written back first, then the request goes to the backend and cached
+ * copies are dropped.  do_op NULL: a write of buf.
+ */
+static int
+degraded_op (struct cache *c, const struct cache_backend *be,
+             cache_backend_op do_op, void *opaque, const void *buf,
+             uint32_t count, uint64_t offset, bool fua, int *err)
+{
+  uint64_t first = offset / c->page_size;
+  uint64_t last = (offset + count - 1) / c->page_size;
+  int r = -1;
+
+  if (rangelock_acquire (&c->ranges, first, last) == -1) {
+    *err = errno;
+    return -1;
+  }
+  if (cache_clean_pages (c, be, first, last, err) == 0) {
+    if (do_op)
+      r = do_op (opaque, count, offset, err);
+    else
+      r = be->pwrite (be->h, buf, count, offset, fua, err);
+    cache_invalidate_pages (c, first, last);
+    atomic_store (&c->backend_unflushed, true);
+  }
+  rangelock_release (&c->ranges, first, last);
+  return r;
+}
+
 /* Merge a write of src, bytes [off, off+n) of page, into span, which
  * holds sectors [sf, sl] of the page as stored (invalid sectors read as
  * zeroes), and update the valid/dirty maps.  A partly written sector
@@ -398,6 +457,8 @@ cache_write (struct cache *c, const struct cache_backend *be,
   cache_touch_io (c);
   if (count == 0)
     return 0;
+  if (cache_degraded (c))
+    return degraded_op (c, be, NULL, NULL, buf, count, offset, fua, err);
 
   first = offset / ps;
   last = (offset + count - 1) / ps;
@@ -444,6 +505,12 @@ cache_write (struct cache *c, const struct cache_backend *be,
  out:
   rangelock_release (&c->ranges, first, last);
   free (tmp);
+  if (ret == -1 && writeback && cache_degraded (c)) {
+    /* The cache device failed under this very write: do it again as
+     * pass-through (pages it already dirtied are written back first).
+     */
+    return degraded_op (c, be, NULL, NULL, buf, count, offset, fua, err);
+  }
   /* A FUA write is durable as the flush mode says.  In writethrough it
    * is durable on the backend already; syncing the cache too keeps an
    * older cached copy from coming back after power loss.
@@ -472,6 +539,8 @@ cache_zero_trim (struct cache *c, const struct cache_backend *be,
   cache_touch_io (c);
   if (count == 0)
     return do_op (opaque, count, offset, err);
+  if (cache_degraded (c))
+    return degraded_op (c, be, do_op, opaque, NULL, count, offset, fua, err);
   first = offset / ps;
   last = (end - 1) / ps;
 
@@ -543,27 +612,52 @@ cache_zero_trim (struct cache *c, const struct cache_backend *be,
   return ret;
 }
 
+/* FLUSH with a failed cache device: its own durability cannot be
+ * trusted, so the backend must hold everything a flush covers.
+ */
+static int
+degraded_flush (struct cache *c, const struct cache_backend *be, int *err)
+{
+  int r, tries = 0;
+
+  while ((r = writeback_pass (c, be, 0, err)) == 1 && ++tries < 1000)
+    ;
+  if (r != 0)
+    return -1;
+  atomic_store (&c->backend_unflushed, false);
+  return be->flush ? be->flush (be->h, err) : 0;
+}
+
 int
 cache_flush (struct cache *c, const struct cache_backend *be, int *err)
 {
+  bool wb = c->mode == LAYOUT_MODE_WRITEBACK;
+
   cache_touch_io (c);
-  if (c->mode == LAYOUT_MODE_WRITEBACK &&
-      c->flush_mode == CACHE_FLUSH_BACKEND && c->wb) {
+  if (wb && cache_degraded (c))
+    return degraded_flush (c, be, err);
+  if (wb && c->flush_mode == CACHE_FLUSH_BACKEND && c->wb) {
     if (writeback_request_all (c, err) == -1)
       return -1;
   }
   /* Anything sent straight to the backend (writethrough writes, or
-   * writeback zeroes/trims and writes that found the cache full).
+   * writeback zeroes/trims, pass-through, and writes that found the
+   * cache full).
    */
-  if (c->mode != LAYOUT_MODE_WRITEBACK ||
-      atomic_exchange (&c->backend_unflushed, false) ||
+  if (!wb || atomic_exchange (&c->backend_unflushed, false) ||
       c->flush_mode == CACHE_FLUSH_BACKEND) {
     if (be->flush && be->flush (be->h, err) == -1) {
       atomic_store (&c->backend_unflushed, true);
       return -1;
     }
   }
-  if (cache_sync (c, err) == -1)
-    return c->mode == LAYOUT_MODE_WRITEBACK ? -1 : 0;
+  /* Only dirty data makes the cache file's own durability matter. */
+  if (cache_sync (c, err) == -1) {
+    if (!wb || cache_dirty_pages (c) == 0)
+      return 0;
+    if (cache_degraded (c))
+      return degraded_flush (c, be, err);
+    return -1;
+  }
   return 0;
 }

@@ -129,11 +129,47 @@ cache_lookup_pin (struct cache *c, uint64_t page)
   return s;
 }
 
+#define READ_ERRORS_MAX 16      /* then the device is taken as failed */
+
+bool
+cache_degraded (const struct cache *c)
+{
+  return atomic_load_explicit (&c->degraded, memory_order_relaxed);
+}
+
+/* A cache-file I/O error.  A failed write (EIO, ENOSPC...) or too many
+ * failed reads switch the cache to pass-through: from then on the
+ * backend serves everything, and the dirty pages still in the cache
+ * are written back (or reported, if they cannot be read).
+ */
 void
 cache_io_error (struct cache *c, const char *what, uint32_t s)
 {
+  bool is_read = strncmp (what, "reading", 7) == 0;
+
   STATS_ADD (&c->stats, cache_errors, 1);
   log_error ("cache file %s: %s (slot %u): %m", c->path, what, s);
+  if (is_read && atomic_fetch_add (&c->read_errors, 1) + 1 < READ_ERRORS_MAX)
+    return;
+  if (!atomic_exchange (&c->degraded, true)) {
+    atomic_store (&c->stats.degraded, 1);
+    log_error ("cache file %s: the cache device is failing: switching to "
+               "pass-through, the backend serves all requests from now on "
+               "(pages with dirty data stay and are written back)", c->path);
+  }
+}
+
+bool
+cache_page_dirty (struct cache *c, uint64_t page)
+{
+  uint32_t s;
+  bool r;
+
+  pthread_mutex_lock (&c->lock);
+  s = pagetable_lookup (&c->pt, page);
+  r = s != PT_NONE && c->pt.slots[s].state == LAYOUT_DIRTY;
+  pthread_mutex_unlock (&c->lock);
+  return r;
 }
 
 /* Under c->lock: keep c->ndirty in step with an indexed slot's state. */
@@ -450,6 +486,12 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
   uint32_t target = s;
   bool cow = false;
 
+  if (cache_degraded (c) && dirty == NULL) {
+    /* Pass-through: nothing new goes into a failing cache. */
+    if (s != PT_NONE)
+      cache_drop_slot (c, s);
+    return 1;
+  }
   if (s != PT_NONE) {
     pthread_mutex_lock (&c->lock);
     cow = cache_must_cow (c, &c->pt.slots[s]);
@@ -814,6 +856,21 @@ cache_read (struct cache *c, const struct cache_backend *be,
     uint32_t off = pos % ps;
     uint32_t n = end - pos < ps - off ? end - pos : ps - off;
 
+    if (cache_degraded (c) && !cache_page_dirty (c, page)) {
+      /* Pass-through, but for pages whose newest data is in the cache. */
+      run_end = (page + 1) * ps;
+      while (run_end < end && !cache_page_dirty (c, run_end / ps))
+        run_end += ps;
+      if (run_end > end)
+        run_end = end;
+      if (be->pread (be->h, dst + (pos - offset), run_end - pos, pos,
+                     err) == -1)
+        return -1;
+      STATS_ADD (&c->stats, bytes_from_backend, run_end - pos);
+      pos = run_end;
+      continue;
+    }
+
     if (try_hit (c, page, dst + (pos - offset), off, n)) {
       STATS_ADD (&c->stats, read_hits, 1);
       STATS_ADD (&c->stats, bytes_from_cache, n);
@@ -842,7 +899,7 @@ int
 cache_prefetch (struct cache *c, const struct cache_backend *be,
                 uint32_t count, uint64_t offset, int *err)
 {
-  if (count == 0)
+  if (count == 0 || cache_degraded (c))
     return 0;
   cache_touch_io (c);
   return read_slow (c, be, NULL, offset, count, err);

@@ -110,12 +110,26 @@ be_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
 }
 
 static int
+be_flush (void *h, int *err);
+
+static int
 be_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
            bool fua, int *err)
 {
   nbdkit_next *next = h;
-  return next->pwrite (next, buf, count, offset,
-                       fua ? NBDKIT_FLAG_FUA : 0, err);
+  int f = fua ? next->can_fua (next) : NBDKIT_FUA_NONE;
+
+  if (f == -1) {
+    *err = EIO;
+    return -1;
+  }
+  if (next->pwrite (next, buf, count, offset,
+                    f != NBDKIT_FUA_NONE ? NBDKIT_FLAG_FUA : 0, err) == -1)
+    return -1;
+  /* A backend without FUA: a flush gives the same guarantee. */
+  if (fua && f == NBDKIT_FUA_NONE)
+    return be_flush (h, err);
+  return 0;
 }
 
 static int

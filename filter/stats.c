@@ -15,7 +15,7 @@
   X (loaded_slots) X (dropped_entries) X (dirty_dropped) X (dirty_lost) \
   X (cow_copies) X (cache_syncs) X (pages_written_back) \
   X (bytes_written_back) X (writeback_errors) X (write_through_full) \
-  X (wait_ms) X (dirty_pages)
+  X (wait_ms) X (dirty_pages) X (degraded)
 
 void
 stats_print (const struct stats *st, FILE *fp)

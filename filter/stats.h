@@ -42,6 +42,8 @@ struct stats {
                                          the cache was full of dirty data */
   _Atomic uint64_t wait_ms;           /* time writes waited for a slot */
   _Atomic uint64_t dirty_pages;       /* gauge: pages holding dirty data */
+  _Atomic uint64_t degraded;          /* gauge: 1 once the cache device failed
+                                         and the filter is in pass-through */
 };
 
 #define STATS_ADD(st, field, n) \

@@ -335,9 +335,14 @@ writeback_page_locked (struct cache *c, const struct cache_backend *be,
   memset (upd.dirty, 0, sizeof upd.dirty);
   upd.state = LAYOUT_CLEAN;
   if (cache_commit_entry (c, s, &upd) == -1) {
+    /* The page is clean in RAM and the backend has it; only the cache
+     * file could not be told.  On a failing device that is expected.
+     */
     cache_io_error (c, "writing entry", s);
-    *err = EIO;
-    return -1;
+    if (!cache_degraded (c)) {
+      *err = EIO;
+      return -1;
+    }
   }
   STATS_ADD (&c->stats, pages_written_back, 1);
   STATS_ADD (&c->stats, bytes_written_back, bytes);

@@ -1,0 +1,95 @@
+/* nbdkit-ssdcache-filter tests: an LD_PRELOAD shim that injects I/O
+ * errors into one file.
+ *
+ * While the file named by $FAULTIO_TRIGGER exists, pread, pwrite and
+ * fdatasync on any descriptor open on the file $FAULTIO_PATH fail with
+ * errno $FAULTIO_ERRNO (a number, default EIO).  $FAULTIO_OPS ("rw" by
+ * default) limits the failures to reads ("r") or writes ("w", which
+ * includes fdatasync).  Everything else goes to the C library.
+ *
+ * Used by test-ssdcache-cache-errors.sh to make the cache device fail
+ * under a running nbdkit.  Test code only: it is slow (a readlink per
+ * call) and not thread-clever, which is fine there.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static bool
+should_fail (int fd, char op)
+{
+  const char *path = getenv ("FAULTIO_PATH");
+  const char *trigger = getenv ("FAULTIO_TRIGGER");
+  const char *ops = getenv ("FAULTIO_OPS");
+  char link[64], target[PATH_MAX];
+  ssize_t n;
+
+  if (path == NULL || trigger == NULL || access (trigger, F_OK) != 0)
+    return false;
+  if (ops && strchr (ops, op) == NULL)
+    return false;
+  snprintf (link, sizeof link, "/proc/self/fd/%d", fd);
+  n = readlink (link, target, sizeof target - 1);
+  if (n <= 0)
+    return false;
+  target[n] = '\0';
+  if (strcmp (target, path) != 0)
+    return false;
+  errno = getenv ("FAULTIO_ERRNO") ? atoi (getenv ("FAULTIO_ERRNO")) : EIO;
+  return true;
+}
+
+#define NEXT(name) \
+  static __typeof__ (name) *next_##name; \
+  if (!next_##name) next_##name = dlsym (RTLD_NEXT, #name)
+
+ssize_t
+pread (int fd, void *buf, size_t count, off_t offset)
+{
+  NEXT (pread);
+  if (should_fail (fd, 'r'))
+    return -1;
+  return next_pread (fd, buf, count, offset);
+}
+
+ssize_t
+pread64 (int fd, void *buf, size_t count, off_t offset)
+{
+  NEXT (pread64);
+  if (should_fail (fd, 'r'))
+    return -1;
+  return next_pread64 (fd, buf, count, offset);
+}
+
+ssize_t
+pwrite (int fd, const void *buf, size_t count, off_t offset)
+{
+  NEXT (pwrite);
+  if (should_fail (fd, 'w'))
+    return -1;
+  return next_pwrite (fd, buf, count, offset);
+}
+
+ssize_t
+pwrite64 (int fd, const void *buf, size_t count, off_t offset)
+{
+  NEXT (pwrite64);
+  if (should_fail (fd, 'w'))
+    return -1;
+  return next_pwrite64 (fd, buf, count, offset);
+}
+
+int
+fdatasync (int fd)
+{
+  NEXT (fdatasync);
+  if (should_fail (fd, 'w'))
+    return -1;
+  return next_fdatasync (fd);
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# nbdkit-ssdcache-filter: the cache device fails under a running server.
+#
+# An LD_PRELOAD shim (shim/faultio.c) makes I/O on the cache file fail
+# with EIO while a trigger file exists.  The filter must switch to
+# pass-through (counter "degraded"), keep serving correct data from the
+# backend, write back dirty pages it can still read, and report dirty
+# pages it cannot read (EIO), never serving stale or zero data.
+source "$(dirname "$0")/functions.sh"
+set -e -x
+
+requires "$PYTHON" -c 'import nbd'
+requires cc --version
+shim="$tmpdir/faultio.so"
+cc -shared -fPIC -O2 -o "$shim" "$testsrcdir/shim/faultio.c" -ldl ||
+    fail "cannot build the fault injection shim"
+
+size=$((8 * 1024 * 1024))
+sock="$tmpdir/sock"
+pid="$tmpdir/pid"
+trigger="$tmpdir/trigger"
+
+run_case ()                 # run_case MODE OPS EXTRA-ARGS...
+{
+    local mode="$1" ops="$2"
+    shift 2
+    random_file "$tmpdir/disk.img" $size
+    cp "$tmpdir/disk.img" "$tmpdir/model.img"
+    rm -f "$tmpdir/c" "$trigger" "$tmpdir/stats"
+    export LD_PRELOAD="$shim" FAULTIO_PATH="$tmpdir/c"
+    export FAULTIO_TRIGGER="$trigger" FAULTIO_OPS="$ops"
+    start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
+                 file "$tmpdir/disk.img" ssdcache-file="$tmpdir/c" \
+                 ssdcache-size=2M ssdcache-page-size=4K ssdcache-mode="$mode" \
+                 ssdcache-stats="$tmpdir/stats" "$@"
+    unset LD_PRELOAD
+    # Healthy for a while, then the cache device fails.
+    "$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 1500 \
+              --seed 1 --mix read=55,write=40,flush=5 \
+              --model "$tmpdir/model.img" --save-model "$tmpdir/model.img" \
+              --no-final-verify
+    touch "$trigger"
+    "$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 1500 \
+              --seed 2 --mix read=55,write=35,zero=5,flush=5 \
+              --model "$tmpdir/model.img" --save-model "$tmpdir/model.img"
+    rm -f "$trigger"
+    stop_nbdkit "$pid"
+    cat "$tmpdir/stats"
+    [ "$(stat_get "$tmpdir/stats" degraded)" -eq 1 ] ||
+        fail "$mode/$ops: the filter did not switch to pass-through"
+    [ "$(stat_get "$tmpdir/stats" cache_errors)" -gt 0 ] ||
+        fail "$mode/$ops: no cache errors counted"
+    cmp "$tmpdir/disk.img" "$tmpdir/model.img" ||
+        fail "$mode/$ops: backing file differs from the model"
+}
+
+run_case writethrough rw
+run_case writearound rw
+# Writes to the cache fail, reads still work: dirty data is written
+# back, then everything passes through.
+run_case writeback w ssdcache-writeback-idle=0 ssdcache-writeback-high=100
+
+# Dirty data that can no longer be read back is reported, not replaced.
+truncate -s $size "$tmpdir/zero.img"
+rm -f "$tmpdir/c" "$trigger"
+export LD_PRELOAD="$shim" FAULTIO_PATH="$tmpdir/c"
+export FAULTIO_TRIGGER="$trigger" FAULTIO_OPS=rw
+start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
+             file "$tmpdir/zero.img" ssdcache-file="$tmpdir/c" \
+             ssdcache-mode=writeback ssdcache-writeback-idle=0 \
+             ssdcache-writeback-high=100 ssdcache-writeback-on-exit=false \
+             ssdcache-stats="$tmpdir/stats"
+unset LD_PRELOAD
+"$PYTHON" - "$sock" "$trigger" <<'PY'
+import errno, os, sys
+import nbd
+h = nbd.NBD(); h.connect_unix(sys.argv[1])
+h.pwrite(b"D" * 65536, 0)          # dirty, only in the cache
+h.flush()
+open(sys.argv[2], "w").close()     # the cache device fails
+try:
+    got = h.pread(65536, 0)
+except nbd.Error as e:
+    print("read of lost dirty data failed as it must:", e)
+    if e.errno != errno.EIO and "EIO" not in str(e):
+        sys.exit("expected EIO, got %s" % e)
+else:
+    sys.exit("read of unreadable dirty data returned data: %r" % got[:8])
+# Clean pages still read (from the backend): zeroes.
+if h.pread(4096, 1 << 20) != bytes(4096):
+    sys.exit("clean page read wrong data")
+PY
+rm -f "$trigger"
+stop_nbdkit "$pid"
+cat "$tmpdir/stats"
+[ "$(stat_get "$tmpdir/stats" dirty_lost)" -gt 0 ] ||
+    fail "lost dirty data was not counted"

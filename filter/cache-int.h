@@ -11,10 +11,12 @@
  *
  * Durability of cache-file writes is tracked in sync epochs: a write
  * that completed while c->epoch was E is durable once a sync that
- * started later has finished (c->durable_epoch >= E).  A slot whose
- * dirty data is durable is never rewritten in place: the new version
- * goes to another slot (copy on write) and the old one is freed by a
- * FREE entry once the new one is durable (c->sup, oldest first).
+ * started later has finished (c->durable_epoch >= E), and flushed once
+ * that sync was a client's FLUSH/FUA (c->flushed_epoch >= E).  A slot
+ * whose dirty data was flushed is never rewritten in place: the new
+ * version goes to another slot (copy on write) and the old one is
+ * freed by a FREE entry once the new one is flushed too (c->sup).
+ * Unflushed dirty data may be rewritten in place: a crash may lose it.
  */
 #ifndef SSDCACHE_CACHE_INT_H
 #define SSDCACHE_CACHE_INT_H
@@ -69,6 +71,7 @@ struct cache {
   uint64_t seq;                  /* last sequence number used */
   uint64_t epoch;                /* current sync epoch */
   uint64_t durable_epoch;        /* writes of epochs <= this are durable */
+  uint64_t flushed_epoch;        /* ... and covered by a client flush */
   struct cache_sup *sup;
   size_t nsup, capsup;
   uint64_t ndirty;               /* slots in state DIRTY (indexed) */
@@ -109,9 +112,25 @@ extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
 extern int cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
                             const uint8_t *buf, const uint8_t *dirty);
 extern void cache_touch_io (struct cache *c);
+/* fdatasync for the filter's own needs: unlike cache_sync (a client
+ * flush), it does not make dirty data "flushed".
+ */
+extern int cache_sync_device (struct cache *c, int *err);
 extern uint64_t cache_now_ms (void);
 
 /* cache-write.c */
+enum wkind {
+  W_CLEAN,          /* the backend has this data already */
+  W_DIRTY,          /* only the cache has it */
+};
+/* Apply bytes [off, off+n) of page (from src) to slot s in place: s is
+ * pinned (consumed), or fresh: newly allocated, then indexed.  Only the
+ * sectors touched are read and written; the data CRC is patched.
+ */
+extern int cache_patch_slot (struct cache *c, const struct cache_backend *be,
+                             uint64_t page, uint32_t s, bool fresh,
+                             const uint8_t *src, uint32_t off, uint32_t n,
+                             enum wkind kind, int *err);
 extern int cache_clean_pages (struct cache *c, const struct cache_backend *be,
                               uint64_t first, uint64_t last, int *err);
 extern void cache_invalidate_pages (struct cache *c, uint64_t first,

@@ -19,10 +19,6 @@
 #include "log.h"
 #include "writeback.h"
 
-enum wkind {
-  W_CLEAN,          /* the backend has this data already */
-  W_DIRTY,          /* only the cache has it */
-};
 
 void
 cache_invalidate_pages (struct cache *c, uint64_t first, uint64_t last)
@@ -185,10 +181,10 @@ merge_span (struct cache *c, const struct cache_backend *be, uint64_t page,
  * the data CRC is patched, not recomputed.  Consumes the pin (or, for
  * fresh, indexes the slot).  Returns 0, or -1 with *err set.
  */
-static int
-patch_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
-            uint32_t s, bool fresh, const uint8_t *src, uint32_t off,
-            uint32_t n, enum wkind kind, int *err)
+int
+cache_patch_slot (struct cache *c, const struct cache_backend *be,
+                  uint64_t page, uint32_t s, bool fresh, const uint8_t *src,
+                  uint32_t off, uint32_t n, enum wkind kind, int *err)
 {
   const uint32_t ss = c->sector_size;
   unsigned sf, sl;
@@ -332,7 +328,7 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
         cache_unpin (c, s);
         return -1;
       }
-      return patch_slot (c, be, page, s, false, src, off, n, kind, err);
+      return cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
     }
     upd.state = cache_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
     upd.data_crc = cache_page_crc (c, buf, upd.valid);
@@ -433,11 +429,11 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
     ns = cache_alloc_slot (c, true);
     if (ns == PT_NONE)
       return write_around (c, be, src, n, page * c->page_size + off, err);
-    return patch_slot (c, be, page, ns, true, src, off, n, kind, err);
+    return cache_patch_slot (c, be, page, ns, true, src, off, n, kind, err);
   }
   if (cow)
     return cow_slot (c, be, page, s, src, off, n, kind, err);
-  return patch_slot (c, be, page, s, false, src, off, n, kind, err);
+  return cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
 }
 
 int

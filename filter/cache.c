@@ -220,29 +220,23 @@ cache_commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
   return r;
 }
 
-/* Is the on-disk state of slot s something a crash must not lose?
- * Then it may not be rewritten in place (under c->lock).
+/* May slot s not be rewritten in place (under c->lock)?  True if it
+ * holds dirty data a client flushed: a torn rewrite would lose it.
  */
 bool
 cache_must_cow (const struct cache *c, const struct pt_slot *s)
 {
-  bool durable = s->epoch <= c->durable_epoch;
-
-  if ((s->flags & PT_NEEDSYNC) && !durable)
-    return true;
-  return s->state == LAYOUT_DIRTY && durable;
+  return s->state == LAYOUT_DIRTY && s->epoch <= c->flushed_epoch;
 }
 
 /* Under c->lock: must the cache file be synced before slot s may stop
  * holding its page?  True while an older version of the page is still
- * on disk (not yet freed) or freed by an entry that is not durable yet:
- * losing s then could bring the older version back after a crash.
+ * on disk (not yet freed): losing s could bring it back after a crash.
  */
 static bool
 needs_settling (const struct cache *c, const struct pt_slot *s)
 {
-  return (s->flags & PT_HASPRED) ||
-    ((s->flags & PT_NEEDSYNC) && s->epoch > c->durable_epoch);
+  return s->flags & PT_HASPRED;
 }
 
 /* Settle slot s (pinned) before it is dropped. */
@@ -281,7 +275,7 @@ cache_drop_slot (struct cache *c, uint32_t s)
     evict_remove (c->ev, s);
   }
   slot->flags |= PT_ORPHAN;
-  slot->flags &= ~(PT_VERIFIED | PT_NEEDSYNC | PT_BAD | PT_HASPRED);
+  slot->flags &= ~(PT_VERIFIED | PT_BAD | PT_HASPRED);
   slot->state = LAYOUT_FREE;
   memset (slot->valid, 0, sizeof slot->valid);
   memset (slot->dirty, 0, sizeof slot->dirty);
@@ -403,42 +397,62 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
   pthread_mutex_unlock (&c->lock);
 }
 
-/* Free superseded slots whose successors are durable (called after a
- * sync), in the order they were superseded, so that in a chain of
- * versions the older FREE entry is always written first.
+/* Free superseded slots whose successors are flushed (called after a
+ * client flush): FREE entries for all of them, made durable at once,
+ * so that an older version can never come back once its successor may
+ * be dropped, evicted or rewritten.
  */
 static void
 free_superseded (struct cache *c)
 {
-  size_t i = 0;
+  struct cache_sup *done = NULL;
+  size_t n = 0;
+  bool ok = true;
 
   pthread_mutex_lock (&c->lock);
-  while (i < c->nsup) {
-    struct layout_entry e;
-    uint32_t old = c->sup[i].slot, succ = c->sup[i].succ;
-
-    if (c->pt.slots[succ].epoch > c->durable_epoch) {
+  if (c->nsup > 0)
+    done = malloc (c->nsup * sizeof *done);
+  for (size_t i = 0; done && i < c->nsup;) {
+    if (c->pt.slots[c->sup[i].succ].epoch > c->flushed_epoch) {
       i++;
       continue;
     }
+    done[n++] = c->sup[i];
     memmove (c->sup + i, c->sup + i + 1, (c->nsup - i - 1) * sizeof *c->sup);
     c->nsup--;
-    /* Until the FREE entry is durable the successor must stay as it
-     * is on disk.
-     */
-    c->pt.slots[succ].flags &= ~PT_HASPRED;
-    c->pt.slots[succ].flags |= PT_NEEDSYNC;
-    c->pt.slots[succ].epoch = PT_EPOCH_PENDING;
+  }
+  pthread_mutex_unlock (&c->lock);
+  if (n == 0) {
+    free (done);
+    return;
+  }
+
+  for (size_t i = 0; i < n; i++) {
+    struct layout_entry e;
+
     memset (&e, 0, sizeof e);
     e.state = LAYOUT_FREE;
+    pthread_mutex_lock (&c->lock);
     e.seq = ++c->seq;
     pthread_mutex_unlock (&c->lock);
+    if (pool_write_entry (&c->pool, done[i].slot, &e) == -1) {
+      cache_io_error (c, "writing free entry", done[i].slot);
+      ok = false;
+    }
+  }
+  if (ok && pool_sync (&c->pool) == -1) {
+    cache_io_error (c, "fdatasync", 0);
+    ok = false;
+  }
 
-    if (pool_write_entry (&c->pool, old, &e) == -1)
-      cache_io_error (c, "writing free entry", old);
-
-    pthread_mutex_lock (&c->lock);
-    c->pt.slots[succ].epoch = c->epoch;
+  pthread_mutex_lock (&c->lock);
+  for (size_t i = 0; i < n; i++) {
+    uint32_t old = done[i].slot;
+    if (!ok) {
+      /* Keep both out of harm's way for good: a failing device. */
+      continue;
+    }
+    c->pt.slots[done[i].succ].flags &= ~PT_HASPRED;
     c->pt.slots[old].flags &= ~PT_SUPERSEDED;
     c->pt.slots[old].flags |= PT_ORPHAN;
     c->pt.slots[old].state = LAYOUT_FREE;
@@ -446,10 +460,11 @@ free_superseded (struct cache *c)
       release_slot_locked (c, old);
   }
   pthread_mutex_unlock (&c->lock);
+  free (done);
 }
 
-int
-cache_sync (struct cache *c, int *err)
+static int
+sync_epoch (struct cache *c, bool client, int *err)
 {
   uint64_t e;
 
@@ -466,10 +481,25 @@ cache_sync (struct cache *c, int *err)
   pthread_mutex_lock (&c->lock);
   if (e > c->durable_epoch)
     c->durable_epoch = e;
+  if (client && e > c->flushed_epoch)
+    c->flushed_epoch = e;
   pthread_mutex_unlock (&c->lock);
-  free_superseded (c);
+  if (client)
+    free_superseded (c);
   STATS_ADD (&c->stats, cache_syncs, 1);
   return 0;
+}
+
+int
+cache_sync (struct cache *c, int *err)
+{
+  return sync_epoch (c, true, err);
+}
+
+int
+cache_sync_device (struct cache *c, int *err)
+{
+  return sync_epoch (c, false, err);
 }
 
 /* Store a whole page (buf: page_size bytes, zeroes past the end of the
@@ -681,27 +711,57 @@ peek_hit (struct cache *c, uint64_t page, uint32_t off, uint32_t n)
   return r;
 }
 
-/* Complete a partly valid page: backend data (in data) overlaid with
- * the slot's valid sectors (which may be dirty), all sectors valid.
- * Consumes the pin on s.
+/* Complete a partly valid page: buf holds the slot's data (read and
+ * verified); only the span of sectors that are not valid is read from
+ * the backend, and the slot's valid sectors (maybe dirty) win.  The
+ * whole page is then stored, all valid.  Consumes the pin on s.
  */
-static void
-complete_partial (struct cache *c, uint64_t page, uint32_t s, uint8_t *data,
-                  uint8_t *tmp)
+static int
+complete_partial (struct cache *c, const struct cache_backend *be,
+                  uint64_t page, uint32_t s, uint8_t *buf, int *err)
 {
+  const uint32_t ss = c->sector_size;
+  const uint32_t pbytes = cache_page_bytes (c, page);
   struct pt_slot snap;
+  unsigned lo = c->nsectors, hi = 0;
+  uint8_t *tmp;
+  uint32_t n;
 
-  if (cache_read_verified (c, s, tmp) == -1)
-    return;                     /* dropped or bad */
   pthread_mutex_lock (&c->lock);
   snap = c->pt.slots[s];
   pthread_mutex_unlock (&c->lock);
   for (unsigned i = 0; i < c->nsectors; i++)
-    if (layout_bit_test (snap.valid, i))
-      memcpy (data + (size_t) i * c->sector_size,
-              tmp + (size_t) i * c->sector_size, c->sector_size);
-  cache_fill_slot (c, page, s, data,
+    if (!layout_bit_test (snap.valid, i)) {
+      if (i < lo)
+        lo = i;
+      hi = i;
+    }
+  if (lo > hi) {                /* all valid after all */
+    cache_unpin (c, s);
+    return 0;
+  }
+  tmp = calloc (hi - lo + 1, ss);
+  if (tmp == NULL) {
+    cache_unpin (c, s);
+    *err = ENOMEM;
+    return -1;
+  }
+  n = lo * ss >= pbytes ? 0
+    : ((hi + 1) * ss > pbytes ? pbytes : (hi + 1) * ss) - lo * ss;
+  if (n > 0 &&
+      be->pread (be->h, tmp, n, page * c->page_size + lo * ss, err) == -1) {
+    free (tmp);
+    cache_unpin (c, s);
+    return -1;
+  }
+  STATS_ADD (&c->stats, bytes_from_backend, n);
+  for (unsigned i = lo; i <= hi; i++)
+    if (!layout_bit_test (snap.valid, i))
+      memcpy (buf + (size_t) i * ss, tmp + (size_t) (i - lo) * ss, ss);
+  free (tmp);
+  cache_fill_slot (c, page, s, buf,
                    snap.state == LAYOUT_DIRTY ? snap.dirty : NULL);
+  return 0;
 }
 
 /* Read [pos, pos+len) (dst may be NULL: prefetch only) with the pages
@@ -715,17 +775,14 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
   const uint32_t ps = c->page_size;
   const uint64_t first = pos / ps, last = (pos + len - 1) / ps;
   const uint64_t np = last - first + 1;
-  uint32_t *slots = malloc (np * sizeof *slots);
   bool *need = calloc (np, sizeof *need);
   uint8_t *page_buf = malloc (ps);
   int ret = -1;
 
-  if (slots == NULL || need == NULL || page_buf == NULL) {
+  if (need == NULL || page_buf == NULL) {
     *err = ENOMEM;
     goto out_free;
   }
-  for (uint64_t i = 0; i < np; i++)
-    slots[i] = PT_NONE;
   if (rangelock_acquire (&c->ranges, first, last) == -1) {
     *err = errno;
     goto out_free;
@@ -753,7 +810,7 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
       pthread_mutex_unlock (&c->lock);
       if (bad) {
         *err = EIO;
-        goto out_unpin;
+        goto out;
       }
       STATS_ADD (&c->stats, read_misses, 1);
       continue;                 /* dropped */
@@ -774,13 +831,17 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
     }
     else {
       STATS_ADD (&c->stats, read_partial, 1);
-      slots[i] = s;             /* keep the pin: completed below */
+      if (complete_partial (c, be, page, s, page_buf, err) == -1)
+        goto out;
+      if (dst)
+        memcpy (dst + (pstart + a - pos), page_buf + a, b - a);
+      need[i] = false;
     }
   }
 
   /* Pass 2: runs of needed pages, one backend read per run. */
   for (uint64_t i = 0; i < np;) {
-    uint64_t j, run_start, run_bytes;
+    uint64_t j, run_start, run_end, read_lo, read_hi;
     uint8_t *bounce;
 
     if (!need[i]) {
@@ -790,35 +851,55 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
     for (j = i; j + 1 < np && need[j + 1]; j++)
       ;
     run_start = (first + i) * ps;
-    run_bytes = (first + j + 1) * ps;
-    if (run_bytes > c->backend_size)
-      run_bytes = c->backend_size;
-    run_bytes -= run_start;
+    run_end = (first + j + 1) * ps;
+    if (run_end > c->backend_size)
+      run_end = c->backend_size;
+    /* A miss reads only the sectors asked for, not the whole page:
+     * never more backend traffic than the client's own request needs.
+     * (Pages in the middle of a long request are read whole.)
+     */
+    read_lo = run_start;
+    read_hi = run_end;
+    if (pos > run_start)
+      read_lo = pos / c->sector_size * c->sector_size;
+    if (pos + len < run_end) {
+      read_hi = (pos + len + c->sector_size - 1) / c->sector_size *
+        c->sector_size;
+      if (read_hi > run_end)
+        read_hi = run_end;
+    }
 
     bounce = calloc (j - i + 1, ps);
     if (bounce == NULL) {
       *err = ENOMEM;
-      goto out_unpin;
+      goto out;
     }
-    if (be->pread (be->h, bounce, run_bytes, run_start, err) == -1) {
+    if (be->pread (be->h, bounce + (read_lo - run_start), read_hi - read_lo,
+                   read_lo, err) == -1) {
       free (bounce);
-      goto out_unpin;
+      goto out;
     }
-    STATS_ADD (&c->stats, bytes_from_backend, run_bytes);
+    STATS_ADD (&c->stats, bytes_from_backend, read_hi - read_lo);
 
     for (uint64_t k = i; k <= j; k++) {
       uint64_t pstart = (first + k) * ps;
       uint32_t a = pos > pstart ? pos - pstart : 0;
       uint32_t b = pos + len < pstart + ps ? pos + len - pstart : ps;
       uint8_t *data = bounce + (k - i) * ps;
+      uint64_t plo = read_lo > pstart ? read_lo : pstart;
+      uint64_t phi = read_hi < pstart + ps ? read_hi : pstart + ps;
 
-      if (slots[k] != PT_NONE) {
-        /* Cached sectors (maybe dirty) win over the backend's. */
-        complete_partial (c, first + k, slots[k], data, page_buf);
-        slots[k] = PT_NONE;
-      }
-      else
+      if (plo == pstart && phi >= pstart + cache_page_bytes (c, first + k))
         cache_fill_slot (c, first + k, PT_NONE, data, NULL);
+      else if (!cache_degraded (c)) {
+        uint32_t ns = cache_alloc_slot (c, false);
+        int e;
+        if (ns == PT_NONE)
+          STATS_ADD (&c->stats, bypassed, 1);
+        else
+          cache_patch_slot (c, be, first + k, ns, true, data + (plo - pstart),
+                            plo - pstart, phi - plo, W_CLEAN, &e);
+      }
       if (dst)
         memcpy (dst + (pstart + a - pos), data + a, b - a);
       need[k] = false;
@@ -828,13 +909,9 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
   }
   ret = 0;
 
- out_unpin:
-  for (uint64_t i = 0; i < np; i++)
-    if (slots[i] != PT_NONE)
-      cache_unpin (c, slots[i]);
+ out:
   rangelock_release (&c->ranges, first, last);
  out_free:
-  free (slots);
   free (need);
   free (page_buf);
   return ret;

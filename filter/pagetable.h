@@ -23,8 +23,6 @@
 #define PT_INDEXED   0x01   /* reachable through the index */
 #define PT_VERIFIED  0x02   /* data CRC checked since the cache was opened */
 #define PT_ORPHAN    0x04   /* removed from the index while pinned */
-#define PT_NEEDSYNC  0x08   /* an older slot for this page was freed by an
-                               entry that is not yet durable */
 #define PT_BAD       0x10   /* dirty data failed its CRC: reads get EIO */
 #define PT_SUPERSEDED 0x20  /* a newer slot holds this page; freed once
                                the newer one is durable */

@@ -285,7 +285,7 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
   if (ndone > 0 && !failed) {
     int e;
     STATS_ADD (&c->stats, bytes_written_back, bytes);
-    cache_sync (c, &e);
+    cache_sync_device (c, &e);
   }
   ret = failed ? -1 : skipped ? 1 : 0;
 

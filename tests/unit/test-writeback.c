@@ -1,0 +1,1993 @@
+/* nbdkit-ssdcache-filter unit tests: writeback mode of the cache engine
+ * (cache.c, cache-write.c, cache-open.c, writeback.c) over a RAM
+ * backend and a real temporary cache file.
+ *
+ * Writes that stay in the cache, sub-page writes without backend reads,
+ * copy on write of durable dirty pages (invariant 4) checked on the
+ * cache file itself, a cache full of dirty data (invariant 3), crash
+ * recovery (a forked child that exits without closing), two on-disk
+ * versions of a page, flush semantics, zero/trim, dirty extents,
+ * backend errors during writeback, and concurrent clients with the
+ * writeback thread running.
+ *
+ * The backend seen by the engine is a thin wrapper over the RAM backend
+ * (struct tbe) that adds a counted flush and persistent write / flush
+ * failures.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "cache.h"
+#include "layout.h"
+#include "rambackend.h"
+#include "stats.h"
+
+extern int log_error_count;
+extern char log_error_last[512];
+
+#define PS 4096u                  /* page size of most tests */
+#define SS 512u                   /* its sector size */
+#define ST(c, f) STATS_GET (cache_stats (c), f)
+
+static char cache_path[4096];
+
+/* A deadlock or a flush that never ends must fail the test, not hang
+ * "make check" (valgrind included).
+ */
+#define WATCHDOG_SECONDS 400
+
+static void
+watchdog (int sig)
+{
+  static const char msg[] = "test-writeback: watchdog: the test above "
+    "(last RUN line) did not finish: deadlock, livelock or a flush that "
+    "never ends?\n";
+
+  fflush (stdout);
+  (void) !write (2, msg, sizeof msg - 1);
+  unlink (cache_path);
+  _exit (1);
+}
+
+/*----------------------------------------------------------------------
+ * Helpers.
+ */
+
+static int
+setup_file (void **state)
+{
+  const char *dir = getenv ("TMPDIR");
+  int fd;
+
+  if (dir == NULL || *dir == '\0')
+    dir = "/tmp";
+  snprintf (cache_path, sizeof cache_path, "%s/ssdcache-wb-XXXXXX", dir);
+  fd = mkstemp (cache_path);
+  if (fd == -1) {
+    perror ("mkstemp");
+    return -1;
+  }
+  close (fd);
+  signal (SIGALRM, watchdog);
+  alarm (WATCHDOG_SECONDS);
+  return 0;
+}
+
+static int
+teardown_file (void **state)
+{
+  alarm (0);
+  unlink (cache_path);
+  return 0;
+}
+
+/* The backend the engine sees: the RAM backend plus a flush, both with
+ * failures that last until cleared, and an event clock that tells
+ * whether the last flush came after the last write.
+ */
+struct tbe {
+  struct rambackend *rb;
+  _Atomic int fail_write;         /* errno for every pwrite (0: none) */
+  _Atomic int fail_flush;         /* errno for every flush (0: none) */
+  _Atomic uint64_t flushes, failed_writes, failed_flushes;
+  _Atomic uint64_t clock, last_write_ev, last_flush_ev;
+  struct cache_backend be;
+};
+
+static int
+tbe_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
+{
+  struct tbe *t = h;
+
+  return t->rb->be.pread (t->rb, buf, count, offset, err);
+}
+
+static int
+tbe_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
+            bool fua, int *err)
+{
+  struct tbe *t = h;
+  int e = atomic_load (&t->fail_write);
+
+  if (e) {
+    atomic_fetch_add (&t->failed_writes, 1);
+    *err = e;
+    return -1;
+  }
+  if (t->rb->be.pwrite (t->rb, buf, count, offset, fua, err) == -1)
+    return -1;
+  atomic_store (&t->last_write_ev, atomic_fetch_add (&t->clock, 1) + 1);
+  return 0;
+}
+
+static int
+tbe_flush (void *h, int *err)
+{
+  struct tbe *t = h;
+  int e = atomic_load (&t->fail_flush);
+
+  if (e) {
+    atomic_fetch_add (&t->failed_flushes, 1);
+    *err = e;
+    return -1;
+  }
+  atomic_fetch_add (&t->flushes, 1);
+  atomic_store (&t->last_flush_ev, atomic_fetch_add (&t->clock, 1) + 1);
+  return 0;
+}
+
+static void
+tbe_init (struct tbe *t, struct rambackend *rb)
+{
+  memset (t, 0, sizeof *t);
+  t->rb = rb;
+  t->be.h = t;
+  t->be.pread = tbe_pread;
+  t->be.pwrite = tbe_pwrite;
+  t->be.flush = tbe_flush;
+}
+
+static struct cache_config
+make_cfg (uint64_t size, uint32_t page_size)
+{
+  struct cache_config cfg = {
+    .path = cache_path,
+    .size = size,
+    .page_size = page_size,
+    .mode = LAYOUT_MODE_WRITEBACK,
+    .id_digest = { 0x0123456789abcdefULL, 0xfedcba9876543210ULL },
+    .id_text = "writeback unit test backend",
+    .reset = false,
+    .flush_mode = CACHE_FLUSH_CACHE,
+    /* No background cleaning unless a test asks for it. */
+    .wb = { .high_pct = 100, .low_pct = 0, .rate = 0, .idle_ms = 0 },
+  };
+  return cfg;
+}
+
+static struct cache *
+open_attach (const struct cache_config *cfg, uint64_t backend_size)
+{
+  struct cache *c = cache_open (cfg);
+
+  if (c == NULL)
+    fail_msg ("cache_open %s failed: %s", cfg->path, log_error_last);
+  if (cache_attach (c, backend_size) != 0)
+    fail_msg ("cache_attach failed: %s", log_error_last);
+  return c;
+}
+
+static void
+fill_pattern (uint8_t *buf, uint32_t len, unsigned seed)
+{
+  uint32_t x = seed * 2654435761u + 7;
+  for (uint32_t i = 0; i < len; ++i) {
+    x = x * 1103515245u + 12345u;
+    buf[i] = x >> 16;
+  }
+}
+
+static uint64_t
+rnd64 (uint64_t *s)
+{
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+/* Write a pattern through the cache and into the model. */
+static void
+mwrite (struct cache *c, const struct cache_backend *be, uint8_t *model,
+        uint64_t off, uint32_t len, unsigned seed)
+{
+  uint8_t *buf = malloc (len);
+  int err = 0;
+
+  assert_non_null (buf);
+  fill_pattern (buf, len, seed);
+  if (cache_write (c, be, buf, len, off, false, &err) != 0)
+    fail_msg ("cache_write off=%llu len=%u failed, err=%d (%s)",
+              (unsigned long long) off, len, err, strerror (err));
+  if (model)
+    memcpy (model + off, buf, len);
+  free (buf);
+}
+
+static void
+compare (const uint8_t *got, const uint8_t *exp, uint64_t off, uint64_t len,
+         uint32_t ps, const char *what)
+{
+  if (memcmp (got, exp, len) != 0) {
+    uint64_t i = 0;
+    while (got[i] == exp[i])
+      i++;
+    fail_msg ("%s off=%llu len=%llu: wrong data at offset %llu (page %llu, "
+              "byte %llu of the page): got 0x%02x, expected 0x%02x",
+              what, (unsigned long long) off, (unsigned long long) len,
+              (unsigned long long) (off + i),
+              (unsigned long long) ((off + i) / ps),
+              (unsigned long long) ((off + i) % ps), got[i], exp[i]);
+  }
+}
+
+/* Read through the cache and compare with the model. */
+static void
+mread_check (struct cache *c, const struct cache_backend *be,
+             const uint8_t *model, uint64_t off, uint32_t len)
+{
+  uint8_t *buf = malloc (len ? len : 1);
+  int err = 0;
+
+  assert_non_null (buf);
+  memset (buf, 0xd7, len);
+  if (cache_read (c, be, buf, len, off, &err) != 0)
+    fail_msg ("cache_read off=%llu len=%u failed, err=%d (%s)",
+              (unsigned long long) off, len, err, strerror (err));
+  compare (buf, model + off, off, len, cache_page_size (c), "cache_read");
+  free (buf);
+}
+
+static void
+read_all_check (struct cache *c, const struct cache_backend *be,
+                const uint8_t *model, uint64_t size, uint32_t chunk)
+{
+  for (uint64_t off = 0; off < size; off += chunk)
+    mread_check (c, be, model, off, size - off < chunk ? size - off : chunk);
+}
+
+/* The backend itself (not through the cache) equals the model. */
+static void
+backend_check (struct rambackend *rb, const uint8_t *model, uint32_t ps)
+{
+  uint8_t *got = malloc (rb->size);
+
+  assert_non_null (got);
+  rambackend_peek (rb, got, rb->size, 0);
+  compare (got, model, 0, rb->size, ps, "backend contents");
+  free (got);
+}
+
+static uint8_t *
+model_new (struct rambackend *rb)
+{
+  uint8_t *m = malloc (rb->size);
+
+  assert_non_null (m);
+  rambackend_peek (rb, m, rb->size, 0);
+  return m;
+}
+
+/*----------------------------------------------------------------------
+ * Looking at the cache file directly.
+ */
+
+static void
+read_file_sb (struct layout_sb *out)
+{
+  uint8_t buf[LAYOUT_SB_SIZE];
+  struct layout_sb sb;
+  bool found = false;
+  int fd = open (cache_path, O_RDONLY);
+
+  assert_true (fd >= 0);
+  for (int i = 0; i < LAYOUT_SB_COUNT; ++i) {
+    const char *why;
+    assert_int_equal (pread (fd, buf, sizeof buf, i * LAYOUT_SB_SIZE),
+                      sizeof buf);
+    if (layout_sb_decode (buf, &sb, &why) == 0 &&
+        (!found || sb.generation > out->generation)) {
+      *out = sb;
+      found = true;
+    }
+  }
+  close (fd);
+  assert_true (found);
+}
+
+/* Entry of slot as stored in the file (raw: its 64 bytes, may be
+ * NULL).  Returns layout_entry_decode's result.
+ */
+static int
+file_entry (uint32_t slot, struct layout_entry *e, uint8_t *raw)
+{
+  struct layout_sb sb;
+  uint8_t buf[LAYOUT_ENTRY_SIZE];
+  uint64_t pt, pool, total;
+  int fd, r;
+
+  read_file_sb (&sb);
+  assert_true (slot < sb.nslots);
+  assert_true (layout_geometry (sb.page_size, sb.nslots, &pt, &pool,
+                                &total));
+  assert_int_equal (pt, sb.pt_offset);
+  fd = open (cache_path, O_RDONLY);
+  assert_true (fd >= 0);
+  assert_int_equal (pread (fd, buf, sizeof buf,
+                           pt + (uint64_t) slot * LAYOUT_ENTRY_SIZE),
+                    sizeof buf);
+  close (fd);
+  if (raw)
+    memcpy (raw, buf, sizeof buf);
+  r = layout_entry_decode (buf, sb.page_size / sb.sector_size, e);
+  return r;
+}
+
+/* Slots whose valid, non-free entry names page, oldest first.  Returns
+ * how many (at most max).
+ */
+static int
+file_slots_for (uint64_t page, uint32_t *slots, uint64_t *seqs,
+                uint8_t *states, int max)
+{
+  struct layout_sb sb;
+  int n = 0;
+
+  read_file_sb (&sb);
+  for (uint32_t s = 0; s < sb.nslots; ++s) {
+    struct layout_entry e;
+    if (file_entry (s, &e, NULL) == 0 && e.state != LAYOUT_FREE &&
+        e.page == page) {
+      int k = n;
+      assert_true (n < max);
+      while (k > 0 && seqs[k - 1] > e.seq) {
+        slots[k] = slots[k - 1];
+        seqs[k] = seqs[k - 1];
+        if (states)
+          states[k] = states[k - 1];
+        k--;
+      }
+      slots[k] = s;
+      seqs[k] = e.seq;
+      if (states)
+        states[k] = e.state;
+      n++;
+    }
+  }
+  return n;
+}
+
+static void
+file_slot_data (uint32_t slot, uint8_t *buf)
+{
+  struct layout_sb sb;
+  int fd;
+
+  read_file_sb (&sb);
+  fd = open (cache_path, O_RDONLY);
+  assert_true (fd >= 0);
+  assert_int_equal (pread (fd, buf, sb.page_size,
+                           sb.pool_offset + (uint64_t) slot * sb.page_size),
+                    (ssize_t) sb.page_size);
+  close (fd);
+}
+
+static void
+xor_file (uint64_t off, uint8_t x)
+{
+  uint8_t b;
+  int fd = open (cache_path, O_RDWR);
+
+  assert_true (fd >= 0);
+  assert_int_equal (pread (fd, &b, 1, off), 1);
+  b ^= x;
+  assert_int_equal (pwrite (fd, &b, 1, off), 1);
+  close (fd);
+}
+
+/*----------------------------------------------------------------------
+ * 1. Basics: writes stay in the cache until written back.
+ */
+
+static void
+test_wb_basics (void **state)
+{
+  const uint64_t size = 64 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (16 * PS, PS);
+  struct cache *c;
+  struct layout_sb sb;
+  uint8_t *model, *orig;
+  int err = 0;
+
+  rambackend_init (&rb, size, 1);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  orig = model_new (&rb);
+  c = open_attach (&cfg, size);
+  assert_int_equal (cache_mode (c), LAYOUT_MODE_WRITEBACK);
+  read_file_sb (&sb);
+  assert_int_equal (sb.mode, LAYOUT_MODE_WRITEBACK);
+  assert_true (sb.flags & LAYOUT_SB_DIRTY);
+
+  mwrite (c, &t.be, model, 0, PS, 1);                   /* page 0 whole */
+  mwrite (c, &t.be, model, 5 * PS + 100, 3000, 2);      /* page 5 sectors 0-6 */
+  mwrite (c, &t.be, model, 10 * PS + 512, 3 * PS, 3);   /* pages 10-13 */
+  assert_int_equal (rb.writes, 0);
+  assert_int_equal (t.flushes, 0);
+  backend_check (&rb, orig, PS);
+  assert_int_equal (cache_dirty_pages (c), 6);
+  assert_int_equal (ST (c, write_through_full), 0);
+
+  /* Reads see the new data; reading everything (64 pages through 16
+   * slots) evicts clean pages but never the dirty ones.
+   */
+  mread_check (c, &t.be, model, 5 * PS, PS);
+  read_all_check (c, &t.be, model, size, 3 * PS + 11);
+  read_all_check (c, &t.be, model, size, 5000);
+  assert_true (ST (c, evictions) > 0);
+  assert_int_equal (cache_dirty_pages (c), 6);
+  assert_int_equal (rb.writes, 0);
+  backend_check (&rb, orig, PS);
+
+  /* Write back: the backend gets exactly the dirty sectors, adjacent
+   * pages coalesced into one request, then a flush.
+   */
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  assert_true (t.flushes >= 1);
+  assert_true (t.last_flush_ev > t.last_write_ev);
+  assert_int_equal (ST (c, pages_written_back), 6);
+  /* 4096 + 7*512 (page 5) + 7*512 + 2*4096 + 512 (pages 10-13) */
+  assert_int_equal (ST (c, bytes_written_back), 4096 + 3584 + 3584 + 8192 + 512);
+  assert_int_equal (rb.bytes_written, 4096 + 3584 + 3584 + 8192 + 512);
+  assert_int_equal (rb.writes, 3);
+  assert_int_equal (rb.out_of_range, 0);
+
+  /* Nothing left: another pass writes nothing. */
+  rambackend_reset_counters (&rb);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (rb.writes, 0);
+  read_all_check (c, &t.be, model, size, 4 * PS);
+
+  /* Cached copies are clean now, still served from the cache. */
+  rambackend_reset_counters (&rb);
+  mread_check (c, &t.be, model, 10 * PS, 4 * PS);
+  cache_close (c);
+  read_file_sb (&sb);
+  assert_true (sb.flags & LAYOUT_SB_CLEAN);
+  assert_false (sb.flags & LAYOUT_SB_DIRTY);
+
+  /* Reopened: nothing dirty. */
+  c = open_attach (&cfg, size);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  read_all_check (c, &t.be, model, size, 8 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+  free (orig);
+}
+
+/*----------------------------------------------------------------------
+ * 2. Sub-page writes do not read the backend (or only their edge
+ * sectors), and reads merge dirty sectors with backend data.
+ */
+
+static void
+test_wb_subpage (void **state)
+{
+  const uint32_t ps = 65536, ss = 512;
+  const uint64_t size = 16ULL * ps;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (8ULL * ps, ps);
+  struct cache *c;
+  uint8_t *model;
+  int err = 0;
+
+  rambackend_init (&rb, size, 2);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+  assert_int_equal (cache_page_size (c), ps);
+
+  /* 1 KiB, sector aligned, into an uncached page: no backend read. */
+  mwrite (c, &t.be, model, 3 * ps + 5 * ss, 1024, 1);
+  assert_int_equal (rb.reads, 0);
+  /* Several sectors, aligned. */
+  mwrite (c, &t.be, model, 6 * ps + 64 * ss, 8 * ss, 2);
+  assert_int_equal (rb.reads, 0);
+  /* Sub-page write into a page with those sectors valid: no read. */
+  mwrite (c, &t.be, model, 3 * ps + 5 * ss + 50, 100, 3);
+  assert_int_equal (rb.reads, 0);
+  assert_int_equal (rb.bytes_read, 0);
+
+  /* Unaligned at both ends: only the two edge sectors are read. */
+  mwrite (c, &t.be, model, 4 * ps + 2 * ss + 100, 1000, 4);
+  assert_int_equal (rb.bytes_read, 2 * ss);
+  assert_int_equal (rb.reads, 2);
+  /* Inside one sector: that sector only. */
+  mwrite (c, &t.be, model, 5 * ps + 7000, 10, 5);
+  assert_int_equal (rb.bytes_read, 3 * ss);
+  assert_int_equal (rb.reads, 3);
+  /* The last sector of a page, partly. */
+  mwrite (c, &t.be, model, 7 * ps + ps - 300, 200, 6);
+  assert_int_equal (rb.bytes_read, 4 * ss);
+  assert_int_equal (rb.writes, 0);
+  assert_int_equal (cache_dirty_pages (c), 5);
+
+  /* Served right: pieces inside the written sectors are hits. */
+  rambackend_reset_counters (&rb);
+  mread_check (c, &t.be, model, 3 * ps + 5 * ss, 1024);
+  mread_check (c, &t.be, model, 4 * ps + 2 * ss, 3 * ss);
+  mread_check (c, &t.be, model, 5 * ps + 13 * ss, ss);
+  assert_int_equal (rb.reads, 0);
+
+  /* Write back partly valid pages: only dirty sectors reach the
+   * backend, never the zeroes standing for invalid sectors.
+   */
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, ps);
+  assert_int_equal (ST (c, bytes_written_back),
+                    1024 + 8 * ss + 3 * ss + ss + ss);
+  assert_int_equal (cache_dirty_pages (c), 0);
+
+  /* More sub-page writes into the (now clean, partly valid) pages and
+   * fresh ones, then whole-page reads: backend data merged with the
+   * cached dirty sectors.
+   */
+  rambackend_poke (&rb, "BACKEND-ONLY", 12, 3 * ps + 40000);   /* not cached */
+  memcpy (model + 3 * ps + 40000, "BACKEND-ONLY", 12);
+  mwrite (c, &t.be, model, 3 * ps + 20 * ss, 2 * ss, 7);
+  mwrite (c, &t.be, model, 9 * ps + 100 * ss, ss, 8);
+  mwrite (c, &t.be, model, 10 * ps + 3, 5, 9);
+  rambackend_reset_counters (&rb);
+  mread_check (c, &t.be, model, 3 * ps, ps);
+  mread_check (c, &t.be, model, 9 * ps, ps);
+  mread_check (c, &t.be, model, 9 * ps + 100 * ss - 7, 20);
+  mread_check (c, &t.be, model, 2 * ps, 10 * ps);
+  assert_int_equal (rb.writes, 0);
+  /* Completed pages are kept whole: no backend read now. */
+  rambackend_reset_counters (&rb);
+  mread_check (c, &t.be, model, 3 * ps, ps);
+  mread_check (c, &t.be, model, 9 * ps, ps);
+  assert_int_equal (rb.reads, 0);
+  assert_int_equal (cache_dirty_pages (c), 3);
+
+  /* Write back after completion: still only the dirty sectors. */
+  rambackend_reset_counters (&rb);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (rb.bytes_written, 2 * ss + ss + ss);
+  backend_check (&rb, model, ps);
+  read_all_check (c, &t.be, model, size, ps);
+  assert_int_equal (rb.out_of_range, 0);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
+/*----------------------------------------------------------------------
+ * 3. Invariant 4: a durable dirty page is never overwritten in place.
+ */
+
+static void
+test_wb_cow_durable (void **state)
+{
+  const uint64_t size = 32 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (4 * PS, PS);
+  struct cache *c;
+  uint8_t *model;
+  uint8_t data_a[PS], data_now[PS], raw_a[LAYOUT_ENTRY_SIZE],
+    raw_now[LAYOUT_ENTRY_SIZE];
+  uint32_t slots[4], a, b, c10, a2;
+  uint64_t seqs[4];
+  uint8_t states[4];
+  struct layout_entry e;
+  int err = 0;
+
+  rambackend_init (&rb, size, 3);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+  assert_int_equal (cache_nslots (c), 4);
+
+  /* Page 3, dirty, made durable. */
+  mwrite (c, &t.be, model, 3 * PS, PS, 1);
+  assert_int_equal (file_slots_for (3, slots, seqs, states, 4), 1);
+  a = slots[0];
+  assert_int_equal (states[0], LAYOUT_DIRTY);
+  assert_int_equal (cache_sync (c, &err), 0);
+  file_slot_data (a, data_a);
+  assert_memory_equal (data_a, model + 3 * PS, PS);
+  assert_int_equal (file_entry (a, &e, raw_a), 0);
+
+  /* A partial write: the new version goes to another slot, with a
+   * higher sequence number; the durable one is untouched.
+   */
+  mwrite (c, &t.be, model, 3 * PS + 1000, 100, 2);
+  assert_int_equal (ST (c, cow_copies), 1);
+  assert_int_equal (file_slots_for (3, slots, seqs, states, 4), 2);
+  assert_int_equal (slots[0], a);
+  b = slots[1];
+  assert_true (seqs[1] > seqs[0]);
+  assert_int_equal (states[1], LAYOUT_DIRTY);
+  file_slot_data (a, data_now);
+  assert_memory_equal (data_now, data_a, PS);
+  assert_int_equal (file_entry (a, &e, raw_now), 0);
+  assert_memory_equal (raw_now, raw_a, LAYOUT_ENTRY_SIZE);
+  file_slot_data (b, data_now);
+  assert_memory_equal (data_now, model + 3 * PS, PS);
+  mread_check (c, &t.be, model, 3 * PS, PS);
+  mread_check (c, &t.be, model, 3 * PS + 990, 200);
+  assert_int_equal (cache_dirty_pages (c), 1);
+
+  /* Fill the other slots with dirty pages; one more write finds no
+   * slot: the superseded slot must not be handed out before its
+   * successor is durable.
+   */
+  mwrite (c, &t.be, model, 10 * PS, PS, 3);
+  mwrite (c, &t.be, model, 11 * PS, PS, 4);
+  assert_int_equal (ST (c, write_through_full), 0);
+  mwrite (c, &t.be, model, 12 * PS, PS, 5);
+  assert_int_equal (ST (c, write_through_full), 1);
+  file_slot_data (a, data_now);
+  assert_memory_equal (data_now, data_a, PS);
+  assert_int_equal (file_entry (a, &e, raw_now), 0);
+  assert_memory_equal (raw_now, raw_a, LAYOUT_ENTRY_SIZE);
+  mread_check (c, &t.be, model, 3 * PS, PS);
+  mread_check (c, &t.be, model, 10 * PS, 3 * PS);
+
+  /* Once the new version is durable the old slot is freed on disk. */
+  assert_int_equal (cache_sync (c, &err), 0);
+  assert_int_equal (file_entry (a, &e, NULL), 0);
+  assert_int_equal (e.state, LAYOUT_FREE);
+  assert_int_equal (file_slots_for (3, slots, seqs, states, 4), 1);
+  assert_int_equal (slots[0], b);
+  mread_check (c, &t.be, model, 3 * PS, PS);
+
+  /* Page 10 is durable now: a partial write copies it (into the slot
+   * just freed)...
+   */
+  assert_int_equal (file_slots_for (10, slots, seqs, states, 4), 1);
+  c10 = slots[0];
+  mwrite (c, &t.be, model, 10 * PS + 2000, 10, 6);
+  assert_int_equal (ST (c, cow_copies), 2);
+  assert_int_equal (file_slots_for (10, slots, seqs, states, 4), 2);
+  assert_int_equal (slots[0], c10);
+  a2 = slots[1];
+  /* ...and a second write to that copy, not synced since it was
+   * written, happens in place: no new slot, a higher sequence number.
+   */
+  {
+    uint64_t seq_before = seqs[1];
+    mwrite (c, &t.be, model, 10 * PS + 3000, 10, 7);
+    assert_int_equal (ST (c, cow_copies), 2);
+    assert_int_equal (file_slots_for (10, slots, seqs, states, 4), 2);
+    assert_int_equal (slots[1], a2);
+    assert_true (seqs[1] > seq_before);
+    file_slot_data (a2, data_now);
+    assert_memory_equal (data_now, model + 10 * PS, PS);
+  }
+  mread_check (c, &t.be, model, 0, size);
+
+  /* Everything written back ends up right. */
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
+/* Dirty page written twice between syncs: both writes in place. */
+static void
+test_wb_inplace_not_durable (void **state)
+{
+  const uint64_t size = 32 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache *c;
+  uint8_t *model;
+  uint32_t slots[4], s0;
+  uint64_t seqs[4];
+  int err = 0;
+
+  rambackend_init (&rb, size, 4);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+
+  /* A partial write and a whole-page write, then more of each. */
+  mwrite (c, &t.be, model, 7 * PS + 100, 50, 1);
+  mwrite (c, &t.be, model, 8 * PS, PS, 2);
+  assert_int_equal (file_slots_for (7, slots, seqs, NULL, 4), 1);
+  s0 = slots[0];
+  mwrite (c, &t.be, model, 7 * PS + 3000, 500, 3);
+  mwrite (c, &t.be, model, 7 * PS, PS, 4);
+  mwrite (c, &t.be, model, 8 * PS + 5, 5, 5);
+  mwrite (c, &t.be, model, 8 * PS, PS, 6);
+  assert_int_equal (ST (c, cow_copies), 0);
+  assert_int_equal (file_slots_for (7, slots, seqs, NULL, 4), 1);
+  assert_int_equal (slots[0], s0);
+  assert_int_equal (file_slots_for (8, slots, seqs, NULL, 4), 1);
+  mread_check (c, &t.be, model, 7 * PS, 2 * PS);
+
+  /* After a sync the same writes copy; after the copy, in place again. */
+  assert_int_equal (cache_sync (c, &err), 0);
+  mwrite (c, &t.be, model, 8 * PS, PS, 7);
+  assert_int_equal (ST (c, cow_copies), 1);
+  mwrite (c, &t.be, model, 8 * PS + 77, 7, 8);
+  assert_int_equal (ST (c, cow_copies), 1);
+  mwrite (c, &t.be, model, 7 * PS + 10, 7, 9);
+  assert_int_equal (ST (c, cow_copies), 2);
+  mread_check (c, &t.be, model, 0, size);
+
+  /* Written back (clean now) and durable: a write in place is fine
+   * (the backend has the old version).
+   */
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (cache_sync (c, &err), 0);
+  mwrite (c, &t.be, model, 7 * PS + 10, 7, 10);
+  mread_check (c, &t.be, model, 0, size);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
+/*----------------------------------------------------------------------
+ * 4. Invariant 3: a cache full of dirty data never evicts it.
+ */
+
+static void
+test_wb_full_no_thread (void **state)
+{
+  const uint64_t size = 64 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache *c;
+  uint8_t *model;
+  int err = 0;
+
+  rambackend_init (&rb, size, 5);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+  assert_int_equal (cache_nslots (c), 8);
+
+  for (int p = 0; p < 8; ++p)
+    mwrite (c, &t.be, model, (uint64_t) p * 3 * PS + (p % 2 ? 700 : 0),
+            p % 2 ? 1500 : PS, 10 + p);
+  assert_int_equal (cache_dirty_pages (c), 8);
+  assert_int_equal (rb.writes, 0);
+
+  /* No slot and no writeback thread: the writes go to the backend. */
+  mwrite (c, &t.be, model, 40 * PS, PS, 20);
+  mwrite (c, &t.be, model, 41 * PS + 10, 100, 21);
+  mwrite (c, &t.be, model, 42 * PS + 10, 3 * PS, 22);
+  /* Dirty pages not yet durable are rewritten in place. */
+  mwrite (c, &t.be, model, 3 * PS + 800, 200, 23);
+  mwrite (c, &t.be, model, 6 * PS, PS, 24);
+  assert_true (ST (c, write_through_full) >= 3);
+  assert_int_equal (ST (c, evictions), 0);
+  assert_int_equal (cache_dirty_pages (c), 8);
+
+  /* Reads of other pages do not get a slot either, and are right. */
+  read_all_check (c, &t.be, model, size, 5 * PS + 3);
+  assert_int_equal (cache_dirty_pages (c), 8);
+  assert_int_equal (ST (c, evictions), 0);
+
+  /* Nothing dirty was lost. */
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  /* Clean now: the slots can be reused. */
+  read_all_check (c, &t.be, model, size, 2 * PS);
+  assert_true (ST (c, evictions) > 0);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
+/* Whole-page write over a durable dirty page while every slot holds
+ * durable dirty data (no writeback thread): the copy on write finds no
+ * slot.  Whatever the engine does (write through, wait, fail), it must
+ * never serve or write back the old version afterwards.
+ */
+static void
+test_wb_full_overwrite_durable_dirty (void **state)
+{
+  const uint64_t size = 32 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (4 * PS, PS);
+  struct cache *c;
+  uint8_t *model, buf[PS], old[PS], got[PS];
+  int err = 0, r;
+
+  rambackend_init (&rb, size, 6);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+  for (int p = 0; p < 4; ++p)
+    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 30 + p);
+  assert_int_equal (cache_sync (c, &err), 0);      /* all durable */
+
+  memcpy (old, model + 2 * PS, PS);
+  fill_pattern (buf, PS, 40);
+  r = cache_write (c, &t.be, buf, PS, 2 * PS, false, &err);
+  if (r == 0)
+    memcpy (model + 2 * PS, buf, PS);
+  /* If the write failed, the old data must still be what is served. */
+  assert_int_equal (cache_read (c, &t.be, got, PS, 2 * PS, &err), 0);
+  if (memcmp (got, model + 2 * PS, PS) != 0) {
+    bool served_old = memcmp (got, old, PS) == 0;
+    uint8_t be_now[PS];
+    bool backend_new, backend_old_after_wb;
+
+    rambackend_peek (&rb, be_now, PS, 2 * PS);
+    backend_new = memcmp (be_now, buf, PS) == 0;
+    assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+    rambackend_peek (&rb, be_now, PS, 2 * PS);
+    backend_old_after_wb = memcmp (be_now, old, PS) == 0;
+    fail_msg ("whole-page write over a durable dirty page, cache full of "
+              "durable dirty pages: cache_write returned %d "
+              "(write_through_full=%llu); the backend %s the new data; a "
+              "read then returned %s; after cache_writeback_all the "
+              "backend holds %s", r,
+              (unsigned long long) ST (c, write_through_full),
+              backend_new ? "got" : "did not get",
+              served_old ? "the OLD (superseded) dirty version"
+              : "wrong data",
+              backend_old_after_wb ? "the OLD version again (new write lost)"
+              : "something else");
+  }
+  mread_check (c, &t.be, model, 0, size);
+
+  /* A partial write over another durable dirty page, still no slot:
+   * it must succeed (or fail) without losing either version's bytes.
+   */
+  assert_int_equal (cache_sync (c, &err), 0);
+  fill_pattern (buf, 100, 41);
+  r = cache_write (c, &t.be, buf, 100, 1 * PS + 1000, false, &err);
+  if (r == 0)
+    memcpy (model + 1 * PS + 1000, buf, 100);
+  else
+    fail_msg ("partial write over a durable dirty page in a cache full "
+              "of durable dirty pages failed: %s", strerror (err));
+  mread_check (c, &t.be, model, 0, size);
+  fill_pattern (buf, 100, 42);
+  assert_int_equal (cache_write (c, &t.be, buf, 100, 3 * PS + 3000, false,
+                                 &err), 0);
+  memcpy (model + 3 * PS + 3000, buf, 100);
+  mread_check (c, &t.be, model, 0, size);
+
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
+/* The same with the writeback thread: writes wait for it instead. */
+static void
+test_wb_full_thread (void **state)
+{
+  const uint64_t size = 64 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache *c;
+  uint8_t *model;
+  uint64_t s = 4242;
+  int err = 0;
+
+  rambackend_init (&rb, size, 7);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+  for (int p = 0; p < 8; ++p)
+    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 50 + p);
+  assert_int_equal (cache_sync (c, &err), 0);      /* all durable dirty */
+  assert_int_equal (cache_dirty_pages (c), 8);
+
+  atomic_store (&rb.delay_max_us, 300);
+  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+
+  /* Copies of durable dirty pages (partial and whole), new pages,
+   * sub-page writes into new pages: all need slots.
+   */
+  mwrite (c, &t.be, model, 2 * PS + 100, 100, 60);
+  mwrite (c, &t.be, model, 5 * PS, PS, 61);
+  for (int i = 0; i < 120; ++i) {
+    uint64_t off = rnd64 (&s) % size;
+    uint32_t len = i % 3 == 0 ? PS : 1 + rnd64 (&s) % (2 * PS);
+    if (i % 3 == 0)
+      off -= off % PS;
+    if (len > size - off)
+      len = size - off;
+    mwrite (c, &t.be, model, off, len, 100 + i);
+    assert_true (cache_dirty_pages (c) <= 8);
+    if (i % 10 == 0)
+      assert_int_equal (cache_sync (c, &err), 0);
+    if (i % 7 == 0)
+      mread_check (c, &t.be, model, off, len);
+  }
+  /* They waited for writeback; none had to go around the cache. */
+  assert_int_equal (ST (c, write_through_full), 0);
+  assert_true (ST (c, pages_written_back) > 0);
+  read_all_check (c, &t.be, model, size, 3 * PS + 5);
+
+  cache_writeback_stop (c);
+  atomic_store (&rb.delay_max_us, 0);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  backend_check (&rb, model, PS);
+  assert_int_equal (rb.out_of_range, 0);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
+/*----------------------------------------------------------------------
+ * 5. Recovery after a crash (a forked child exits without closing).
+ */
+
+/* Kept reachable: the child "crashes" with them open. */
+static struct cache *crash_cache;
+static struct rambackend crash_rb;
+static struct tbe crash_tbe;
+
+/* Writes of the crash scenario, applied to the model (and to the cache
+ * if c).  Phase 0 is flushed (durable on the cache), phase 1 is not.
+ */
+static void
+crash_writes (struct cache *c, const struct cache_backend *be,
+              uint8_t *model, int phase)
+{
+  static const struct { uint64_t off; uint32_t len; } w[2][6] = {
+    { { 0, PS }, { 3 * PS + 100, 2000 }, { 5 * PS, 3 * PS },
+      { 12 * PS + 512, 1024 }, { 20 * PS + 4000, 200 }, { 30 * PS, PS } },
+    { { 3 * PS + 50, 100 }, { 6 * PS, PS }, { 14 * PS + 7, 9 },
+      { 12 * PS, PS }, { 25 * PS + 1000, 2 * PS }, { 0, 300 } },
+  };
+  uint8_t buf[3 * PS];
+
+  for (int i = 0; i < 6; ++i) {
+    fill_pattern (buf, w[phase][i].len, 300 + phase * 10 + i);
+    if (c) {
+      int err;
+      if (cache_write (c, be, buf, w[phase][i].len, w[phase][i].off, false,
+                       &err) != 0)
+        _exit (10 + phase);
+    }
+    memcpy (model + w[phase][i].off, buf, w[phase][i].len);
+  }
+}
+
+/* Pages touched by crash_writes (both phases). */
+static const uint64_t crash_pages[] = {
+  0, 3, 5, 6, 7, 12, 14, 20, 21, 25, 26, 27, 30
+};
+
+/* Run the crash scenario in a child; returns after it exited. */
+static void
+crash_child (const struct cache_config *cfg, uint64_t size, unsigned seed,
+             bool second_phase)
+{
+  pid_t pid;
+  int status;
+
+  fflush (stdout);
+  fflush (stderr);
+  pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    uint8_t *m = malloc (size);
+    int err;
+
+    alarm (60);                 /* a hung child must not hang us */
+    rambackend_init (&crash_rb, size, seed);
+    tbe_init (&crash_tbe, &crash_rb);
+    crash_cache = cache_open (cfg);
+    if (crash_cache == NULL || m == NULL)
+      _exit (1);
+    if (cache_attach (crash_cache, size) != 0)
+      _exit (2);
+    crash_writes (crash_cache, &crash_tbe.be, m, 0);
+    if (cache_flush (crash_cache, &crash_tbe.be, &err) != 0)
+      _exit (3);
+    if (second_phase)
+      crash_writes (crash_cache, &crash_tbe.be, m, 1);
+    if (atomic_load (&crash_rb.writes) != 0)
+      _exit (4);                /* writeback mode wrote the backend */
+    _exit (0);                  /* no cache_close: a crash */
+  }
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status));
+  assert_int_equal (WEXITSTATUS (status), 0);
+}
+
+static void
+test_wb_crash_recovery (void **state)
+{
+  const uint64_t size = 40 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache *c;
+  struct layout_sb sb;
+  uint8_t *model, *orig, *synced;
+  const size_t npages = sizeof crash_pages / sizeof crash_pages[0];
+  int err = 0;
+
+  rambackend_init (&rb, size, 8);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  orig = model_new (&rb);
+  synced = model_new (&rb);
+
+  /* Flushed writes only, then the crash. */
+  crash_child (&cfg, size, 8, false);
+  crash_writes (NULL, NULL, synced, 0);
+  read_file_sb (&sb);
+  assert_false (sb.flags & LAYOUT_SB_CLEAN);
+  assert_true (sb.flags & LAYOUT_SB_DIRTY);
+  c = open_attach (&cfg, size);
+  assert_int_equal (cache_dirty_pages (c), 9);      /* phase 0 pages */
+  read_all_check (c, &t.be, synced, size, 3 * PS + 1);
+  assert_int_equal (rb.writes, 0);
+  backend_check (&rb, orig, PS);                    /* never got it */
+  assert_int_equal (ST (c, verify_failures), 0);
+  assert_int_equal (ST (c, dirty_lost), 0);
+  cache_close (c);
+
+  /* Clean close kept it dirty; a new crash on top with unflushed
+   * writes too (a process crash keeps what reached the cache file).
+   */
+  read_file_sb (&sb);
+  assert_true (sb.flags & LAYOUT_SB_CLEAN);
+  assert_true (sb.flags & LAYOUT_SB_DIRTY);
+  crash_child (&cfg, size, 8, true);
+  crash_writes (NULL, NULL, model, 0);
+  crash_writes (NULL, NULL, model, 1);
+  c = open_attach (&cfg, size);
+  assert_int_equal (cache_dirty_pages (c), npages);
+  read_all_check (c, &t.be, model, size, 5 * PS - 3);
+  assert_int_equal (rb.writes, 0);
+  assert_int_equal (ST (c, dirty_lost), 0);
+
+  /* Written back: the backend alone is complete. */
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  backend_check (&rb, model, PS);
+  assert_true (t.flushes >= 1);
+  cache_close (c);
+  read_file_sb (&sb);
+  assert_false (sb.flags & LAYOUT_SB_DIRTY);
+  c = open_attach (&cfg, size);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  read_all_check (c, &t.be, model, size, 4 * PS);
+  cache_close (c);
+
+  rambackend_free (&rb);
+  free (model);
+  free (orig);
+  free (synced);
+}
+
+/* Crash in writeback mode, restart in writethrough mode: the dirty
+ * data is there after attach, served, and can be written back before
+ * serving writes.
+ */
+static void
+test_wb_crash_reopen_writethrough (void **state)
+{
+  const uint64_t size = 40 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache_config wt = cfg;
+  struct cache *c;
+  struct layout_sb sb;
+  uint8_t *model, *orig;
+  const size_t npages = sizeof crash_pages / sizeof crash_pages[0];
+  int err = 0;
+
+  rambackend_init (&rb, size, 9);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  orig = model_new (&rb);
+  crash_child (&cfg, size, 9, true);
+  crash_writes (NULL, NULL, model, 0);
+  crash_writes (NULL, NULL, model, 1);
+
+  wt.mode = LAYOUT_MODE_WRITETHROUGH;
+  c = open_attach (&wt, size);
+  assert_int_equal (cache_mode (c), LAYOUT_MODE_WRITETHROUGH);
+  assert_int_equal (cache_dirty_pages (c), npages);
+  read_file_sb (&sb);
+  assert_true (sb.flags & LAYOUT_SB_DIRTY);   /* until written back */
+  backend_check (&rb, orig, PS);
+
+  /* Written back before serving. */
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  backend_check (&rb, model, PS);
+  read_all_check (c, &t.be, model, size, 3 * PS);
+
+  /* Now a writethrough cache: writes reach the backend at once. */
+  rambackend_reset_counters (&rb);
+  mwrite (c, &t.be, model, 3 * PS + 10, 5000, 77);
+  assert_int_equal (rb.writes, 1);
+  backend_check (&rb, model, PS);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  cache_close (c);
+  read_file_sb (&sb);
+  assert_false (sb.flags & LAYOUT_SB_DIRTY);
+  assert_int_equal (sb.mode, LAYOUT_MODE_WRITETHROUGH);
+  c = open_attach (&wt, size);
+  read_all_check (c, &t.be, model, size, 7 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+  free (orig);
+}
+
+/* Dirty data left by writeback mode is served right in writethrough
+ * mode even before it is written back, and writethrough writes to such
+ * pages do not lose it.
+ */
+static void
+test_wb_crash_writethrough_serves_dirty (void **state)
+{
+  const uint64_t size = 40 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache_config wt = cfg;
+  struct cache *c;
+  uint8_t *model;
+  int err = 0;
+
+  rambackend_init (&rb, size, 10);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  crash_child (&cfg, size, 10, true);
+  crash_writes (NULL, NULL, model, 0);
+  crash_writes (NULL, NULL, model, 1);
+
+  wt.mode = LAYOUT_MODE_WRITETHROUGH;
+  c = open_attach (&wt, size);
+  read_all_check (c, &t.be, model, size, 3 * PS + 100);
+  /* A writethrough write into part of a dirty page. */
+  mwrite (c, &t.be, model, 3 * PS + 10, 30, 88);
+  mwrite (c, &t.be, model, 12 * PS + 4000, 200, 89);
+  read_all_check (c, &t.be, model, size, 3 * PS + 100);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
+/*----------------------------------------------------------------------
+ * 6. Two on-disk versions of one page after a crash.
+ */
+
+/* Child: page 9 v1 (whole), sync, v2 (partial, copied), crash. */
+static void
+two_versions_child (const struct cache_config *cfg, uint64_t size,
+                    unsigned seed)
+{
+  pid_t pid;
+  int status;
+
+  fflush (stdout);
+  fflush (stderr);
+  pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    uint8_t buf[PS];
+    int err;
+
+    alarm (60);                 /* a hung child must not hang us */
+    rambackend_init (&crash_rb, size, seed);
+    tbe_init (&crash_tbe, &crash_rb);
+    crash_cache = cache_open (cfg);
+    if (crash_cache == NULL)
+      _exit (1);
+    if (cache_attach (crash_cache, size) != 0)
+      _exit (2);
+    fill_pattern (buf, PS, 901);
+    if (cache_write (crash_cache, &crash_tbe.be, buf, PS, 9 * PS, false,
+                     &err) != 0)
+      _exit (3);
+    if (cache_sync (crash_cache, &err) != 0)
+      _exit (4);
+    fill_pattern (buf, 700, 902);
+    if (cache_write (crash_cache, &crash_tbe.be, buf, 700, 9 * PS + 1500,
+                     false, &err) != 0)
+      _exit (5);
+    _exit (0);
+  }
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status));
+  assert_int_equal (WEXITSTATUS (status), 0);
+}
+
+static void
+two_versions_models (uint8_t *v1, uint8_t *v2)
+{
+  uint8_t buf[PS];
+
+  fill_pattern (buf, PS, 901);
+  memcpy (v1 + 9 * PS, buf, PS);
+  memcpy (v2 + 9 * PS, buf, PS);
+  fill_pattern (buf, 700, 902);
+  memcpy (v2 + 9 * PS + 1500, buf, 700);
+}
+
+static void
+test_wb_two_versions (void **state)
+{
+  const uint64_t size = 16 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache *c;
+  uint8_t *v1, *v2;
+  uint32_t slots[4], old, new;
+  uint64_t seqs[4];
+  struct layout_entry e;
+  int err = 0;
+
+  rambackend_init (&rb, size, 11);
+  tbe_init (&t, &rb);
+  v1 = model_new (&rb);
+  v2 = model_new (&rb);
+  two_versions_models (v1, v2);
+  two_versions_child (&cfg, size, 11);
+
+  /* Both versions are on disk, the newer one with the higher seq. */
+  assert_int_equal (file_slots_for (9, slots, seqs, NULL, 4), 2);
+  old = slots[0];
+  new = slots[1];
+  assert_true (seqs[1] > seqs[0]);
+
+  c = open_attach (&cfg, size);
+  /* The older one is freed by recovery, on disk. */
+  assert_int_equal (file_entry (old, &e, NULL), 0);
+  assert_int_equal (e.state, LAYOUT_FREE);
+  assert_true (ST (c, dropped_entries) >= 1);
+  assert_int_equal (cache_dirty_pages (c), 1);
+  read_all_check (c, &t.be, v2, size, 3 * PS);
+  cache_close (c);
+  /* (The freed slot may have been reused for another page since.) */
+  assert_int_equal (file_entry (old, &e, NULL), 0);
+  assert_true (e.state == LAYOUT_FREE || e.page != 9);
+  assert_int_equal (file_slots_for (9, slots, seqs, NULL, 4), 1);
+  assert_int_equal (slots[0], new);
+
+  /* And it stays that way across another restart. */
+  c = open_attach (&cfg, size);
+  read_all_check (c, &t.be, v2, size, 5 * PS);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, v2, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (v1);
+  free (v2);
+}
+
+/* The newer copy was torn by the crash (its data does not verify): it
+ * was never flushed, so the older, durable version wins.
+ */
+static void
+test_wb_two_versions_torn_newer (void **state)
+{
+  const uint64_t size = 16 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache *c;
+  struct layout_sb sb;
+  uint8_t *v1, *v2;
+  uint32_t slots[4], old, new;
+  uint64_t seqs[4];
+  struct layout_entry e;
+  int err = 0;
+
+  rambackend_init (&rb, size, 12);
+  tbe_init (&t, &rb);
+  v1 = model_new (&rb);
+  v2 = model_new (&rb);
+  two_versions_models (v1, v2);
+  two_versions_child (&cfg, size, 12);
+  assert_int_equal (file_slots_for (9, slots, seqs, NULL, 4), 2);
+  old = slots[0];
+  new = slots[1];
+  read_file_sb (&sb);
+  xor_file (sb.pool_offset + (uint64_t) new * PS + 1600, 0x10);
+
+  c = open_attach (&cfg, size);
+  assert_int_equal (ST (c, dirty_dropped), 1);
+  assert_int_equal (cache_dirty_pages (c), 1);
+  assert_int_equal (file_entry (new, &e, NULL), 0);
+  assert_int_equal (e.state, LAYOUT_FREE);
+  read_all_check (c, &t.be, v1, size, 3 * PS);
+  cache_close (c);
+  assert_int_equal (file_entry (new, &e, NULL), 0);
+  assert_true (e.state == LAYOUT_FREE || e.page != 9);
+  assert_int_equal (file_slots_for (9, slots, seqs, NULL, 4), 1);
+  assert_int_equal (slots[0], old);
+  c = open_attach (&cfg, size);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, v1, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (v1);
+  free (v2);
+}
+
+/*----------------------------------------------------------------------
+ * 7. Flush semantics.
+ */
+
+static void
+test_wb_flush_backend (void **state)
+{
+  const uint64_t size = 64 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache *c;
+  uint8_t *model;
+  uint64_t flushes;
+  int err = 0;
+
+  cfg.flush_mode = CACHE_FLUSH_BACKEND;
+  rambackend_init (&rb, size, 13);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+
+  mwrite (c, &t.be, model, 0, 3 * PS, 1);
+  mwrite (c, &t.be, model, 10 * PS + 100, 100, 2);
+  mwrite (c, &t.be, model, 20 * PS + 4000, 5000, 3);
+  assert_int_equal (rb.writes, 0);           /* no cleaning by itself */
+  assert_int_equal (cache_flush (c, &t.be, &err), 0);
+  /* On return: all written back, then the backend flushed. */
+  backend_check (&rb, model, PS);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  assert_true (t.flushes >= 1);
+  assert_true (t.last_flush_ev > t.last_write_ev);
+
+  /* A FUA write is a write plus a flush. */
+  {
+    uint8_t buf[300];
+    fill_pattern (buf, sizeof buf, 4);
+    memcpy (model + 30 * PS + 9, buf, sizeof buf);
+    assert_int_equal (cache_write (c, &t.be, buf, sizeof buf, 30 * PS + 9,
+                                   true, &err), 0);
+    backend_check (&rb, model, PS);
+    assert_int_equal (cache_dirty_pages (c), 0);
+    assert_true (t.last_flush_ev > t.last_write_ev);
+  }
+
+  /* Backend write errors: FLUSH fails, the data stays dirty and is
+   * still served from the cache.
+   */
+  mwrite (c, &t.be, model, 5 * PS, PS, 5);
+  mwrite (c, &t.be, model, 40 * PS + 7, 9, 6);
+  atomic_store (&t.fail_write, EIO);
+  err = 0;
+  assert_int_equal (cache_flush (c, &t.be, &err), -1);
+  assert_int_equal (err, EIO);
+  assert_true (t.failed_writes >= 1);
+  assert_int_equal (cache_dirty_pages (c), 2);
+  assert_true (ST (c, writeback_errors) >= 1);
+  mread_check (c, &t.be, model, 0, size);
+  /* Errors gone: the next FLUSH succeeds. */
+  atomic_store (&t.fail_write, 0);
+  assert_int_equal (cache_flush (c, &t.be, &err), 0);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  backend_check (&rb, model, PS);
+
+  /* Backend flush errors: FLUSH fails too, pages stay dirty. */
+  mwrite (c, &t.be, model, 50 * PS + 1, 2, 7);
+  atomic_store (&t.fail_flush, EIO);
+  err = 0;
+  assert_int_equal (cache_flush (c, &t.be, &err), -1);
+  assert_int_equal (err, EIO);
+  assert_int_equal (cache_dirty_pages (c), 1);
+  mread_check (c, &t.be, model, 50 * PS, PS);
+  atomic_store (&t.fail_flush, 0);
+  flushes = t.flushes;
+  assert_int_equal (cache_flush (c, &t.be, &err), 0);
+  assert_true (t.flushes > flushes);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  backend_check (&rb, model, PS);
+
+  cache_writeback_stop (c);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
+static void
+test_wb_flush_cache (void **state)
+{
+  const uint64_t size = 64 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache *c;
+  uint8_t *model, *orig;
+  uint64_t syncs, writes;
+  int err = 0;
+
+  cfg.flush_mode = CACHE_FLUSH_CACHE;
+  rambackend_init (&rb, size, 14);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  orig = model_new (&rb);
+  c = open_attach (&cfg, size);
+  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+
+  mwrite (c, &t.be, model, 0, 3 * PS, 1);
+  mwrite (c, &t.be, model, 10 * PS + 100, 100, 2);
+  writes = rb.writes;
+  syncs = ST (c, cache_syncs);
+  assert_int_equal (cache_flush (c, &t.be, &err), 0);
+  assert_int_equal (rb.writes, writes);
+  assert_int_equal (writes, 0);
+  assert_true (ST (c, cache_syncs) > syncs);
+  assert_int_equal (cache_dirty_pages (c), 4);
+  backend_check (&rb, orig, PS);
+  /* FUA: durable on the cache only, too. */
+  {
+    uint8_t buf[100];
+    fill_pattern (buf, sizeof buf, 3);
+    memcpy (model + 11 * PS, buf, sizeof buf);
+    syncs = ST (c, cache_syncs);
+    assert_int_equal (cache_write (c, &t.be, buf, sizeof buf, 11 * PS,
+                                   true, &err), 0);
+    assert_true (ST (c, cache_syncs) > syncs);
+    assert_int_equal (rb.writes, 0);
+  }
+  /* Backend write errors do not matter to such a FLUSH. */
+  atomic_store (&t.fail_write, EIO);
+  assert_int_equal (cache_flush (c, &t.be, &err), 0);
+  atomic_store (&t.fail_write, 0);
+  mread_check (c, &t.be, model, 0, size);
+
+  cache_writeback_stop (c);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+  free (orig);
+}
+
+/*----------------------------------------------------------------------
+ * 8. Zero / trim and dirty extents.
+ */
+
+struct zt_ctx {
+  struct rambackend *rb;
+  int calls;
+  uint64_t last_off, last_count, bytes;
+};
+
+static int
+zt_op (void *opaque, uint32_t count, uint64_t offset, int *err)
+{
+  struct zt_ctx *z = opaque;
+  uint8_t *zero = calloc (1, count ? count : 1);
+
+  assert_non_null (zero);
+  if (offset > z->rb->size || count > z->rb->size - offset) {
+    free (zero);
+    *err = EINVAL;
+    return -1;
+  }
+  rambackend_poke (z->rb, zero, count, offset);
+  free (zero);
+  z->calls++;
+  z->last_off = offset;
+  z->last_count = count;
+  z->bytes += count;
+  return 0;
+}
+
+/* Check cache_range_dirty over [off, off+count) against the set of
+ * pages expected dirty.
+ */
+static void
+check_dirty_runs (struct cache *c, uint64_t off, uint64_t count,
+                  const bool *dirty_page, uint32_t ps)
+{
+  uint64_t pos = off, end = off + count;
+
+  while (pos < end) {
+    uint64_t run_end = 0;
+    bool d = cache_range_dirty (c, pos, end - pos, &run_end);
+
+    if (run_end <= pos || run_end > end)
+      fail_msg ("cache_range_dirty (%llu, %llu): run end %llu out of range",
+                (unsigned long long) pos, (unsigned long long) (end - pos),
+                (unsigned long long) run_end);
+    for (uint64_t p = pos / ps; p * ps < run_end; ++p)
+      if (dirty_page[p] != d)
+        fail_msg ("cache_range_dirty (%llu, %llu) = %d up to %llu, but "
+                  "page %llu is %s", (unsigned long long) pos,
+                  (unsigned long long) (end - pos), d,
+                  (unsigned long long) run_end, (unsigned long long) p,
+                  dirty_page[p] ? "dirty" : "not dirty");
+    /* Runs are maximal. */
+    if (run_end < end && dirty_page[run_end / ps] == d)
+      fail_msg ("cache_range_dirty (%llu, %llu) = %d stops at %llu, but "
+                "page %llu is the same", (unsigned long long) pos,
+                (unsigned long long) (end - pos), d,
+                (unsigned long long) run_end,
+                (unsigned long long) (run_end / ps));
+    pos = run_end;
+  }
+}
+
+static void
+test_wb_zero_trim (void **state)
+{
+  const uint64_t size = 32 * PS - 1000;        /* short last page */
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache *c;
+  uint8_t *model;
+  struct zt_ctx z = { 0 };
+  bool dirty[32] = { false };
+  uint64_t ndirty;
+  int err = 0;
+
+  rambackend_init (&rb, size, 15);
+  tbe_init (&t, &rb);
+  z.rb = &rb;
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+
+  for (int p = 2; p <= 13; ++p) {
+    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 200 + p);
+    dirty[p] = true;
+  }
+  assert_int_equal (cache_sync (c, &err), 0);
+  /* A clean cached page too. */
+  mread_check (c, &t.be, model, 15 * PS, PS);
+  assert_int_equal (cache_dirty_pages (c), 12);
+  check_dirty_runs (c, 0, size, dirty, PS);
+
+  /* Zero [2*PS+1000, 7*PS+1000): pages 3-6 whole, edges 2 and 7. */
+  rambackend_reset_counters (&rb);
+  assert_int_equal (cache_zero_trim (c, &t.be, true, zt_op, &z, 5 * PS,
+                                     2 * PS + 1000, false, &err), 0);
+  memset (model + 2 * PS + 1000, 0, 5 * PS);
+  assert_int_equal (z.calls, 1);
+  assert_int_equal (z.last_off, 3 * PS);
+  assert_int_equal (z.last_count, 4 * PS);
+  assert_int_equal (rb.writes, 0);
+  assert_int_equal (rb.reads, 0);
+  for (int p = 3; p <= 6; ++p)
+    dirty[p] = false;
+  assert_int_equal (cache_dirty_pages (c), 8);
+  read_all_check (c, &t.be, model, size, 3 * PS);
+  check_dirty_runs (c, 0, size, dirty, PS);
+
+  /* Zero with unaligned edges in uncached pages: edges become dirty
+   * zeroes (sector-aligned: no backend read), one whole page to the
+   * backend.
+   */
+  rambackend_reset_counters (&rb);
+  assert_int_equal (cache_zero_trim (c, &t.be, true, zt_op, &z,
+                                     2 * PS + 512, 20 * PS + 512, false,
+                                     &err), 0);
+  memset (model + 20 * PS + 512, 0, 2 * PS + 512);
+  assert_int_equal (z.calls, 2);
+  assert_int_equal (z.last_off, 21 * PS);
+  assert_int_equal (z.last_count, PS);
+  assert_int_equal (rb.reads, 0);
+  assert_int_equal (rb.writes, 0);
+  dirty[20] = dirty[22] = true;
+  assert_int_equal (cache_dirty_pages (c), 10);
+  read_all_check (c, &t.be, model, size, 5 * PS);
+  check_dirty_runs (c, 0, size, dirty, PS);
+
+  /* Inside one page: no backend op at all. */
+  assert_int_equal (cache_zero_trim (c, &t.be, true, zt_op, &z, 100,
+                                     9 * PS + 50, false, &err), 0);
+  memset (model + 9 * PS + 50, 0, 100);
+  assert_int_equal (z.calls, 2);
+
+  /* Trim [10*PS+100, 13*PS+50): pages 11, 12 whole go to the backend
+   * (their dirty copies dropped), the edges keep their data.
+   */
+  assert_int_equal (cache_zero_trim (c, &t.be, false, zt_op, &z,
+                                     3 * PS - 50, 10 * PS + 100, false,
+                                     &err), 0);
+  memset (model + 11 * PS, 0, 2 * PS);        /* zt_op zeroes */
+  assert_int_equal (z.calls, 3);
+  assert_int_equal (z.last_off, 11 * PS);
+  assert_int_equal (z.last_count, 2 * PS);
+  dirty[11] = dirty[12] = false;
+  assert_int_equal (cache_dirty_pages (c), 8);
+  read_all_check (c, &t.be, model, size, 2 * PS + 7);
+  check_dirty_runs (c, 0, size, dirty, PS);
+
+  /* The short last page, from its start: a whole page. */
+  mwrite (c, &t.be, model, 31 * PS + 10, 20, 250);
+  assert_int_equal (cache_zero_trim (c, &t.be, true, zt_op, &z,
+                                     size - 31 * PS, 31 * PS, false,
+                                     &err), 0);
+  memset (model + 31 * PS, 0, size - 31 * PS);
+  assert_int_equal (z.calls, 4);
+  assert_int_equal (z.last_count, size - 31 * PS);
+  read_all_check (c, &t.be, model, size, 4 * PS);
+  check_dirty_runs (c, 0, size, dirty, PS);
+
+  /* Extents in odd windows. */
+  check_dirty_runs (c, 2 * PS + 100, 10, dirty, PS);
+  check_dirty_runs (c, 2 * PS + 100, 5 * PS, dirty, PS);
+  check_dirty_runs (c, 6 * PS + 4095, 2, dirty, PS);
+  check_dirty_runs (c, 13 * PS - 1, 9 * PS + 3, dirty, PS);
+  {
+    uint64_t re;
+    assert_true (cache_range_dirty (c, 7 * PS + 5, 20, &re));
+    assert_int_equal (re, 7 * PS + 25);
+    assert_false (cache_range_dirty (c, 3 * PS, 10 * PS, &re));
+    assert_int_equal (re, 7 * PS);
+    assert_true (cache_range_dirty (c, 7 * PS, 10 * PS, &re));
+    assert_int_equal (re, 11 * PS);
+  }
+
+  ndirty = cache_dirty_pages (c);
+  assert_int_equal (ndirty, 8);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  memset (dirty, 0, sizeof dirty);
+  check_dirty_runs (c, 0, size, dirty, PS);
+  assert_int_equal (rb.out_of_range, 0);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
+/*----------------------------------------------------------------------
+ * 9. Backend write errors during writeback.
+ */
+
+static void
+test_wb_backend_errors (void **state)
+{
+  const uint64_t size = 64 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache *c;
+  uint8_t *model, *orig;
+  int err = 0, errors;
+
+  rambackend_init (&rb, size, 16);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  orig = model_new (&rb);
+  c = open_attach (&cfg, size);
+  for (int p = 0; p < 6; ++p)
+    mwrite (c, &t.be, model, (uint64_t) p * PS + 10, PS - 20, 400 + p);
+  mwrite (c, &t.be, model, 30 * PS, PS, 410);
+  mwrite (c, &t.be, model, 50 * PS + 1, 1, 411);
+  assert_int_equal (cache_dirty_pages (c), 8);
+
+  /* Every backend write fails. */
+  errors = log_error_count;
+  atomic_store (&t.fail_write, EIO);
+  err = 0;
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), -1);
+  assert_int_equal (err, EIO);
+  assert_true (log_error_count > errors);        /* logged */
+  assert_true (ST (c, writeback_errors) >= 1);
+  assert_int_equal (cache_dirty_pages (c), 8);
+  backend_check (&rb, orig, PS);
+  read_all_check (c, &t.be, model, size, 3 * PS + 3);
+  atomic_store (&t.fail_write, 0);
+
+  /* A single failure (the first group): the pass stops, no page is
+   * marked clean.
+   */
+  rambackend_fail_next_write (&rb, ENOSPC);
+  err = 0;
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), -1);
+  assert_int_equal (err, ENOSPC);
+  assert_int_equal (cache_dirty_pages (c), 8);
+  read_all_check (c, &t.be, model, size, 5 * PS);
+
+  /* Flush failure: written but not flushed: still dirty. */
+  atomic_store (&t.fail_flush, EIO);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), -1);
+  assert_int_equal (cache_dirty_pages (c), 8);
+  atomic_store (&t.fail_flush, 0);
+
+  /* Rewrites of pages that failed, then errors gone: all good. */
+  mwrite (c, &t.be, model, 2 * PS + 100, 100, 420);
+  mwrite (c, &t.be, model, 30 * PS, 2 * PS, 421);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  backend_check (&rb, model, PS);
+  read_all_check (c, &t.be, model, size, 4 * PS);
+
+  /* A failure with the thread: it retries by itself later. */
+  cfg.wb.idle_ms = 20;
+  cache_close (c);
+  c = open_attach (&cfg, size);
+  mwrite (c, &t.be, model, 7 * PS, 3 * PS, 430);
+  atomic_store (&t.failed_writes, 0);
+  atomic_store (&t.fail_write, EIO);
+  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+  while (atomic_load (&t.failed_writes) < 2)
+    usleep (10000);
+  assert_int_equal (cache_dirty_pages (c), 3);
+  mread_check (c, &t.be, model, 0, size);
+  atomic_store (&t.fail_write, 0);
+  for (int i = 0; i < 1000 && cache_dirty_pages (c) > 0; ++i)
+    usleep (10000);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  backend_check (&rb, model, PS);
+  cache_writeback_stop (c);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+  free (orig);
+}
+
+/*----------------------------------------------------------------------
+ * 10. Concurrent clients with the writeback thread running.
+ */
+
+#define MT_THREADS 3
+#define MT_PAGES 96                   /* whole pages, owned by p % 3 */
+#define MT_STRIPED 32                 /* pages shared in stripes */
+#define MT_STRIPE 1500                /* bytes, owned by stripe % 3 */
+#define MT_SIZE ((uint64_t) (MT_PAGES + MT_STRIPED) * PS)
+
+struct mt {
+  int id;
+  int ops;
+  struct cache *c;
+  const struct cache_backend *be;
+  uint8_t *model;                     /* shared; each writes its bytes */
+  int failures;
+  char msg[256];
+};
+
+static bool
+mt_owner (uint64_t pos, int id)
+{
+  if (pos < (uint64_t) MT_PAGES * PS)
+    return (pos / PS) % MT_THREADS == (uint64_t) id;
+  return ((pos - (uint64_t) MT_PAGES * PS) / MT_STRIPE) % MT_THREADS ==
+    (uint64_t) id;
+}
+
+static void *
+mt_main (void *arg)
+{
+  struct mt *m = arg;
+  uint64_t s = 1000003 * (m->id + 1);
+  uint8_t *buf = malloc (4 * PS);
+
+  for (int i = 0; i < m->ops && m->failures == 0; ++i) {
+    uint64_t off, len;
+    int op = rnd64 (&s) % 10, err = 0;
+
+    /* Where: one of my pages, or one of my stripes. */
+    if (rnd64 (&s) % 2) {
+      uint64_t p = (rnd64 (&s) % (MT_PAGES / MT_THREADS)) * MT_THREADS +
+        m->id;
+      if (rnd64 (&s) % 3 == 0) {
+        off = p * PS;
+        len = PS;
+      }
+      else {
+        off = p * PS + rnd64 (&s) % PS;
+        len = 1 + rnd64 (&s) % (PS - off % PS);
+      }
+    }
+    else {
+      uint64_t nstripes = (uint64_t) MT_STRIPED * PS / MT_STRIPE;
+      uint64_t k = (rnd64 (&s) % (nstripes / MT_THREADS)) * MT_THREADS +
+        m->id;
+      uint64_t base = (uint64_t) MT_PAGES * PS + k * MT_STRIPE;
+      off = base + rnd64 (&s) % MT_STRIPE;
+      len = 1 + rnd64 (&s) % (base + MT_STRIPE - off);
+    }
+
+    if (op < 5) {
+      fill_pattern (buf, len, m->id * 100000 + i);
+      if (cache_write (m->c, m->be, buf, len, off, false, &err) != 0) {
+        m->failures++;
+        snprintf (m->msg, sizeof m->msg, "thread %d: write off=%llu "
+                  "len=%llu failed: %s", m->id, (unsigned long long) off,
+                  (unsigned long long) len, strerror (err));
+        break;
+      }
+      memcpy (m->model + off, buf, len);
+    }
+    else if (op < 9) {
+      /* Read a wider window; check only my bytes. */
+      uint64_t lo = off > PS ? off - PS : 0;
+      uint64_t hi = off + len + PS < MT_SIZE ? off + len + PS : MT_SIZE;
+      uint8_t *rbuf = malloc (hi - lo);
+      if (cache_read (m->c, m->be, rbuf, hi - lo, lo, &err) != 0) {
+        m->failures++;
+        snprintf (m->msg, sizeof m->msg, "thread %d: read off=%llu "
+                  "len=%llu failed: %s", m->id, (unsigned long long) lo,
+                  (unsigned long long) (hi - lo), strerror (err));
+        free (rbuf);
+        break;
+      }
+      for (uint64_t k = lo; k < hi; ++k)
+        if (mt_owner (k, m->id) && rbuf[k - lo] != m->model[k]) {
+          m->failures++;
+          snprintf (m->msg, sizeof m->msg, "thread %d, op %d: read "
+                    "off=%llu len=%llu wrong at offset %llu (page %llu): "
+                    "got 0x%02x expected 0x%02x", m->id, i,
+                    (unsigned long long) lo, (unsigned long long) (hi - lo),
+                    (unsigned long long) k, (unsigned long long) (k / PS),
+                    rbuf[k - lo], m->model[k]);
+          break;
+        }
+      free (rbuf);
+    }
+    else if (cache_flush (m->c, m->be, &err) != 0) {
+      m->failures++;
+      snprintf (m->msg, sizeof m->msg, "thread %d: flush failed: %s",
+                m->id, strerror (err));
+      break;
+    }
+  }
+  free (buf);
+  return NULL;
+}
+
+static void
+run_mt (enum cache_flush_mode fm, uint32_t slots, int ops, unsigned delay)
+{
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg ((uint64_t) slots * PS, PS);
+  struct cache *c;
+  uint8_t *model;
+  struct mt m[MT_THREADS];
+  pthread_t th[MT_THREADS];
+  int err = 0;
+
+  cfg.flush_mode = fm;
+  cfg.wb.high_pct = 50;
+  cfg.wb.low_pct = 20;
+  cfg.wb.idle_ms = 30;
+  rambackend_init (&rb, MT_SIZE, 17);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, MT_SIZE);
+  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+  atomic_store (&rb.delay_max_us, delay);
+
+  for (int i = 0; i < MT_THREADS; ++i) {
+    m[i] = (struct mt) { .id = i, .ops = ops, .c = c, .be = &t.be,
+                         .model = model };
+    assert_int_equal (pthread_create (&th[i], NULL, mt_main, &m[i]), 0);
+  }
+  for (int i = 0; i < MT_THREADS; ++i)
+    assert_int_equal (pthread_join (th[i], NULL), 0);
+  for (int i = 0; i < MT_THREADS; ++i)
+    if (m[i].failures)
+      fail_msg ("%s", m[i].msg);
+  assert_true (ST (c, pages_written_back) > 0);
+  assert_true (cache_dirty_pages (c) <= slots);
+
+  read_all_check (c, &t.be, model, MT_SIZE, 3 * PS + 17);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  backend_check (&rb, model, PS);
+  cache_writeback_stop (c);
+  atomic_store (&rb.delay_max_us, 0);
+  assert_int_equal (rb.out_of_range, 0);
+  cache_close (c);
+
+  c = open_attach (&cfg, MT_SIZE);
+  read_all_check (c, &t.be, model, MT_SIZE, 8 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
+static void
+test_wb_threads_flush_cache (void **state)
+{
+  run_mt (CACHE_FLUSH_CACHE, 16, 600, 200);
+}
+
+static void
+test_wb_threads_flush_backend (void **state)
+{
+  run_mt (CACHE_FLUSH_BACKEND, 16, 600, 200);
+}
+
+static void
+test_wb_threads_tiny_cache (void **state)
+{
+  run_mt (CACHE_FLUSH_CACHE, 4, 400, 100);
+}
+
+#define T(f) cmocka_unit_test_setup_teardown (f, setup_file, teardown_file)
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    T (test_wb_basics),
+    T (test_wb_subpage),
+    T (test_wb_cow_durable),
+    T (test_wb_inplace_not_durable),
+    T (test_wb_full_no_thread),
+    T (test_wb_full_overwrite_durable_dirty),
+    T (test_wb_full_thread),
+    T (test_wb_crash_recovery),
+    T (test_wb_crash_reopen_writethrough),
+    T (test_wb_crash_writethrough_serves_dirty),
+    T (test_wb_two_versions),
+    T (test_wb_two_versions_torn_newer),
+    T (test_wb_flush_backend),
+    T (test_wb_flush_cache),
+    T (test_wb_zero_trim),
+    T (test_wb_backend_errors),
+    T (test_wb_threads_flush_cache),
+    T (test_wb_threads_flush_backend),
+    T (test_wb_threads_tiny_cache),
+  };
+
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}

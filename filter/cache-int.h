@@ -59,6 +59,7 @@ struct cache {
   bool reset;
   enum cache_flush_mode flush_mode;
   struct cache_writeback_config wbcfg;
+  unsigned policy;               /* enum evict_policy */
 
   /* Geometry (read-only after attach). */
   uint32_t page_size, sector_size, nsectors;
@@ -117,6 +118,8 @@ extern void cache_touch_io (struct cache *c);
  */
 extern int cache_sync_device (struct cache *c, int *err);
 extern uint64_t cache_now_ms (void);
+/* Under c->lock: a new resident slot s for page, told to the policy. */
+extern void cache_policy_insert (struct cache *c, uint32_t s, uint64_t page);
 
 /* cache-write.c */
 enum wkind {

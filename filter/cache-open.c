@@ -75,6 +75,7 @@ cache_open (const struct cache_config *cfg)
   c->reset = cfg->reset;
   c->flush_mode = cfg->flush_mode;
   c->wbcfg = cfg->wb;
+  c->policy = cfg->policy;
 
   if (pool_open (&c->pool, c->path) == -1)
     goto err;
@@ -137,6 +138,52 @@ cache_open (const struct cache_config *cfg)
   return NULL;
 }
 
+/* For the policy's ghost list: the page a resident slot holds. */
+static uint64_t
+slot_page (void *opaque, uint32_t s)
+{
+  const struct cache *c = opaque;
+  return c->pt.slots[s].page;
+}
+
+/* At a clean shutdown, record every cached page's hotness (the policy
+ * hint) in its entry, so that the next start knows its hot set.  The
+ * entries are otherwise rewritten unchanged, a chunk at a time.
+ */
+static void
+save_hints (struct cache *c)
+{
+  uint8_t *raw = malloc ((size_t) LOAD_CHUNK * LAYOUT_ENTRY_SIZE);
+
+  if (raw == NULL)
+    return;
+  for (uint64_t base = 0; base < c->nslots; base += LOAD_CHUNK) {
+    uint64_t n = c->nslots - base < LOAD_CHUNK ? c->nslots - base : LOAD_CHUNK;
+    bool changed = false;
+
+    if (pool_read_entries (&c->pool, base, n, raw) == -1)
+      break;
+    pthread_mutex_lock (&c->lock);
+    for (uint64_t k = 0; k < n; k++) {
+      uint32_t s = base + k;
+      struct layout_entry e;
+
+      if (!(c->pt.slots[s].flags & PT_INDEXED))
+        continue;
+      pagetable_to_entry (&c->pt.slots[s], &e);
+      e.hint = evict_slot_hint (c->ev, s);
+      layout_entry_encode (&e, raw + k * LAYOUT_ENTRY_SIZE);
+      changed = true;
+    }
+    pthread_mutex_unlock (&c->lock);
+    if (changed && pool_write_entries (&c->pool, base, n, raw) == -1) {
+      log_error ("cache file %s: saving policy hints: %m", c->path);
+      break;
+    }
+  }
+  free (raw);
+}
+
 static int
 format_new (struct cache *c)
 {
@@ -173,6 +220,7 @@ format_new (struct cache *c)
 struct cand {
   uint64_t page, seq;
   uint32_t slot;
+  uint8_t hint;
 };
 
 static int
@@ -262,6 +310,7 @@ load_entries (struct cache *c)
       cand[ncand].page = e.page;
       cand[ncand].seq = e.seq;
       cand[ncand].slot = s;
+      cand[ncand].hint = e.hint;
       ncand++;
     }
   }
@@ -304,7 +353,7 @@ load_entries (struct cache *c)
         ? PT_VERIFIED : 0;
       slot->epoch = 0;
       pagetable_insert (&c->pt, s, slot->page);
-      evict_insert (c->ev, s);
+      evict_insert_hint (c->ev, s, cand[k].hint);   /* hot stays hot */
       if (slot->state == LAYOUT_DIRTY)
         ndirty++;
       loaded++;
@@ -389,10 +438,11 @@ cache_attach (struct cache *c, uint64_t backend_size)
   }
 
   if (pagetable_init (&c->pt, c->nslots) == -1 ||
-      (c->ev = evict_new (c->nslots)) == NULL) {
+      (c->ev = evict_new_policy (c->policy, c->nslots)) == NULL) {
     log_error ("cannot allocate the page table for %u slots", c->nslots);
     return -1;
   }
+  evict_set_page_fn (c->ev, slot_page, c);
   if (c->have_sb && load_entries (c) == -1)
     return -1;
 
@@ -446,6 +496,9 @@ cache_close (struct cache *c)
   if (c->pool.fd >= 0 && c->ev != NULL) {
     struct layout_sb sb = c->pool.sb;
     int err;
+
+    if (!cache_degraded (c))
+      save_hints (c);
 
     /* Superseded slots can all go once everything is durable. */
     if (cache_sync (c, &err) == 0 && cache_sync (c, &err) == 0) {

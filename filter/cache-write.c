@@ -247,7 +247,7 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     pthread_mutex_lock (&c->lock);
     c->pt.slots[s].flags |= PT_VERIFIED;
     pagetable_insert (&c->pt, s, page);
-    evict_insert (c->ev, s);
+    cache_policy_insert (c, s, page);
     cache_set_state_counts (c, LAYOUT_FREE, upd.state);
     pthread_mutex_unlock (&c->lock);
     STATS_ADD (&c->stats, fills, 1);

@@ -28,6 +28,12 @@ static const uint8_t zero_sector[LAYOUT_MAX_PAGE / LAYOUT_MAX_SECTORS];
 #define ALLOC_WAIT_MAX_MS 2000   /* then fall back (write through, or
                                     write the page back ourselves) */
 
+void
+cache_policy_insert (struct cache *c, uint32_t s, uint64_t page)
+{
+  evict_insert_page (c->ev, s, page);
+}
+
 uint64_t
 cache_now_ms (void)
 {
@@ -210,6 +216,8 @@ cache_commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
   slot->seq = ++c->seq;
   slot->epoch = PT_EPOCH_PENDING;
   pagetable_to_entry (slot, &e);
+  if (slot->flags & PT_INDEXED)
+    e.hint = evict_slot_hint (c->ev, s);
   pthread_mutex_unlock (&c->lock);
 
   r = pool_write_entry (&c->pool, s, &e);
@@ -363,6 +371,8 @@ cache_alloc_slot (struct cache *c, bool wait)
 void
 cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
 {
+  uint8_t hint = 0;
+
   pthread_mutex_lock (&c->lock);
   if (c->nsup == c->capsup) {
     size_t cap = c->capsup ? c->capsup * 2 : 64;
@@ -382,6 +392,8 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
   {
     struct pt_slot *o = &c->pt.slots[old];
     if (o->flags & PT_INDEXED) {
+      /* The new version inherits the old one's hotness. */
+      hint = evict_slot_hint (c->ev, old);
       cache_set_state_counts (c, o->state, LAYOUT_FREE);
       pagetable_remove (&c->pt, old);
       evict_remove (c->ev, old);
@@ -391,7 +403,7 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
   }
   c->pt.slots[succ].flags |= PT_HASPRED;
   pagetable_insert (&c->pt, succ, page);
-  evict_insert (c->ev, succ);
+  evict_insert_hint (c->ev, succ, hint);
   cache_set_state_counts (c, LAYOUT_FREE, c->pt.slots[succ].state);
   STATS_ADD (&c->stats, cow_copies, 1);
   pthread_mutex_unlock (&c->lock);
@@ -556,7 +568,7 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
   c->pt.slots[target].flags &= ~PT_BAD;     /* wholly rewritten */
   if (target != s && s == PT_NONE) {
     pagetable_insert (&c->pt, target, page);
-    evict_insert (c->ev, target);
+    cache_policy_insert (c, target, page);
     cache_set_state_counts (c, LAYOUT_FREE, upd.state);
   }
   pthread_mutex_unlock (&c->lock);

@@ -61,6 +61,7 @@ struct cache_config {
   bool reset;                  /* re-initialise a mismatched cache */
   enum cache_flush_mode flush_mode;
   struct cache_writeback_config wb;
+  unsigned policy;             /* enum evict_policy (0 = CLOCK) */
 };
 
 #define CACHE_DEFAULT_SIZE (1024ULL * 1024 * 1024)   /* 1 GiB */

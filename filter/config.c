@@ -15,12 +15,14 @@
 
 #include "cache.h"
 #include "config.h"
+#include "evict.h"
 
 struct config config = {
   .mode = LAYOUT_MODE_WRITETHROUGH,
   .flush_mode = CACHE_FLUSH_CACHE,
   .wb = { .high_pct = 50, .low_pct = 10, .rate = 0, .idle_ms = 1000 },
   .writeback_on_exit = true,
+  .policy = EVICT_DEFAULT,
 };
 
 /* The identity is a list of "key=value\n" lines, hashed twice. */
@@ -131,6 +133,17 @@ config_set (const char *key, const char *value)
     free (config.stats_file);
     config.stats_file = nbdkit_absolute_path (value);
     return config.stats_file ? 0 : -1;
+  }
+  if (strcmp (key, "ssdcache-policy") == 0) {
+    enum evict_policy p;
+    if (evict_policy_parse (value, &p) == -1) {
+      nbdkit_error ("%s: unknown policy '%s' (expected %s or %s)", key, value,
+                    evict_policy_name (EVICT_S3FIFO),
+                    evict_policy_name (EVICT_CLOCK));
+      return -1;
+    }
+    config.policy = p;
+    return 0;
   }
   if (strcmp (key, "ssdcache-flush") == 0) {
     if (strcmp (value, "cache") == 0)

@@ -25,6 +25,7 @@ struct config {
   enum cache_flush_mode flush_mode;
   struct cache_writeback_config wb;
   bool writeback_on_exit;
+  unsigned policy;             /* enum evict_policy */
   uint64_t digest[2];          /* backend identity, after config_finish */
   char *id_text;               /* printable identity (secrets masked) */
 };

@@ -11,7 +11,8 @@
  *
  * Entry (LAYOUT_ENTRY_SIZE = 64 bytes):
  *    0 page  8 seq  16 valid[16]  32 dirty[16]  48 data_crc  52 state
- *   53 reserved[7] (0)  60 crc32c(0..59)
+ *   53 hint (0..3: replacement-policy hotness, so that a warm cache
+ *   keeps knowing its hot pages)  54 reserved[6] (0)  60 crc32c(0..59)
  */
 #include <string.h>
 
@@ -255,6 +256,7 @@ layout_entry_encode (const struct layout_entry *e, void *buf)
   memcpy (p + 32, e->dirty, sizeof e->dirty);
   put32 (p + 48, e->data_crc);
   p[52] = e->state;
+  p[53] = e->hint;
   put32 (p + ENT_CRC_OFF, layout_crc32c (p, ENT_CRC_OFF));
 }
 
@@ -277,7 +279,9 @@ layout_entry_decode (const void *buf, uint32_t nsectors,
     return -1;
   if (get32 (p + ENT_CRC_OFF) != layout_crc32c (p, ENT_CRC_OFF))
     return -1;
-  for (int i = 53; i < ENT_CRC_OFF; i++)
+  if (p[53] > LAYOUT_HINT_MAX)
+    return -1;
+  for (int i = 54; i < ENT_CRC_OFF; i++)
     if (p[i] != 0)
       return -1;
 
@@ -287,6 +291,7 @@ layout_entry_decode (const void *buf, uint32_t nsectors,
   memcpy (e->dirty, p + 32, sizeof e->dirty);
   e->data_crc = get32 (p + 48);
   e->state = p[52];
+  e->hint = p[53];
 
   /* No bit may name a sector past the page; dirty implies valid. */
   for (unsigned i = 0; i < LAYOUT_MAX_SECTORS; i++) {

@@ -31,6 +31,7 @@
 #define LAYOUT_MIN_PAGE         4096
 #define LAYOUT_MAX_PAGE         (2 * 1024 * 1024)
 #define LAYOUT_ID_MAX           256      /* bytes of printable id kept */
+#define LAYOUT_HINT_MAX         3        /* largest policy hint in an entry */
 
 /* Superblock flags. */
 #define LAYOUT_SB_CLEAN         1u       /* closed cleanly */
@@ -74,6 +75,7 @@ struct layout_entry {
   uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
   uint32_t data_crc;               /* CRC32C of the page, invalid sectors as 0 */
   uint8_t state;                   /* enum layout_state */
+  uint8_t hint;                    /* replacement-policy hotness, 0..3 */
 };
 
 /* CRC32C (Castagnoli) of a buffer, the standard one (check value of

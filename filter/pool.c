@@ -278,6 +278,14 @@ pool_read_entries (struct pool *p, uint64_t first, uint64_t n, void *buf)
 }
 
 int
+pool_write_entries (struct pool *p, uint64_t first, uint64_t n,
+                    const void *buf)
+{
+  return full_pwrite (p->fd, buf, n * LAYOUT_ENTRY_SIZE,
+                      p->sb.pt_offset + first * LAYOUT_ENTRY_SIZE);
+}
+
+int
 pool_write_entry (struct pool *p, uint64_t slot, const struct layout_entry *e)
 {
   uint8_t buf[LAYOUT_ENTRY_SIZE];

@@ -57,6 +57,8 @@ extern int pool_read_entries (struct pool *p, uint64_t first, uint64_t n,
                               void *buf);
 extern int pool_write_entry (struct pool *p, uint64_t slot,
                              const struct layout_entry *e);
+extern int pool_write_entries (struct pool *p, uint64_t first, uint64_t n,
+                               const void *buf);
 
 /* Slot data: count bytes at offset within the slot's page. */
 extern int pool_read_data (struct pool *p, uint64_t slot, void *buf,

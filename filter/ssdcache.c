@@ -74,7 +74,8 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "ssdcache-writeback-on-exit=BOOL  Write back all at exit (true).\n" \
   "ssdcache-id=STRING         Backend identity (default: from parameters).\n" \
   "ssdcache-reset=BOOL        Re-initialise a mismatched cache.\n" \
-  "ssdcache-stats=FILE        Write counters to FILE at exit."
+  "ssdcache-stats=FILE        Write counters to FILE at exit.\n" \
+  "ssdcache-policy=s3fifo|clock  Replacement policy (s3fifo)."
 
 static int
 ssdcache_thread_model (void)
@@ -95,6 +96,7 @@ ssdcache_get_ready (int thread_model)
     .reset = config.reset,
     .flush_mode = config.flush_mode,
     .wb = config.wb,
+    .policy = config.policy,
   };
 
   cache = cache_open (&cfg);

@@ -73,7 +73,7 @@ test_new_free (void **state)
 static void
 test_known_trace_1 (void **state)
 {
-  struct evict *ev = evict_new (4);
+  struct evict *ev = evict_new_policy (EVICT_CLOCK, 4);
 
   for (uint32_t s = 0; s < 4; ++s)
     evict_insert (ev, s);
@@ -101,7 +101,7 @@ test_known_trace_1 (void **state)
 static void
 test_known_trace_2 (void **state)
 {
-  struct evict *ev = evict_new (8);
+  struct evict *ev = evict_new_policy (EVICT_CLOCK, 8);
   uint32_t order[8];
 
   for (uint32_t s = 0; s < 8; ++s)
@@ -337,7 +337,7 @@ make_trace (uint64_t *trace, size_t steps)
 static void
 run_clock (struct sim *sm, const uint64_t *trace, size_t n)
 {
-  struct evict *ev = evict_new (sm->nslots);
+  struct evict *ev = evict_new_policy (EVICT_CLOCK, sm->nslots);
   uint32_t used = 0;
 
   for (size_t i = 0; i < n; ++i) {

@@ -1,0 +1,241 @@
+#!/usr/bin/env bash
+# nbdkit-ssdcache-filter over a real SSH backend.  The test starts its
+# own OpenSSH server (sshd, as a child of the test) on a free loopback
+# port, with its own host key, user key and authorized_keys in
+# $tmpdir, and serves an image through nbdkit's ssh plugin (SFTP) with
+# ssdcache stacked on top:
+#
+# 1. writethrough: random reads and writes, every read checked against
+#    a model; the file on the SSH server equals the model afterwards;
+#    a full read equals the file.
+# 2. warm restart: a new nbdkit on the same cache file reads the whole
+#    image again and takes (almost) nothing from the SSH backend
+#    (nbdkit's stats filter below ssdcache counts backend reads).
+# 3. writeback: writes complete in the cache (the file on the server
+#    is untouched while background writeback is held off), and a clean
+#    exit writes everything back: the file then equals the model.
+# 4. writeback with ssdcache-flush=backend: a FLUSH makes the file on
+#    the server current while nbdkit still runs.
+
+source "$(dirname "$0")/functions.sh"
+set -e -x
+
+requires "$PYTHON" -c 'import nbd'
+requires nbdcopy --version
+requires nbdkit ssh --version
+requires nbdkit --filter=stats null --version
+requires test -x /usr/sbin/sshd
+requires command -v ssh-keygen
+
+# -- an sshd of our own -------------------------------------------------
+
+sshdir="$tmpdir/ssh"
+mkdir -m 0700 "$sshdir"
+ssh-keygen -q -t ed25519 -N '' -C ssdcache-test-host -f "$sshdir/host_key"
+ssh-keygen -q -t ed25519 -N '' -C ssdcache-test-user -f "$sshdir/user_key"
+cp "$sshdir/user_key.pub" "$sshdir/authorized_keys"
+user="$(id -un)"
+
+# As root, sshd insists on its privilege separation directory (on a
+# systemd host it is created by the sshd service, which is not running
+# here).  It is the standard Debian directory: create it if missing.
+if [ "$(id -u)" -eq 0 ] && [ ! -d /run/sshd ]; then
+    mkdir -p -m 0755 /run/sshd ||
+        { echo "$0: test skipped: cannot create /run/sshd for sshd"; exit 77; }
+fi
+
+free_port ()
+{
+    "$PYTHON" -c 'import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])'
+}
+
+sshd_pid=
+sshd_log="$tmpdir/sshd.log"
+stop_sshd ()
+{
+    if [ -n "$sshd_pid" ]; then
+        kill -TERM "$sshd_pid" 2>/dev/null
+        wait "$sshd_pid" 2>/dev/null
+        sshd_pid=
+    fi
+}
+cleanup_fn stop_sshd
+
+# The free port found may be taken by someone else before sshd binds
+# it: try a few ports.
+for (( attempt = 0; attempt < 5; attempt++ )); do
+    port="$(free_port)"
+    cat > "$sshdir/sshd_config" <<EOF
+Port $port
+ListenAddress 127.0.0.1
+HostKey $sshdir/host_key
+PidFile $sshdir/sshd.pid
+AuthorizedKeysFile $sshdir/authorized_keys
+StrictModes no
+UsePAM no
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+AllowTcpForwarding no
+X11Forwarding no
+PrintMotd no
+Subsystem sftp internal-sftp
+EOF
+    if ! /usr/sbin/sshd -t -f "$sshdir/sshd_config" 2> "$sshd_log"; then
+        cat "$sshd_log"
+        echo "$0: test skipped: sshd refuses its configuration: $(cat "$sshd_log")"
+        exit 77
+    fi
+    /usr/sbin/sshd -D -e -f "$sshdir/sshd_config" 2> "$sshd_log" &
+    sshd_pid=$!
+    for (( i = 0; i < 100; i++ )); do
+        grep -q "Server listening on 127.0.0.1 port $port" "$sshd_log" && break
+        kill -0 "$sshd_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    grep -q "Server listening on 127.0.0.1 port $port" "$sshd_log" && break
+    cat "$sshd_log"
+    stop_sshd
+done
+[ -n "$sshd_pid" ] || {
+    echo "$0: test skipped: sshd could not be started on loopback: $(cat "$sshd_log")"
+    exit 77
+}
+echo "[127.0.0.1]:$port $(cut -d' ' -f1,2 "$sshdir/host_key.pub")" \
+     > "$sshdir/known_hosts"
+
+img="$tmpdir/disk.img"
+size=$((8 * 1024 * 1024))
+random_file "$img" $size
+
+# The ssh plugin reading $img through our sshd.  config= : read no
+# ssh client configuration of the user or the system.
+ssh_args=( ssh host=127.0.0.1 port="$port" user="$user" path="$img"
+           identity="$sshdir/user_key" known-hosts="$sshdir/known_hosts"
+           config= timeout=20 )
+
+# Plain nbdkit ssh works, or the set-up is broken (not a filter bug).
+nbdkit -U - "${ssh_args[@]}" --run 'nbdinfo --size "$uri"' > "$tmpdir/size" ||
+    fail "nbdkit's ssh plugin cannot read $img through the test's sshd"
+[ "$(cat "$tmpdir/size")" -eq $size ] || fail "ssh plugin size is $(cat "$tmpdir/size")"
+
+sock="$tmpdir/sock"
+pid="$tmpdir/nbdkit.pid"
+cache="$tmpdir/wt.ssdcache"
+stats="$tmpdir/ssdcache.stats"
+bstats="$tmpdir/backend.stats"
+seed="${RANDOM_IO_SEED:-$RANDOM}"
+echo "random-io seed: $seed"
+
+# -- 1. writethrough: reads and writes through ssh -----------------------
+
+cp "$img" "$tmpdir/model0.img"
+rm -f "$stats" "$bstats"
+start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" --filter=stats \
+             "${ssh_args[@]}" statsfile="$bstats" \
+             ssdcache-file="$cache" ssdcache-size=8M ssdcache-page-size=64K \
+             ssdcache-stats="$stats"
+"$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 400 \
+          --seed "$seed" --mix read=55,write=35,zero=5,flush=5 \
+          --max-len 128K --skip-unsupported \
+          --model "$tmpdir/model0.img" --save-model "$tmpdir/model1.img" \
+          --timeout 30
+# Writethrough: every write is on the server before it completes.
+cmp "$img" "$tmpdir/model1.img" ||
+    fail "writethrough: the file on the ssh server differs from the model"
+cmp -s "$img" "$tmpdir/model0.img" && fail "no write reached the ssh server"
+# Fill the rest of the cache: a full read, equal to the file.
+nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
+cmp "$img" "$tmpdir/copy.img" || fail "writethrough: full read differs from the file"
+stop_nbdkit "$pid"
+cat "$stats" "$bstats"
+[ "$(stat_get "$stats" write_ops)" -gt 0 ] || fail "write_ops is 0"
+[ "$(stat_get "$stats" read_misses)" -gt 0 ] || fail "read_misses is 0"
+[ "$(stat_get "$stats" cache_errors)" -eq 0 ] || fail "cache_errors is not 0"
+[ "$(backend_read_bytes "$bstats")" -gt 0 ] || fail "cold run read nothing from ssh"
+
+# -- 2. warm restart: (almost) nothing read over ssh ---------------------
+
+rm -f "$stats" "$bstats" "$tmpdir/copy.img"
+start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" --filter=stats \
+             "${ssh_args[@]}" statsfile="$bstats" \
+             ssdcache-file="$cache" ssdcache-stats="$stats"
+nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
+stop_nbdkit "$pid"
+cat "$stats" "$bstats"
+cmp "$img" "$tmpdir/copy.img" || fail "warm read differs from the file"
+b="$(backend_read_bytes "$bstats")"
+[ "$b" -le $((size / 64)) ] ||
+    fail "warm restart read $b bytes over ssh (limit $((size / 64)))"
+[ "$(stat_get "$stats" loaded_slots)" -ge $((size / 65536 * 9 / 10)) ] ||
+    fail "warm restart loaded only $(stat_get "$stats" loaded_slots) slots"
+[ "$(stat_get "$stats" bytes_from_cache)" -ge $((size - size / 64)) ] ||
+    fail "warm restart served only $(stat_get "$stats" bytes_from_cache) bytes from the cache"
+
+# -- 3. writeback: dirty in the cache, written back at a clean exit ------
+
+cp "$img" "$tmpdir/model2.img"
+rm -f "$stats"
+# Background writeback held off (idle writeback off, high watermark
+# 100 %), so the writes stay in the cache until the clean exit.
+start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
+             "${ssh_args[@]}" \
+             ssdcache-file="$tmpdir/wb.ssdcache" ssdcache-size=8M \
+             ssdcache-page-size=64K ssdcache-mode=writeback \
+             ssdcache-writeback-idle=0 ssdcache-writeback-high=100 \
+             ssdcache-writeback-low=100 ssdcache-stats="$stats"
+"$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 400 \
+          --seed "$((seed + 1))" --mix read=50,write=40,zero=5,flush=5 \
+          --max-len 128K --skip-unsupported \
+          --model "$tmpdir/model2.img" --save-model "$tmpdir/model3.img" \
+          --timeout 30
+cmp -s "$tmpdir/model2.img" "$tmpdir/model3.img" && fail "writeback: nothing was written"
+# Whole-page zeroes go straight to the backend in writeback mode, so
+# the file may have changed there; but it must not equal the model
+# yet (the writes are still in the cache).
+cmp -s "$img" "$tmpdir/model3.img" &&
+    fail "writeback: the ssh server already has every write although writeback was held off"
+stop_nbdkit "$pid"
+cat "$stats"
+cmp "$img" "$tmpdir/model3.img" ||
+    fail "writeback: after a clean exit the file on the ssh server differs from the model"
+[ "$(stat_get "$stats" pages_written_back)" -gt 0 ] || fail "writeback: pages_written_back is 0"
+[ "$(stat_get "$stats" writeback_errors)" -eq 0 ] || fail "writeback: writeback_errors is not 0"
+[ "$(stat_get "$stats" dirty_pages)" -eq 0 ] || fail "writeback: dirty pages left after exit"
+
+# And the written-back data reads back right through a warm cache.
+nbdkit -U - --filter="$SSDCACHE_FILTER" "${ssh_args[@]}" \
+       ssdcache-file="$tmpdir/wb.ssdcache" ssdcache-mode=writeback \
+       --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
+cmp "$img" "$tmpdir/copy.img" || fail "writeback: warm read after exit differs"
+
+# -- 4. writeback, ssdcache-flush=backend: FLUSH reaches the server ------
+
+start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
+             "${ssh_args[@]}" \
+             ssdcache-file="$tmpdir/wb.ssdcache" ssdcache-mode=writeback \
+             ssdcache-flush=backend ssdcache-writeback-idle=0 \
+             ssdcache-writeback-high=100 ssdcache-writeback-low=100
+IMG="$img" nbdsh -u "$(sock_uri "$sock")" -c '
+import os
+data = os.urandom(3 * 65536 + 1000)
+off = 5 * 65536 + 300
+h.pwrite(data, off)
+with open(os.environ["IMG"], "rb") as f:
+    f.seek(off)
+    if f.read(len(data)) == data:
+        raise SystemExit("FAIL: the write reached the server before any flush")
+h.flush()
+with open(os.environ["IMG"], "rb") as f:
+    f.seek(off)
+    if f.read(len(data)) != data:
+        raise SystemExit("FAIL: flush=backend: after FLUSH the file on the "
+                         "ssh server lacks the data")
+assert h.pread(len(data), off) == data
+'
+stop_nbdkit "$pid"
+cat "$sshd_log"

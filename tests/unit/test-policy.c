@@ -1,0 +1,741 @@
+/* nbdkit-ssdcache-filter unit tests: replacement policies (evict.c, all
+ * of them) and admission helpers (admit.c).
+ *
+ * Known answers are computed by hand from the rules at the top of
+ * evict.c and admit.h; the reasoning is in the comments next to them.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "admit.h"
+#include "evict.h"
+
+static bool
+take_all (void *opaque, uint32_t slot)
+{
+  return true;
+}
+
+static bool
+take_none (void *opaque, uint32_t slot)
+{
+  return false;
+}
+
+/*----------------------------------------------------------------------
+ * Names.
+ */
+
+static void
+test_names (void **state)
+{
+  enum evict_policy p;
+
+  for (unsigned i = 0; i < EVICT_NR_POLICIES; ++i) {
+    const char *n = evict_policy_name (i);
+    assert_non_null (n);
+    assert_int_equal (evict_policy_parse (n, &p), 0);
+    assert_int_equal (p, i);
+  }
+  assert_string_equal (evict_policy_name (EVICT_CLOCK), "clock");
+  assert_string_equal (evict_policy_name (EVICT_S3FIFO), "s3fifo");
+  assert_null (evict_policy_name ((enum evict_policy) 99));
+  assert_int_equal (evict_policy_parse ("S3-FIFO", &p), 0);
+  assert_int_equal (p, EVICT_S3FIFO);
+  assert_int_equal (evict_policy_parse ("default", &p), 0);
+  assert_int_equal (p, EVICT_DEFAULT);
+  assert_int_equal (evict_policy_parse ("lru", &p), -1);
+  assert_int_equal (evict_policy_parse ("", &p), -1);
+  assert_int_equal (evict_policy_parse (NULL, &p), -1);
+  assert_null (evict_new_policy ((enum evict_policy) 99, 10));
+
+  struct evict *ev = evict_new (10);
+  assert_non_null (ev);
+  assert_int_equal (evict_get_policy (ev), EVICT_DEFAULT);
+  evict_free (ev);
+}
+
+/*----------------------------------------------------------------------
+ * A tiny cache driven like the engine: free slots first (0, 1, ...),
+ * then victims; pages given to the policy for the ghost.
+ */
+
+struct tiny {
+  struct evict *ev;
+  uint32_t n, used;
+  uint64_t page[64];
+  unsigned hits;
+  char hitmap[64];
+};
+
+static uint64_t
+tiny_page (void *opaque, uint32_t slot)
+{
+  struct tiny *t = opaque;
+  return t->page[slot];
+}
+
+static void
+tiny_run (struct tiny *t, enum evict_policy pol, uint32_t n,
+          const char *trace)
+{
+  size_t len = strlen (trace);
+
+  memset (t, 0, sizeof *t);
+  t->n = n;
+  t->ev = evict_new_policy (pol, n);
+  assert_non_null (t->ev);
+  evict_set_page_fn (t->ev, tiny_page, t);
+  for (size_t i = 0; i < len; ++i) {
+    uint64_t p = trace[i];
+    uint32_t s;
+    for (s = 0; s < t->used; ++s)
+      if (t->page[s] == p)
+        break;
+    if (s < t->used) {
+      t->hits++;
+      t->hitmap[i] = 'h';
+      evict_touch (t->ev, s);
+      continue;
+    }
+    t->hitmap[i] = '.';
+    if (t->used < n)
+      s = t->used++;
+    else {
+      s = evict_victim (t->ev, take_all, NULL);
+      assert_true (s < n);
+    }
+    t->page[s] = p;
+    evict_insert_page (t->ev, s, p);
+    assert_int_equal (evict_resident (t->ev), t->used);
+  }
+  evict_free (t->ev);
+}
+
+/* 3 slots, trace A B C A D A B E A B (the same trace as
+ * tests/test-ssdcache-sim.sh).
+ *
+ * CLOCK, hand at slot 0, insert sets the reference bit:
+ *   A B C fill slots 0 1 2; A hits (4).  D: the hand clears 0 1 2 and
+ *   takes slot 0 (A).  A: takes slot 1 (B, unreferenced).  B: takes
+ *   slot 2 (C).  E: clears 0 1 2, takes slot 0 (D).  A (slot 1) and
+ *   B (slot 2) hit.  Hits: 4, 9, 10.
+ * S3-FIFO, 3 slots: S target 1, ghost of 4 entries:
+ *   A B C into S; A hits (4, freq 1).  D: S holds 3 >= 1, S's tail A
+ *   was re-used: promoted to M; B is taken, ghost {B}; D into S.
+ *   A hits (6).  B: victim from S: C, ghost {C B}; B is in the ghost:
+ *   straight into M.  E: victim from S (D); E into S.  A, B hit (M).
+ *   Hits: 4, 6, 9, 10.
+ */
+static void
+test_tiny_trace (void **state)
+{
+  struct tiny t;
+
+  tiny_run (&t, EVICT_CLOCK, 3, "ABCADABEAB");
+  assert_int_equal (t.hits, 3);
+  assert_memory_equal (t.hitmap, "...h....hh", 10);
+
+  tiny_run (&t, EVICT_S3FIFO, 3, "ABCADABEAB");
+  assert_int_equal (t.hits, 4);
+  assert_memory_equal (t.hitmap, "...h.h..hh", 10);
+}
+
+/* S3-FIFO: pages re-used on probation are promoted to M instead of
+ * being evicted; M is only evicted from when S is below its target.
+ * 10 slots: S target 1.
+ */
+static void
+test_s3fifo_probation (void **state)
+{
+  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 10);
+  const uint32_t expect[10] = { 0, 1, 2, 4, 5, 6, 8, 9, 3, 7 };
+
+  for (uint32_t s = 0; s < 10; ++s)
+    evict_insert (ev, s);
+  evict_touch (ev, 3);
+  evict_touch (ev, 7);
+  assert_int_equal (evict_slot_hint (ev, 3), 1);
+  assert_int_equal (evict_slot_hint (ev, 4), 0);
+  for (int i = 0; i < 10; ++i)
+    assert_int_equal (evict_victim (ev, take_all, NULL), expect[i]);
+  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  assert_int_equal (evict_resident (ev), 0);
+  evict_free (ev);
+}
+
+/* S3-FIFO: a hot set in M survives a stream of new pages of any length
+ * (each new page is evicted from S on the next miss).
+ */
+static void
+test_s3fifo_scan (void **state)
+{
+  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 10);
+  uint32_t v;
+
+  for (uint32_t s = 0; s < 10; ++s)
+    evict_insert (ev, s);
+  for (uint32_t s = 0; s < 5; ++s) {
+    evict_touch (ev, s);
+    evict_touch (ev, s);
+  }
+  /* First victim promotes 0..4 and takes 5. */
+  assert_int_equal (evict_victim (ev, take_all, NULL), 5);
+  for (uint32_t s = 0; s < 5; ++s)
+    assert_int_equal (evict_slot_hint (ev, s), 2);
+  evict_insert (ev, 5);
+  /* A long scan: every victim is one of the scan slots 5..9. */
+  for (int i = 0; i < 10000; ++i) {
+    v = evict_victim (ev, take_all, NULL);
+    assert_true (v >= 5 && v < 10);
+    evict_insert (ev, v);
+    if (i % 7 == 0)               /* the hot set keeps being used */
+      evict_touch (ev, i % 5);
+  }
+  assert_int_equal (evict_resident (ev), 10);
+  evict_free (ev);
+}
+
+/* M is a FIFO with reinsertion: frequency buys turns. */
+static void
+test_s3fifo_main_reinsertion (void **state)
+{
+  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 10);
+
+  /* Hint 2: M, freq 0; hint 3: M, freq 2. */
+  evict_insert_hint (ev, 0, 3);
+  evict_insert_hint (ev, 1, 2);
+  evict_insert_hint (ev, 2, 2);
+  evict_touch (ev, 2);                  /* freq 1 */
+  /* S empty: M.  0 (2 -> 1, back), 1 taken. */
+  assert_int_equal (evict_victim (ev, take_all, NULL), 1);
+  /* 2 (1 -> 0), 0 (1 -> 0), 2 taken. */
+  assert_int_equal (evict_victim (ev, take_all, NULL), 2);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  evict_free (ev);
+}
+
+/*----------------------------------------------------------------------
+ * Ghost.
+ */
+
+struct pages {
+  uint64_t page[16];
+};
+
+static uint64_t
+pages_of (void *opaque, uint32_t slot)
+{
+  return ((struct pages *) opaque)->page[slot];
+}
+
+static void
+test_ghost (void **state)
+{
+  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 4);
+  struct pages pg;
+
+  evict_set_page_fn (ev, pages_of, &pg);
+  for (uint32_t s = 0; s < 4; ++s) {
+    pg.page[s] = 100 + s;
+    assert_false (evict_insert_page (ev, s, pg.page[s]));
+  }
+  assert_false (evict_ghost_contains (ev, 100));
+  /* Evicted from S unused: remembered. */
+  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  assert_true (evict_ghost_contains (ev, 100));
+  assert_false (evict_ghost_contains (ev, 101));
+  /* Back: a ghost hit, straight into M; the ghost entry is consumed. */
+  assert_true (evict_insert_page (ev, 0, 100));
+  assert_false (evict_ghost_contains (ev, 100));
+  assert_int_equal (evict_slot_hint (ev, 0), 2);
+  /* S is still over its target (3 >= 1): 1, 2, 3 go before 0. */
+  assert_int_equal (evict_victim (ev, take_all, NULL), 1);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 2);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 3);
+  assert_true (evict_ghost_contains (ev, 101));
+  assert_true (evict_ghost_contains (ev, 102));
+  assert_true (evict_ghost_contains (ev, 103));
+  /* Evictions from M do not enter the ghost. */
+  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  assert_false (evict_ghost_contains (ev, 100));
+
+  /* The ghost is bounded: 4 slots -> ceil (0.9 * 4) = 4 entries (one
+   * bucket of 4, a FIFO).  Push 4 more pages through S: 101..103 are
+   * forgotten (oldest first), the four newest are remembered.
+   */
+  for (uint64_t p = 200; p < 204; ++p) {
+    pg.page[0] = p;
+    evict_insert_page (ev, 0, p);
+    assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  }
+  for (uint64_t p = 200; p < 204; ++p)
+    assert_true (evict_ghost_contains (ev, p));
+  for (uint64_t p = 101; p < 104; ++p)
+    assert_false (evict_ghost_contains (ev, p));
+
+  /* Without a page function there is no ghost, and CLOCK has none. */
+  evict_free (ev);
+  ev = evict_new_policy (EVICT_S3FIFO, 4);
+  evict_insert_page (ev, 0, 7);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  assert_false (evict_ghost_contains (ev, 7));
+  assert_false (evict_insert_page (ev, 0, 7));
+  evict_free (ev);
+  ev = evict_new_policy (EVICT_CLOCK, 4);
+  evict_set_page_fn (ev, pages_of, &pg);
+  pg.page[0] = 7;
+  evict_insert_page (ev, 0, 7);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  assert_false (evict_ghost_contains (ev, 7));
+  evict_free (ev);
+}
+
+/* Ghost memory is bounded by nslots: a large cache forgets after about
+ * 0.9 * nslots evictions, and remembers most of the most recent ones.
+ */
+static void
+test_ghost_bounded (void **state)
+{
+  const uint32_t n = 1000;
+  struct evict *ev = evict_new_policy (EVICT_S3FIFO, n);
+  struct pages pg;
+  unsigned recent = 0, old = 0;
+
+  evict_set_page_fn (ev, pages_of, &pg);
+  /* One slot holds 1000 pages in turn. */
+  for (uint64_t p = 0; p < 5000; ++p) {
+    pg.page[0] = p;
+    evict_insert_page (ev, 0, p);
+    assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  }
+  /* 900 entries in 225 buckets of 4: a page is forgotten once its
+   * bucket has taken 4 newer ones, so after 3000 newer evictions (13 per
+   * bucket on average) only a few very lucky ones remain.
+   */
+  for (uint64_t p = 0; p < 2000; ++p)
+    old += evict_ghost_contains (ev, p);
+  for (uint64_t p = 4700; p < 5000; ++p)
+    recent += evict_ghost_contains (ev, p);
+  print_message ("ghost: %u/2000 old pages, %u/300 recent ones\n",
+                 old, recent);
+  assert_true (old <= 10);
+  assert_true (recent >= 250);
+  evict_free (ev);
+}
+
+/*----------------------------------------------------------------------
+ * can_take and bounded work.
+ */
+
+struct ask {
+  uint32_t allow;                /* the only slot allowed, or EVICT_NONE */
+  unsigned asked;
+  unsigned char *seen;
+};
+
+static bool
+take_one (void *opaque, uint32_t slot)
+{
+  struct ask *a = opaque;
+  a->asked++;
+  if (a->seen)
+    a->seen[slot] = 1;
+  return slot == a->allow;
+}
+
+static void
+test_bounded_victim (void **state)
+{
+  const uint32_t n = 20000;
+
+  for (unsigned pol = 0; pol < EVICT_NR_POLICIES; ++pol) {
+    struct evict *ev = evict_new_policy (pol, n);
+    struct ask a = { EVICT_NONE, 0, calloc (n, 1) };
+    uint32_t v;
+
+    assert_non_null (a.seen);
+    srandom (11);
+    for (uint32_t s = 0; s < n; ++s) {
+      if (s % 10 == 0)
+        evict_insert_hint (ev, s, 3);
+      else
+        evict_insert (ev, s);
+      for (int k = random () % 4; k > 0; --k)
+        evict_touch (ev, s);
+    }
+    /* Everything refused: EVICT_NONE, each slot asked, bounded work. */
+    clock_t t0 = clock ();
+    v = evict_victim (ev, take_one, &a);
+    double ms = (clock () - t0) * 1000.0 / CLOCKS_PER_SEC;
+    print_message ("%s: refusing %u slots: %u questions, %.1f ms\n",
+                   evict_policy_name (pol), n, a.asked, ms);
+    assert_int_equal (v, EVICT_NONE);
+    assert_int_equal (evict_resident (ev), n);
+    for (uint32_t s = 0; s < n; ++s)
+      assert_true (a.seen[s]);
+    assert_true (a.asked <= 14 * n);
+    /* Exactly one allowed: found, whatever its place and frequency. */
+    for (int k = 0; k < 20; ++k) {
+      a.allow = random () % n;
+      a.asked = 0;
+      evict_touch (ev, a.allow);
+      v = evict_victim (ev, take_one, &a);
+      assert_int_equal (v, a.allow);
+      assert_true (a.asked <= 14 * n);
+      evict_insert (ev, v);
+    }
+    free (a.seen);
+    evict_free (ev);
+  }
+}
+
+/* Randomised against a model, every policy, with zombies (remove then
+ * re-insert), hints, pages, refusals: victims always resident and
+ * allowed, EVICT_NONE only when nothing may be taken, counts right.
+ */
+struct model {
+  bool resident[64];
+  bool dirty[64];
+  unsigned asked_nonres;
+};
+
+static bool
+take_model (void *opaque, uint32_t slot)
+{
+  struct model *m = opaque;
+  if (!m->resident[slot])
+    m->asked_nonres++;
+  return !m->dirty[slot];
+}
+
+static uint64_t
+model_page (void *opaque, uint32_t slot)
+{
+  return slot * 3 + 1;
+}
+
+static void
+test_random_model (void **state)
+{
+  const uint32_t n = 64;
+
+  for (unsigned pol = 0; pol < EVICT_NR_POLICIES; ++pol) {
+    struct evict *ev = evict_new_policy (pol, n);
+    struct model m = { { false }, { false }, 0 };
+    unsigned nres = 0;
+
+    evict_set_page_fn (ev, model_page, NULL);
+    srandom (5 + pol);
+    for (int op = 0; op < 100000; ++op) {
+      uint32_t s = random () % n;
+      switch (random () % 8) {
+      case 0: case 1:
+        if (!m.resident[s]) {
+          switch (random () % 3) {
+          case 0: evict_insert (ev, s); break;
+          case 1: evict_insert_page (ev, s, random () % 200); break;
+          default: evict_insert_hint (ev, s, random () % 4);
+          }
+          m.resident[s] = true;
+          nres++;
+        }
+        else
+          evict_insert (ev, s);         /* a touch */
+        break;
+      case 2:
+        evict_touch (ev, s);
+        break;
+      case 3:
+        if (m.resident[s]) {
+          evict_remove (ev, s);
+          m.resident[s] = false;
+          nres--;
+        }
+        else
+          evict_remove (ev, s);         /* no-op */
+        break;
+      case 4:
+        m.dirty[s] = random () % 4 == 0;
+        break;
+      case 5:
+        assert_true (evict_slot_hint (ev, s) <= EVICT_HINT_MAX);
+        if (!m.resident[s])
+          assert_int_equal (evict_slot_hint (ev, s), 0);
+        break;
+      default: {
+        bool any = false;
+        for (uint32_t i = 0; i < n; ++i)
+          any |= m.resident[i] && !m.dirty[i];
+        uint32_t v = evict_victim (ev, take_model, &m);
+        if (!any)
+          assert_int_equal (v, EVICT_NONE);
+        else {
+          assert_true (v < n);
+          assert_true (m.resident[v]);
+          assert_false (m.dirty[v]);
+          m.resident[v] = false;
+          nres--;
+        }
+      }
+      }
+      assert_int_equal (evict_resident (ev), nres);
+    }
+    assert_int_equal (m.asked_nonres, 0);
+    evict_free (ev);
+  }
+}
+
+/*----------------------------------------------------------------------
+ * Hints.
+ */
+
+static void
+test_hints (void **state)
+{
+  struct evict *ev;
+
+  /* S3-FIFO: every hint round trips. */
+  ev = evict_new_policy (EVICT_S3FIFO, 8);
+  for (uint8_t h = 0; h <= EVICT_HINT_MAX; ++h) {
+    evict_insert_hint (ev, h, h);
+    assert_int_equal (evict_slot_hint (ev, h), h);
+  }
+  assert_int_equal (evict_slot_hint (ev, 7), 0);      /* not resident */
+  /* Hotness follows use. */
+  evict_insert (ev, 5);
+  assert_int_equal (evict_slot_hint (ev, 5), 0);
+  evict_touch (ev, 5);
+  assert_int_equal (evict_slot_hint (ev, 5), 1);
+  evict_touch (ev, 2);
+  assert_int_equal (evict_slot_hint (ev, 2), 2);      /* M, freq 1 */
+  evict_touch (ev, 2);
+  assert_int_equal (evict_slot_hint (ev, 2), 3);      /* M, freq 2 */
+  evict_remove (ev, 3);
+  assert_int_equal (evict_slot_hint (ev, 3), 0);
+  evict_free (ev);
+
+  /* CLOCK: 0 and 1 round trip, 2 and 3 are "referenced". */
+  ev = evict_new_policy (EVICT_CLOCK, 8);
+  for (uint8_t h = 0; h <= EVICT_HINT_MAX; ++h) {
+    evict_insert_hint (ev, h, h);
+    assert_int_equal (evict_slot_hint (ev, h), h ? 1 : 0);
+  }
+  evict_free (ev);
+
+  /* A restart: save the hints, load them into a new policy in slot
+   * order, and the hot pages are still the last to go.
+   */
+  const uint32_t n = 10;
+  uint8_t saved[10];
+  ev = evict_new_policy (EVICT_S3FIFO, n);
+  for (uint32_t s = 0; s < n; ++s)
+    evict_insert (ev, s);
+  for (uint32_t s = 0; s < n; s += 2) {   /* even slots hot */
+    evict_touch (ev, s);
+    evict_touch (ev, s);
+  }
+  assert_int_equal (evict_victim (ev, take_all, NULL), 1);  /* promotes 0 */
+  evict_insert (ev, 1);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 3);  /* promotes 2 */
+  evict_insert (ev, 3);
+  for (uint32_t s = 0; s < n; ++s)
+    saved[s] = evict_slot_hint (ev, s);
+  assert_int_equal (saved[0], 2);
+  assert_int_equal (saved[2], 2);
+  assert_int_equal (saved[4], 1);
+  assert_int_equal (saved[5], 0);
+  evict_free (ev);
+
+  ev = evict_new_policy (EVICT_S3FIFO, n);
+  for (uint32_t s = 0; s < n; ++s)
+    evict_insert_hint (ev, s, saved[s]);
+  /* S (slot order): 1 3 4 5 6 7 8 9; 4 6 8 re-used -> promoted.  Then
+   * M: 0 2 4 6 8.
+   */
+  const uint32_t expect[10] = { 1, 3, 5, 7, 9, 0, 2, 4, 6, 8 };
+  for (uint32_t i = 0; i < n; ++i)
+    assert_int_equal (evict_victim (ev, take_all, NULL), expect[i]);
+  evict_free (ev);
+
+  /* Hints given to a resident slot count as a touch. */
+  ev = evict_new_policy (EVICT_S3FIFO, 4);
+  evict_insert_hint (ev, 0, 0);
+  evict_insert_hint (ev, 0, 0);
+  assert_int_equal (evict_resident (ev), 1);
+  assert_int_equal (evict_slot_hint (ev, 0), 1);
+  evict_free (ev);
+}
+
+/* Zombies: a slot removed from the middle of a queue and re-inserted
+ * before it reaches the tail is tracked once; removed slots are never
+ * victims.
+ */
+static void
+test_zombies (void **state)
+{
+  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 6);
+
+  for (uint32_t s = 0; s < 6; ++s)
+    evict_insert (ev, s);
+  evict_remove (ev, 2);
+  evict_remove (ev, 4);
+  assert_int_equal (evict_resident (ev), 4);
+  evict_insert (ev, 4);                 /* back, keeps its place */
+  assert_int_equal (evict_resident (ev), 5);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 1);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 3);  /* 2 dropped */
+  assert_int_equal (evict_victim (ev, take_all, NULL), 4);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 5);
+  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  assert_int_equal (evict_victim (ev, take_none, NULL), EVICT_NONE);
+
+  /* A zombie in S coming back for M (a hint) moves to M. */
+  for (uint32_t s = 0; s < 6; ++s)
+    evict_insert (ev, s);
+  evict_remove (ev, 0);
+  evict_insert_hint (ev, 0, 3);
+  assert_int_equal (evict_slot_hint (ev, 0), 3);
+  for (uint32_t i = 1; i < 6; ++i)
+    assert_int_equal (evict_victim (ev, take_all, NULL), i);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  assert_int_equal (evict_resident (ev), 0);
+  evict_free (ev);
+}
+
+/*----------------------------------------------------------------------
+ * Admission: sequential cutoff.
+ */
+
+static void
+test_seq_two_streams (void **state)
+{
+  const uint64_t K = 1024, G = 1024 * 1024 * 1024;
+  struct admit_seq *as = admit_seq_new (64 * K, 4);
+  struct admit_seq_stats st;
+  /* Two readers, 24 KiB requests, interleaved, with random requests in
+   * between.  Each stream: 24 + 24 admitted, then 16 of the third (the
+   * cutoff is at 64 KiB), then nothing.
+   */
+  const uint64_t expect[6] = { 24 * K, 24 * K, 16 * K, 0, 0, 0 };
+
+  assert_non_null (as);
+  for (int i = 0; i < 6; ++i) {
+    assert_int_equal (admit_seq_access (as, i * 24 * K, 24 * K), expect[i]);
+    assert_int_equal (admit_seq_access (as, G + i * 24 * K, 24 * K),
+                      expect[i]);
+    /* Random, non-contiguous requests: admitted whole. */
+    assert_int_equal (admit_seq_access (as, 7 * G + i * 1000 * K, 4 * K),
+                      4 * K);
+  }
+  admit_seq_get_stats (as, &st);
+  assert_int_equal (st.requests, 18);
+  assert_int_equal (st.sequential, 10);
+  assert_int_equal (st.bypassed_bytes, 2 * (8 + 24 + 24 + 24) * K);
+
+  /* A jump starts a new stream: admitted again. */
+  assert_int_equal (admit_seq_access (as, 3 * G, 64 * K), 64 * K);
+  assert_int_equal (admit_seq_access (as, 3 * G + 64 * K, 4 * K), 0);
+  /* One request larger than the cutoff: the tail bypasses. */
+  assert_int_equal (admit_seq_access (as, 5 * G, 100 * K), 64 * K);
+  admit_seq_free (as);
+
+  /* Streams are replaced least recently used first: with 2 tracked,
+   * a third reader evicts the oldest one, which starts over.
+   */
+  as = admit_seq_new (8 * K, 2);
+  assert_int_equal (admit_seq_access (as, 0, 8 * K), 8 * K);       /* A */
+  assert_int_equal (admit_seq_access (as, G, 8 * K), 8 * K);       /* B */
+  assert_int_equal (admit_seq_access (as, 8 * K, 4 * K), 0);       /* A */
+  assert_int_equal (admit_seq_access (as, 2 * G, 8 * K), 8 * K);   /* C: B out */
+  assert_int_equal (admit_seq_access (as, 12 * K, 4 * K), 0);      /* A */
+  assert_int_equal (admit_seq_access (as, G + 8 * K, 4 * K), 4 * K); /* B anew */
+  admit_seq_free (as);
+
+  /* Cutoff 0: disabled. */
+  as = admit_seq_new (0, 0);
+  for (int i = 0; i < 100; ++i)
+    assert_int_equal (admit_seq_access (as, i * 64 * K, 64 * K), 64 * K);
+  admit_seq_free (as);
+}
+
+/*----------------------------------------------------------------------
+ * Admission: promotion after N misses.
+ */
+
+static void
+test_nhit (void **state)
+{
+  struct admit_nhit *an = admit_nhit_new (3, 1000);
+
+  assert_non_null (an);
+  assert_int_equal (admit_nhit_count (an, 42), 0);
+  assert_false (admit_nhit_miss (an, 42));
+  assert_false (admit_nhit_miss (an, 42));
+  assert_true (admit_nhit_miss (an, 42));
+  assert_true (admit_nhit_miss (an, 42));
+  assert_int_equal (admit_nhit_count (an, 42), 4);
+  /* Another page is on its own (1024 counters, no collision here). */
+  assert_false (admit_nhit_miss (an, 43));
+  /* Aging: after 2 * 1024 misses elsewhere, every counter has been
+   * halved twice: 42 is at most 1 and needs 2 more misses.
+   */
+  for (uint64_t p = 0; p < 2048; ++p)
+    admit_nhit_miss (an, 1000000);
+  assert_true (admit_nhit_count (an, 42) <= 1);
+  assert_false (admit_nhit_miss (an, 42));
+  admit_nhit_free (an);
+
+  /* n = 1: admit everything. */
+  an = admit_nhit_new (1, 1000);
+  assert_non_null (an);
+  assert_true (admit_nhit_miss (an, 1));
+  admit_nhit_free (an);
+  an = admit_nhit_new (0, 0);
+  assert_true (admit_nhit_miss (an, 1));
+  admit_nhit_free (an);
+
+  /* Promotion on a one-hit-wonder stream: nothing admitted; a page
+   * missing twice is.
+   */
+  an = admit_nhit_new (2, 65536);
+  unsigned admitted = 0;
+  for (uint64_t p = 0; p < 1000; ++p)
+    admitted += admit_nhit_miss (an, 5000000 + p);
+  assert_true (admitted <= 5);          /* collisions only */
+  assert_false (admit_nhit_miss (an, 77));
+  assert_true (admit_nhit_miss (an, 77));
+  admit_nhit_free (an);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_names),
+    cmocka_unit_test (test_tiny_trace),
+    cmocka_unit_test (test_s3fifo_probation),
+    cmocka_unit_test (test_s3fifo_scan),
+    cmocka_unit_test (test_s3fifo_main_reinsertion),
+    cmocka_unit_test (test_ghost),
+    cmocka_unit_test (test_ghost_bounded),
+    cmocka_unit_test (test_bounded_victim),
+    cmocka_unit_test (test_random_model),
+    cmocka_unit_test (test_hints),
+    cmocka_unit_test (test_zombies),
+    cmocka_unit_test (test_seq_two_streams),
+    cmocka_unit_test (test_nhit),
+  };
+
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}

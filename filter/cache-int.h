@@ -43,6 +43,12 @@ struct cache_sup {               /* a superseded slot waiting to be freed */
 struct cache {
   pthread_mutex_t lock;
   pthread_cond_t space;
+  /* Held shared by every rewrite of a slot in place, from the
+   * copy-on-write decision to the end of its writes; a client flush
+   * takes it exclusively for a moment (after moving flushing_epoch) to
+   * wait for rewrites that decided before the flush began.
+   */
+  pthread_rwlock_t inplace;
   struct pool pool;
   struct pagetable pt;
   struct evict *ev;
@@ -72,6 +78,7 @@ struct cache {
   uint64_t seq;                  /* last sequence number used */
   uint64_t epoch;                /* current sync epoch */
   uint64_t durable_epoch;        /* writes of epochs <= this are durable */
+  uint64_t flushing_epoch;       /* a client flush covers epochs <= this */
   uint64_t flushed_epoch;        /* ... and covered by a client flush */
   struct cache_sup *sup;
   size_t nsup, capsup;

@@ -50,10 +50,20 @@ cache_open (const struct cache_config *cfg)
   }
   c->pool.fd = -1;
   pthread_mutex_init (&c->lock, NULL);
+  {
+    pthread_rwlockattr_t a;
+    pthread_rwlockattr_init (&a);
+    /* A flush must not starve behind a stream of writers. */
+    pthread_rwlockattr_setkind_np (&a,
+                                   PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init (&c->inplace, &a);
+    pthread_rwlockattr_destroy (&a);
+  }
   pthread_cond_init (&c->space, NULL);
   if (rangelock_init (&c->ranges) == -1) {
     log_error ("rangelock_init: %m");
     pthread_cond_destroy (&c->space);
+    pthread_rwlock_destroy (&c->inplace);
     pthread_mutex_destroy (&c->lock);
     free (c);
     return NULL;
@@ -523,6 +533,7 @@ cache_close (struct cache *c)
     pagetable_free (&c->pt);
   rangelock_destroy (&c->ranges);
   pthread_cond_destroy (&c->space);
+  pthread_rwlock_destroy (&c->inplace);
   pthread_mutex_destroy (&c->lock);
   free (c->sup);
   free (c->path);

@@ -328,7 +328,10 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
         cache_unpin (c, s);
         return -1;
       }
-      return cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
+      pthread_rwlock_rdlock (&c->inplace);
+      r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
+      pthread_rwlock_unlock (&c->inplace);
+      return r;
     }
     upd.state = cache_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
     upd.data_crc = cache_page_crc (c, buf, upd.valid);
@@ -380,7 +383,6 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
 
   if (s != PT_NONE) {
     pthread_mutex_lock (&c->lock);
-    cow = cache_must_cow (c, &c->pt.slots[s]);
     bad = c->pt.slots[s].flags & PT_BAD;
     pthread_mutex_unlock (&c->lock);
   }
@@ -431,9 +433,18 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
       return write_around (c, be, src, n, page * c->page_size + off, err);
     return cache_patch_slot (c, be, page, ns, true, src, off, n, kind, err);
   }
-  if (cow)
+  /* Decide and rewrite in place under c->inplace (see cache-int.h). */
+  pthread_rwlock_rdlock (&c->inplace);
+  pthread_mutex_lock (&c->lock);
+  cow = cache_must_cow (c, &c->pt.slots[s]);
+  pthread_mutex_unlock (&c->lock);
+  if (cow) {
+    pthread_rwlock_unlock (&c->inplace);
     return cow_slot (c, be, page, s, src, off, n, kind, err);
-  return cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
+  }
+  r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
+  pthread_rwlock_unlock (&c->inplace);
+  return r;
 }
 
 int

@@ -234,7 +234,10 @@ cache_commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
 bool
 cache_must_cow (const struct cache *c, const struct pt_slot *s)
 {
-  return s->state == LAYOUT_DIRTY && s->epoch <= c->flushed_epoch;
+  /* flushing_epoch, not flushed_epoch: data a flush in progress covers
+   * is already off limits.
+   */
+  return s->state == LAYOUT_DIRTY && s->epoch <= c->flushing_epoch;
 }
 
 /* Under c->lock: must the cache file be synced before slot s may stop
@@ -482,7 +485,16 @@ sync_epoch (struct cache *c, bool client, int *err)
 
   pthread_mutex_lock (&c->lock);
   e = c->epoch++;
+  if (client && e > c->flushing_epoch)
+    c->flushing_epoch = e;
   pthread_mutex_unlock (&c->lock);
+  if (client) {
+    /* Rewrites in place that decided before flushing_epoch moved must
+     * end before the fdatasync, or they could tear what it covers.
+     */
+    pthread_rwlock_wrlock (&c->inplace);
+    pthread_rwlock_unlock (&c->inplace);
+  }
 
   if (pool_sync (&c->pool) == -1) {
     *err = errno;
@@ -526,7 +538,7 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
 {
   struct pt_slot upd = { .page = page, .state = LAYOUT_CLEAN };
   uint32_t target = s;
-  bool cow = false;
+  bool cow = false, inplace = false;
 
   if (cache_degraded (c) && dirty == NULL) {
     /* Pass-through: nothing new goes into a failing cache. */
@@ -535,9 +547,14 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
     return 1;
   }
   if (s != PT_NONE) {
+    pthread_rwlock_rdlock (&c->inplace);
     pthread_mutex_lock (&c->lock);
     cow = cache_must_cow (c, &c->pt.slots[s]);
     pthread_mutex_unlock (&c->lock);
+    if (cow)
+      pthread_rwlock_unlock (&c->inplace);
+    else
+      inplace = true;
   }
   if (s == PT_NONE || cow) {
     target = cache_alloc_slot (c, dirty != NULL);
@@ -563,6 +580,8 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
     cache_io_error (c, "writing entry", target);
     goto fail;
   }
+  if (inplace)
+    pthread_rwlock_unlock (&c->inplace);
   pthread_mutex_lock (&c->lock);
   c->pt.slots[target].flags |= PT_VERIFIED;
   c->pt.slots[target].flags &= ~PT_BAD;     /* wholly rewritten */
@@ -581,6 +600,8 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
   return 0;
 
  fail:
+  if (inplace)
+    pthread_rwlock_unlock (&c->inplace);
   if (target != s) {
     pthread_mutex_lock (&c->lock);
     release_slot_locked (c, target);

@@ -46,35 +46,67 @@ layout_crc32c (const void *buf, size_t len)
   return layout_crc32c_update (0, buf, len);
 }
 
+/* GF(2) arithmetic on reflected CRC32C remainders (bit 31 is x^0):
+ * a * b mod P.  Used to move a CRC over a run of zero bytes without
+ * feeding them through the CRC unit.
+ */
+#define CRC32C_POLY_REFLECTED 0x82f63b78u
+
+static uint32_t
+gf2_mulmod (uint32_t a, uint32_t b)
+{
+  uint32_t m = UINT32_C (1) << 31, p = 0;
+
+  while (m) {
+    if (a & m)
+      p ^= b;
+    m >>= 1;
+    b = (b & 1) ? (b >> 1) ^ CRC32C_POLY_REFLECTED : b >> 1;
+  }
+  return p;
+}
+
+/* x^(8 * n) mod P: appending n zero bytes multiplies a raw CRC by it. */
+static uint32_t
+zeros_operator (uint64_t n)
+{
+  static uint32_t pow2[64];     /* x^(2^k) mod P, k = 0..63 */
+  static int ready;
+  uint32_t r = UINT32_C (1) << 31;      /* x^0 */
+  unsigned k = 3;                       /* 8 * n = n << 3 */
+
+  if (!__atomic_load_n (&ready, __ATOMIC_ACQUIRE)) {
+    uint32_t t[64];
+    t[0] = UINT32_C (1) << 30;          /* x^1 */
+    for (int i = 1; i < 64; i++)
+      t[i] = gf2_mulmod (t[i - 1], t[i - 1]);
+    memcpy (pow2, t, sizeof t);
+    __atomic_store_n (&ready, 1, __ATOMIC_RELEASE);
+  }
+  for (; n; n >>= 1, k++)
+    if (n & 1)
+      r = gf2_mulmod (pow2[k & 63], r);
+  return r;
+}
+
 uint32_t
 layout_crc32c_patch (uint32_t crc, uint64_t len, uint64_t off,
                      const void *old_bytes, const void *new_bytes, size_t n)
 {
   /* CRC32C is affine: for equal lengths crc(A) ^ crc(B) is the raw
-   * (no init, no final xor) CRC of A ^ B.  A ^ B is zero outside the
-   * changed bytes; leading zeroes do not change a raw CRC, trailing
-   * zeroes are fed through the CRC unit.
+   * (no init, no final xor) CRC of A ^ B, and the raw CRC is linear, so
+   * raw(old ^ new) = raw(old) ^ raw(new).  A ^ B is zero outside the
+   * changed bytes; leading zeroes do not change a raw CRC, and the
+   * trailing ones are a multiplication by x^(8 * tail) mod P.
    */
-  static const uint8_t zeroes[4096];
-  const uint8_t *o = old_bytes, *w = new_bytes;
-  uint8_t delta[4096];
-  uint32_t raw = 0;
   uint64_t tail = len - off - n;
+  uint32_t raw;
 
-  while (n > 0) {
-    size_t k = n < sizeof delta ? n : sizeof delta;
-    for (size_t i = 0; i < k; i++)
-      delta[i] = o[i] ^ w[i];
-    raw = crc32_iscsi (delta, k, raw);
-    o += k;
-    w += k;
-    n -= k;
-  }
-  while (tail > 0) {
-    size_t k = tail < sizeof zeroes ? tail : sizeof zeroes;
-    raw = crc32_iscsi ((unsigned char *) zeroes, k, raw);
-    tail -= k;
-  }
+  /* n is at most one page (2 MiB), well within int. */
+  raw = crc32_iscsi ((unsigned char *) old_bytes, (int) n, 0) ^
+    crc32_iscsi ((unsigned char *) new_bytes, (int) n, 0);
+  if (tail > 0 && raw != 0)
+    raw = gf2_mulmod (zeros_operator (tail), raw);
   return crc ^ raw;
 }
 

@@ -132,6 +132,8 @@ extern void cache_policy_insert (struct cache *c, uint32_t s, uint64_t page);
 enum wkind {
   W_CLEAN,          /* the backend has this data already */
   W_DIRTY,          /* only the cache has it */
+  W_FILL,           /* backend data for sectors that were not valid,
+                       merged with the cached ones: dirty bits stay */
 };
 /* Apply bytes [off, off+n) of page (from src) to slot s in place: s is
  * pinned (consumed), or fresh: newly allocated, then indexed.  Only the

@@ -140,7 +140,7 @@ merge_span (struct cache *c, const struct cache_backend *be, uint64_t page,
     }
     if (covered || layout_bit_test (valid, i))
       continue;
-    if (kind == W_CLEAN) {
+    if (kind != W_DIRTY) {
       skip[k] = true;
       continue;
     }
@@ -167,7 +167,7 @@ merge_span (struct cache *c, const struct cache_backend *be, uint64_t page,
     layout_bit_set (valid, i);
     if (kind == W_DIRTY)
       layout_bit_set (dirty, i);
-    else if (covered)
+    else if (kind == W_CLEAN && covered)
       layout_bit_clear (dirty, i);
     /* else: a partly written sector keeps its dirty bit: the backend
      * got only part of it.

@@ -797,6 +797,66 @@ complete_partial (struct cache *c, const struct cache_backend *be,
   return 0;
 }
 
+/* A read of bytes [a, b) of a partly valid page (slot s, pinned, whose
+ * data is in buf): read from the backend just the sectors [a, b) needs,
+ * keep the cached ones (maybe dirty), and store the result in place;
+ * buf then holds the answer.  A slot with flushed dirty data may not be
+ * rewritten in place: it is completed whole into a copy instead.
+ * Consumes the pin.
+ */
+static int
+fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
+              uint32_t s, uint8_t *buf, uint32_t a, uint32_t b, int *err)
+{
+  const uint32_t ss = c->sector_size;
+  const uint32_t pbytes = cache_page_bytes (c, page);
+  uint32_t lo = a / ss * ss, hi = (b + ss - 1) / ss * ss, n;
+  struct pt_slot snap;
+  bool cow;
+  int r;
+
+  pthread_rwlock_rdlock (&c->inplace);
+  pthread_mutex_lock (&c->lock);
+  snap = c->pt.slots[s];
+  cow = cache_must_cow (c, &snap);
+  pthread_mutex_unlock (&c->lock);
+  if (cow) {
+    pthread_rwlock_unlock (&c->inplace);
+    return complete_partial (c, be, page, s, buf, err);
+  }
+
+  n = hi > pbytes ? (lo < pbytes ? pbytes - lo : 0) : hi - lo;
+  {
+    uint8_t *tmp = calloc (1, hi - lo);
+    if (tmp == NULL) {
+      *err = ENOMEM;
+      r = -1;
+      goto out;
+    }
+    if (n > 0 &&
+        be->pread (be->h, tmp, n, page * c->page_size + lo, err) == -1) {
+      free (tmp);
+      r = -1;
+      goto out;
+    }
+    STATS_ADD (&c->stats, bytes_from_backend, n);
+    /* The cache's own sectors win. */
+    for (uint32_t i = lo / ss; i < hi / ss; i++)
+      if (layout_bit_test (snap.valid, i))
+        memcpy (tmp + (i * ss - lo), buf + (size_t) i * ss, ss);
+    memcpy (buf + lo, tmp, hi - lo);
+    free (tmp);
+  }
+  r = cache_patch_slot (c, be, page, s, false, buf + lo, lo, hi - lo,
+                        W_FILL, err);
+  pthread_rwlock_unlock (&c->inplace);
+  return r == -1 && *err == EIO ? 0 : r;   /* the answer is in buf */
+ out:
+  cache_unpin (c, s);
+  pthread_rwlock_unlock (&c->inplace);
+  return r;
+}
+
 /* Read [pos, pos+len) (dst may be NULL: prefetch only) with the pages
  * range locked: serve what is cached, read the rest from the backend in
  * as few requests as possible and store it.
@@ -864,7 +924,7 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
     }
     else {
       STATS_ADD (&c->stats, read_partial, 1);
-      if (complete_partial (c, be, page, s, page_buf, err) == -1)
+      if (fill_sectors (c, be, page, s, page_buf, a, b, err) == -1)
         goto out;
       if (dst)
         memcpy (dst + (pstart + a - pos), page_buf + a, b - a);

@@ -301,7 +301,15 @@ test_new_file_reads_and_hits (void **state)
   reads = rb.reads;
   assert_true (reads >= 2);
   assert_int_equal (ST (c, fills), 64);
-  assert_int_equal (rb.bytes_read, 64 * PS);   /* each page read once */
+  /* Misses read only the sectors asked for: each byte once, except
+   * that a chunk boundary inside a 512-byte sector reads that sector
+   * twice (a partly read sector cannot be cached).
+   */
+  {
+    uint64_t chunks = (64 * PS + 7 * 1024 + 2) / (7 * 1024 + 3);
+    assert_true (rb.bytes_read >= 64 * PS);
+    assert_true (rb.bytes_read <= 64 * PS + chunks * 512);
+  }
   read_all_check (c, &rb, 5000);
   read_all_check (c, &rb, 64 * PS);
   assert_int_equal (rb.reads, reads);

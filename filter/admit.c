@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "admit.h"
+#include "mix.h"
 
 struct stream {
   uint64_t end;                  /* end offset of its last request */
@@ -136,15 +137,6 @@ admit_nhit_free (struct admit_nhit *an)
     free (an->c);
     free (an);
   }
-}
-
-static uint64_t
-mix64 (uint64_t x)
-{
-  x += UINT64_C (0x9e3779b97f4a7c15);
-  x = (x ^ (x >> 30)) * UINT64_C (0xbf58476d1ce4e5b9);
-  x = (x ^ (x >> 27)) * UINT64_C (0x94d049bb133111eb);
-  return x ^ (x >> 31);
 }
 
 static void

@@ -97,7 +97,6 @@ struct cache {
 /* cache.c */
 extern uint32_t cache_page_bytes (const struct cache *c, uint64_t page);
 extern void cache_map_fill (const struct cache *c, uint8_t *map);
-extern bool cache_map_empty (const uint8_t *map);
 extern uint32_t cache_page_crc (const struct cache *c, const uint8_t *buf,
                                 const uint8_t *valid);
 extern void cache_sector_span (const struct cache *c, uint32_t off,

@@ -233,7 +233,7 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     goto out;
   upd.data_crc = layout_crc32c_patch (upd.data_crc, c->page_size, span_off,
                                       old, span, span_len);
-  upd.state = cache_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
+  upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
 
   if (pool_write_data (&c->pool, s, span, span_len, span_off) == -1 ||
       cache_commit_entry (c, s, &upd) == -1) {
@@ -333,7 +333,7 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
       pthread_rwlock_unlock (&c->inplace);
       return r;
     }
-    upd.state = cache_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
+    upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
     upd.data_crc = cache_page_crc (c, buf, upd.valid);
     if (pool_write_data (&c->pool, ns, buf, c->page_size, 0) == -1 ||
         cache_commit_entry (c, ns, &upd) == -1) {

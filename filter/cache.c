@@ -70,15 +70,6 @@ cache_map_fill (const struct cache *c, uint8_t *map)
     layout_bit_set (map, i);
 }
 
-bool
-cache_map_empty (const uint8_t *map)
-{
-  for (unsigned i = 0; i < LAYOUT_MAX_SECTORS / 8; i++)
-    if (map[i])
-      return false;
-  return true;
-}
-
 uint32_t
 cache_page_crc (const struct cache *c, const uint8_t *buf,
                 const uint8_t *valid)
@@ -566,7 +557,7 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
     }
   }
   cache_map_fill (c, upd.valid);
-  if (dirty && !cache_map_empty (dirty)) {
+  if (dirty && !layout_map_empty (dirty)) {
     memcpy (upd.dirty, dirty, sizeof upd.dirty);
     upd.state = LAYOUT_DIRTY;
   }

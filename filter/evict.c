@@ -48,6 +48,7 @@
 #include <strings.h>
 
 #include "evict.h"
+#include "mix.h"
 
 #define NIL UINT32_MAX
 
@@ -282,16 +283,6 @@ clock_victim (struct evict *ev, evict_can_take_fn can_take, void *opaque)
 /*----------------------------------------------------------------------
  * S3-FIFO: ghost.
  */
-
-static uint64_t
-mix64 (uint64_t x)
-{
-  /* splitmix64 finaliser */
-  x += UINT64_C (0x9e3779b97f4a7c15);
-  x = (x ^ (x >> 30)) * UINT64_C (0xbf58476d1ce4e5b9);
-  x = (x ^ (x >> 27)) * UINT64_C (0x94d049bb133111eb);
-  return x ^ (x >> 31);
-}
 
 static uint16_t *
 ghost_bucket (const struct evict *ev, uint64_t page, uint16_t *fp)

@@ -292,15 +292,6 @@ layout_entry_encode (const struct layout_entry *e, void *buf)
   put32 (p + ENT_CRC_OFF, layout_crc32c (p, ENT_CRC_OFF));
 }
 
-static bool
-map_empty (const uint8_t *map)
-{
-  for (size_t i = 0; i < LAYOUT_MAX_SECTORS / 8; i++)
-    if (map[i])
-      return false;
-  return true;
-}
-
 int
 layout_entry_decode (const void *buf, uint32_t nsectors,
                      struct layout_entry *e)
@@ -336,15 +327,15 @@ layout_entry_decode (const void *buf, uint32_t nsectors,
 
   switch (e->state) {
   case LAYOUT_FREE:
-    if (!map_empty (e->valid) || !map_empty (e->dirty))
+    if (!layout_map_empty (e->valid) || !layout_map_empty (e->dirty))
       return -1;
     break;
   case LAYOUT_CLEAN:
-    if (map_empty (e->valid) || !map_empty (e->dirty))
+    if (layout_map_empty (e->valid) || !layout_map_empty (e->dirty))
       return -1;
     break;
   case LAYOUT_DIRTY:
-    if (map_empty (e->dirty))
+    if (layout_map_empty (e->dirty))
       return -1;
     break;
   default:

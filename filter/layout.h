@@ -136,5 +136,13 @@ layout_bit_clear (uint8_t *map, unsigned i)
 {
   map[i >> 3] &= ~(1u << (i & 7));
 }
+static inline bool
+layout_map_empty (const uint8_t *map)
+{
+  for (unsigned i = 0; i < LAYOUT_MAX_SECTORS / 8; i++)
+    if (map[i])
+      return false;
+  return true;
+}
 
 #endif /* SSDCACHE_LAYOUT_H */

@@ -274,7 +274,7 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
     if (same) {
       for (unsigned b = 0; b < sizeof upd.dirty; b++)
         upd.dirty[b] &= ~p->dirty[b];
-      upd.state = cache_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
+      upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
       if (cache_commit_entry (c, p->slot, &upd) == -1)
         cache_io_error (c, "writing entry", p->slot);
       STATS_ADD (&c->stats, pages_written_back, 1);

@@ -195,8 +195,11 @@ _wait_gone ()
         fi
         sleep 0.1
     done
-    if kill -0 "$pid" 2>/dev/null &&
-       [ "$(ps -o stat= -p "$pid" 2>/dev/null | cut -c1)" != "Z" ]; then
+    # Still running: kill -0 answers and ps shows a live (non-zombie)
+    # state.  An empty ps answer means it was reaped in between: gone.
+    local st
+    st="$(ps -o stat= -p "$pid" 2>/dev/null | cut -c1)"
+    if kill -0 "$pid" 2>/dev/null && [ -n "$st" ] && [ "$st" != "Z" ]; then
         return 1
     fi
     if wait "$pid" 2>/dev/null; then

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cache-int.h"
 #include "log.h"
@@ -626,11 +627,16 @@ static int
 degraded_flush (struct cache *c, const struct cache_backend *be, int *err)
 {
   int r, tries = 0;
+  struct timespec ms = { .tv_sec = 0, .tv_nsec = 1000000 };
 
-  while ((r = writeback_pass (c, be, 0, err)) == 1 && ++tries < 1000)
-    ;
-  if (r != 0)
+  /* Busy pages (r == 1) belong to requests in flight: let them end. */
+  while ((r = writeback_pass (c, be, 0, err)) == 1 && ++tries < 10000)
+    nanosleep (&ms, NULL);
+  if (r != 0) {
+    if (r == 1)
+      *err = EIO;
     return -1;
+  }
   atomic_store (&c->backend_unflushed, false);
   return be->flush ? be->flush (be->h, err) : 0;
 }

@@ -483,7 +483,7 @@ cache_writeback_all (struct cache *c, const struct cache_backend *be,
 
   /* Busy pages (r == 1) cannot happen without clients, but be safe. */
   for (int tries = 0; tries < 100; tries++) {
-    r = writeback_pass (c, be, 0, err);
+    r = writeback_pass (c, be, 0, false, err);
     if (r != 1)
       return r;
   }

@@ -592,6 +592,7 @@ cache_zero_trim (struct cache *c, const struct cache_backend *be,
     if (ret == -1)
       return -1;
   }
+  ret = -1;                    /* until the edges are done too */
   if (is_zero) {
     uint64_t parts[2][2] = {
       { offset, full_lo < end ? full_lo : end },
@@ -630,7 +631,7 @@ degraded_flush (struct cache *c, const struct cache_backend *be, int *err)
   struct timespec ms = { .tv_sec = 0, .tv_nsec = 1000000 };
 
   /* Busy pages (r == 1) belong to requests in flight: let them end. */
-  while ((r = writeback_pass (c, be, 0, err)) == 1 && ++tries < 10000)
+  while ((r = writeback_pass (c, be, 0, false, err)) == 1 && ++tries < 10000)
     nanosleep (&ms, NULL);
   if (r != 0) {
     if (r == 1)

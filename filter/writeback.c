@@ -143,7 +143,7 @@ write_group (struct cache *c, const struct cache_backend *be,
 
 int
 writeback_pass (struct cache *c, const struct cache_backend *be,
-                uint64_t target, int *err)
+                uint64_t target, bool limited, int *err)
 {
   const uint32_t ps = c->page_size;
   const size_t max_group = WB_GROUP_BYTES / ps ? WB_GROUP_BYTES / ps : 1;
@@ -233,7 +233,7 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
     i = j + 1;
 
     /* Rate limit: stay at or under wbcfg.rate bytes per second. */
-    if (c->wbcfg.rate) {
+    if (limited && c->wbcfg.rate) {
       uint64_t want_ms = bytes * 1000 / c->wbcfg.rate;
       uint64_t took = cache_now_ms () - start_ms;
       if (want_ms > took)
@@ -391,7 +391,7 @@ writeback_thread (void *arg)
         log_debug ("writeback: %llu dirty, target %llu%s",
                    (unsigned long long) ndirty, (unsigned long long) target,
                    full ? " (flush)" : "");
-      r = writeback_pass (c, &wb->be, target, &err);
+      r = writeback_pass (c, &wb->be, target, !full, &err);
       pthread_mutex_lock (&wb->lock);
       if (full && r != 1) {
         wb->done_gen = gen;

@@ -16,6 +16,7 @@
 #ifndef SSDCACHE_WRITEBACK_H
 #define SSDCACHE_WRITEBACK_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "cache.h"
@@ -28,12 +29,14 @@ extern void writeback_stop (struct cache *c);
 extern void writeback_kick (struct cache *c);
 
 /* Write back dirty pages until at most target remain (0: all), using
- * be, in backend offset order, adjacent pages coalesced.  Returns 0, 1
+ * be, in backend offset order, adjacent pages coalesced; limited: keep
+ * to ssdcache-writeback-rate (background cleaning only: never a flush,
+ * an exit or a mode switch, which wait for it).  Returns 0, 1
  * if some pages were busy and skipped, -1 (*err) if some page could not
  * be written back (it stays dirty).
  */
 extern int writeback_pass (struct cache *c, const struct cache_backend *be,
-                           uint64_t target, int *err);
+                           uint64_t target, bool limited, int *err);
 
 /* Write back the dirty sectors of one page now, from the caller's
  * thread: slot s holds page, is pinned (the pin stays), and the page is

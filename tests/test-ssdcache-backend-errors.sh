@@ -314,6 +314,7 @@ run=0
 run ()
 {
     local label="$1" mode="$2" flush="$3" expect="$4" dargs="$5" wb= linger=0
+    local t0=$SECONDS t1
     shift 6
     run=$((run + 1))
     [ "$mode" = writeback ] && { wb=--writeback; linger=1.5; }
@@ -346,6 +347,7 @@ run ()
         [ "$(stat_get "$stats" writeback_errors)" -gt 0 ] ||
             fail "$label: writeback: writeback_errors is 0 although the backend failed"
     fi
+    t1=$SECONDS
     # A restart on the same cache (warm) reads exactly the file.
     nbdkit -U - --filter="$SSDCACHE_FILTER" "$@" ssdcache-file="$cache" \
            ssdcache-mode="$mode" \
@@ -354,17 +356,61 @@ run ()
     check_log "$label restart"
     cmp "$img" "$tmpdir/copy.img" ||
         fail "$label: $mode: a restart on the cache reads other data than the file"
+    echo "run $run ($label, $mode flush=$flush): $((t1 - t0)) s + restart $((SECONDS - t1)) s"
 }
 
 start_s=$SECONDS
+
+# -- part 0: a zero whose edge page cannot be completed ----------------------
+
+# Writeback, cold cache, backend reads fail: a zero covering a partial
+# page, a whole page and a partial page.  The whole page goes to the
+# backend; each edge page becomes dirty zeroes in the cache, which
+# needs the partly zeroed sector from the backend - that read fails.
+# The zero must then fail (EIO), or, if it succeeds, read back as
+# zeroes once the errors stop.  Never: success and the old data.
+touch "$trigger"
+rm -f "$cache"
+start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
+             --filter=error file "$img" error-file="$trigger" \
+             error-pread=EIO error-pread-rate=100% \
+             ssdcache-file="$cache" ssdcache-size=4M ssdcache-page-size=16K \
+             ssdcache-mode=writeback 2> "$log"
+TRIGGER="$trigger" nbdsh -u "$(sock_uri "$sock")" -c '
+import errno, os
+ps = 16384
+off, n = 1000, 2 * ps                    # [1000, 33768): pages 0 (part), 1, 2 (part)
+try:
+    h.zero(n, off)
+    ok = True
+except nbd.Error as e:
+    print("zero failed: %s" % e)
+    assert e.errnum == errno.EIO, "errno %d, expected EIO" % e.errnum
+    ok = False
+os.unlink(os.environ["TRIGGER"])
+got = h.pread(n, off)
+if ok and got != bytes(n):
+    bad = next(i for i in range(n) if got[i] != 0)
+    raise SystemExit("FAIL: a writeback zero of [%d, %d) returned success "
+                     "but byte %d is not zero (the edge page could not be "
+                     "completed from the failing backend)" %
+                     (off, off + n, off + bad))
+' || { cat "$log"; fail "writeback zero with failing backend reads"; }
+stop_nbdkit "$pid"
+check_log "zero edge"
 
 # -- part 1: error filter ----------------------------------------------------
 
 errf=( --filter=error file "$img" error-file="$trigger" )
 for m in writethrough:cache writearound:cache writeback:cache writeback:backend; do
     mode="${m%:*}" flush="${m#*:}"
+    dargs=
     case "$mode:$flush" in
-        writeback:backend) all_fail= wr=any-errors ;;
+        writeback:backend)
+            all_fail= wr=any-errors
+            # A FLUSH that fails here waits for the writeback retry
+            # (about 1 s): fewer flushes, to keep the test short.
+            dargs="--ops 100 --mix read=45,write=40,zero=12,flush=3 --fua-prob 0.02" ;;
         writeback:*)       all_fail= wr= ;;
         *)                 all_fail=all-writes-fail, wr=write-errors ;;
     esac
@@ -372,15 +418,15 @@ for m in writethrough:cache writearound:cache writeback:cache writeback:backend;
     # errors do not fail client writes, except with flush=backend where
     # FLUSH and FUA writes write back first.  The error filter cannot
     # fail FLUSH itself: part 2 does.)
-    run "all requests 10%" "$mode" "$flush" any-errors "" -- \
+    run "all requests 10%" "$mode" "$flush" any-errors "$dargs" -- \
         "${errf[@]}" error=EIO error-rate=10%
-    run "reads 50%" "$mode" "$flush" read-errors "" -- \
+    run "reads 50%" "$mode" "$flush" read-errors "$dargs" -- \
         "${errf[@]}" error-pread=EIO error-pread-rate=50%
-    run "writes 50%" "$mode" "$flush" "$wr" "" -- \
+    run "writes 50%" "$mode" "$flush" "$wr" "$dargs" -- \
         "${errf[@]}" error-pwrite=EIO error-pwrite-rate=50% \
         error-zero=EIO error-zero-rate=50% error-trim=EIO error-trim-rate=50%
     run "all requests 100%" "$mode" "$flush" \
-        "${all_fail}read-errors,backing-unchanged" "--ops 150" -- \
+        "${all_fail}read-errors,backing-unchanged" "--ops 150 $dargs" -- \
         "${errf[@]}" error=EIO error-rate=100%
 done
 echo "part 1: $((SECONDS - start_s)) s"
@@ -397,12 +443,14 @@ evalb=( eval
 # (no zero: nbdkit turns zeroes into writes)
 for m in writethrough:cache writearound:cache writeback:cache writeback:backend; do
     mode="${m%:*}" flush="${m#*:}"
+    dargs="--ops 120 --max-len 32768 --fua-prob 0.2"
     case "$mode:$flush" in
-        writeback:cache) exp= ;;
-        *)               exp=all-flushes-fail ;;
+        writeback:cache)   exp= ;;
+        writeback:backend) exp=all-flushes-fail
+                           dargs="--ops 60 --max-len 32768 --fua-prob 0.05 --mix read=45,write=45,flush=10" ;;
+        *)                 exp=all-flushes-fail ;;
     esac
-    run "flush 100%" "$mode" "$flush" "$exp" \
-        "--ops 120 --max-len 32768 --fua-prob 0.2" -- "${evalb[@]}"
+    run "flush 100%" "$mode" "$flush" "$exp" "$dargs" -- "${evalb[@]}"
     if [ "$mode" = writeback ]; then
         # Flush failures hold writeback back too.
         [ "$(stat_get "$stats" writeback_errors)" -gt 0 ] ||

@@ -34,6 +34,7 @@
 #include "stats.h"
 
 struct writeback;
+struct admit_seq;
 
 struct cache_sup {               /* a superseded slot waiting to be freed */
   uint32_t slot;
@@ -66,6 +67,7 @@ struct cache {
   enum cache_flush_mode flush_mode;
   struct cache_writeback_config wbcfg;
   unsigned policy;               /* enum evict_policy */
+  struct admit_seq *seqcut;      /* sequential cutoff, or NULL (c->lock) */
 
   /* Geometry (read-only after attach). */
   uint32_t page_size, sector_size, nsectors;

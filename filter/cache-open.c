@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "admit.h"
 #include "cache-int.h"
 #include "log.h"
 #include "writeback.h"
@@ -86,6 +87,13 @@ cache_open (const struct cache_config *cfg)
   c->flush_mode = cfg->flush_mode;
   c->wbcfg = cfg->wb;
   c->policy = cfg->policy;
+  if (cfg->seq_cutoff) {
+    c->seqcut = admit_seq_new (cfg->seq_cutoff, cfg->seq_streams);
+    if (c->seqcut == NULL) {
+      log_error ("calloc: %m");
+      goto err;
+    }
+  }
 
   if (pool_open (&c->pool, c->path) == -1)
     goto err;
@@ -536,6 +544,7 @@ cache_close (struct cache *c)
   pthread_rwlock_destroy (&c->inplace);
   pthread_mutex_destroy (&c->lock);
   free (c->sup);
+  admit_seq_free (c->seqcut);
   free (c->path);
   free (c->id_text);
   free (c);

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "admit.h"
 #include "cache-int.h"
 #include "log.h"
 #include "writeback.h"
@@ -854,7 +855,7 @@ fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
  */
 static int
 read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
-           uint64_t pos, uint32_t len, int *err)
+           uint64_t pos, uint32_t len, uint64_t nofill_from, int *err)
 {
   const uint32_t ps = c->page_size;
   const uint64_t first = pos / ps, last = (pos + len - 1) / ps;
@@ -973,7 +974,9 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
       uint64_t plo = read_lo > pstart ? read_lo : pstart;
       uint64_t phi = read_hi < pstart + ps ? read_hi : pstart + ps;
 
-      if (plo == pstart && phi >= pstart + cache_page_bytes (c, first + k))
+      if (pstart >= nofill_from)
+        STATS_ADD (&c->stats, seq_bypassed, 1);   /* a long stream */
+      else if (plo == pstart && phi >= pstart + cache_page_bytes (c, first + k))
         cache_fill_slot (c, first + k, PT_NONE, data, NULL);
       else if (!cache_degraded (c)) {
         uint32_t ns = cache_alloc_slot (c, false);
@@ -1008,10 +1011,20 @@ cache_read (struct cache *c, const struct cache_backend *be,
   const uint32_t ps = c->page_size;
   const uint64_t end = offset + count;
   uint8_t *dst = buf;
-  uint64_t pos = offset;
+  uint64_t pos = offset, nofill_from = UINT64_MAX;
 
   STATS_ADD (&c->stats, read_ops, 1);
   cache_touch_io (c);
+  if (c->seqcut) {
+    /* Sequential cutoff: past it, a long stream's misses are read from
+     * the backend without filling the cache (hits are still served).
+     */
+    pthread_mutex_lock (&c->lock);
+    nofill_from = offset + admit_seq_access (c->seqcut, offset, count);
+    pthread_mutex_unlock (&c->lock);
+    /* The page holding the boundary is still admitted. */
+    nofill_from = (nofill_from + ps - 1) / ps * ps;
+  }
   while (pos < end) {
     uint64_t page = pos / ps, run_end;
     uint32_t off = pos % ps;
@@ -1049,7 +1062,7 @@ cache_read (struct cache *c, const struct cache_backend *be,
     if (run_end > end)
       run_end = end;
     if (read_slow (c, be, dst + (pos - offset), pos, run_end - pos,
-                   err) == -1)
+                   nofill_from, err) == -1)
       return -1;
     pos = run_end;
   }
@@ -1063,7 +1076,7 @@ cache_prefetch (struct cache *c, const struct cache_backend *be,
   if (count == 0 || cache_degraded (c))
     return 0;
   cache_touch_io (c);
-  return read_slow (c, be, NULL, offset, count, err);
+  return read_slow (c, be, NULL, offset, count, UINT64_MAX, err);
 }
 
 bool

@@ -62,6 +62,8 @@ struct cache_config {
   enum cache_flush_mode flush_mode;
   struct cache_writeback_config wb;
   unsigned policy;             /* enum evict_policy (0 = CLOCK) */
+  uint64_t seq_cutoff;         /* sequential cutoff in bytes, 0: off */
+  unsigned seq_streams;        /* streams tracked for it */
 };
 
 #define CACHE_DEFAULT_SIZE (1024ULL * 1024 * 1024)   /* 1 GiB */

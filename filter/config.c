@@ -23,6 +23,8 @@ struct config config = {
   .wb = { .high_pct = 50, .low_pct = 10, .rate = 0, .idle_ms = 1000 },
   .writeback_on_exit = true,
   .policy = EVICT_DEFAULT,
+  .seq_cutoff = 0,
+  .seq_streams = 16,
 };
 
 /* The identity is a list of "key=value\n" lines, hashed twice. */
@@ -143,6 +145,22 @@ config_set (const char *key, const char *value)
       return -1;
     }
     config.policy = p;
+    return 0;
+  }
+  if (strcmp (key, "ssdcache-seq-cutoff") == 0) {
+    int64_t v = nbdkit_parse_size (value);
+    if (v == -1)
+      return bad_value (key, value);
+    config.seq_cutoff = v;
+    return 0;
+  }
+  if (strcmp (key, "ssdcache-seq-streams") == 0) {
+    if (nbdkit_parse_unsigned (key, value, &config.seq_streams) == -1)
+      return bad_value (key, value);
+    if (config.seq_streams == 0 || config.seq_streams > 1024) {
+      nbdkit_error ("%s: from 1 to 1024, not %s", key, value);
+      return -1;
+    }
     return 0;
   }
   if (strcmp (key, "ssdcache-flush") == 0) {

@@ -26,6 +26,8 @@ struct config {
   struct cache_writeback_config wb;
   bool writeback_on_exit;
   unsigned policy;             /* enum evict_policy */
+  uint64_t seq_cutoff;
+  unsigned seq_streams;
   uint64_t digest[2];          /* backend identity, after config_finish */
   char *id_text;               /* printable identity (secrets masked) */
 };

@@ -75,7 +75,10 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "ssdcache-id=STRING         Backend identity (default: from parameters).\n" \
   "ssdcache-reset=BOOL        Re-initialise a mismatched cache.\n" \
   "ssdcache-stats=FILE        Write counters to FILE at exit.\n" \
-  "ssdcache-policy=s3fifo|clock  Replacement policy (s3fifo)."
+  "ssdcache-policy=s3fifo|clock  Replacement policy (s3fifo).\n" \
+  "ssdcache-seq-cutoff=SIZE   Sequential streams past SIZE bypass the\n" \
+  "                           cache (0: off, the default).\n" \
+  "ssdcache-seq-streams=N     Streams tracked for the cutoff (16)."
 
 static int
 ssdcache_thread_model (void)
@@ -97,6 +100,8 @@ ssdcache_get_ready (int thread_model)
     .flush_mode = config.flush_mode,
     .wb = config.wb,
     .policy = config.policy,
+    .seq_cutoff = config.seq_cutoff,
+    .seq_streams = config.seq_streams,
   };
 
   cache = cache_open (&cfg);

@@ -25,6 +25,8 @@ struct stats {
   _Atomic uint64_t fills;             /* slots filled from the backend */
   _Atomic uint64_t evictions;
   _Atomic uint64_t bypassed;          /* pages not cached: no free slot */
+  _Atomic uint64_t seq_bypassed;      /* pages not cached: beyond the
+                                         sequential cutoff of a stream */
   _Atomic uint64_t verify_failures;   /* slots dropped: data CRC mismatch */
   _Atomic uint64_t cache_errors;      /* cache device I/O errors */
   _Atomic uint64_t loaded_slots;      /* slots loaded warm at start-up */

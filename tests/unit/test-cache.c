@@ -32,6 +32,7 @@
 #include "layout.h"
 #include "rambackend.h"
 #include "stats.h"
+#include "testfile.h"
 
 extern int log_error_count;
 extern char log_error_last[512];
@@ -39,59 +40,10 @@ extern char log_error_last[512];
 #define PS 4096u
 #define ST(c, f) STATS_GET (cache_stats (c), f)
 
-static char cache_path[4096];
-
-/* A deadlock or livelock in the engine must fail the test, not hang
- * "make check": every test gets WATCHDOG_SECONDS (valgrind included).
- */
-#define WATCHDOG_SECONDS 300
-
-static void
-watchdog (int sig)
-{
-  static const char msg[] = "test-cache: watchdog: the test above (last "
-    "RUN line) did not finish: deadlock or livelock in the engine?\n";
-
-  /* Not async-signal-safe, but we are about to die anyway and the RUN
-   * line naming the test may still be in the stdio buffer.
-   */
-  fflush (stdout);
-  (void) !write (2, msg, sizeof msg - 1);
-  unlink (cache_path);
-  _exit (1);
-}
-
-/*----------------------------------------------------------------------
- * Helpers.
- */
-
-static int
-setup_file (void **state)
-{
-  const char *dir = getenv ("TMPDIR");
-  int fd;
-
-  if (dir == NULL || *dir == '\0')
-    dir = "/tmp";
-  snprintf (cache_path, sizeof cache_path, "%s/ssdcache-unit-XXXXXX", dir);
-  fd = mkstemp (cache_path);
-  if (fd == -1) {
-    perror ("mkstemp");
-    return -1;
-  }
-  close (fd);
-  signal (SIGALRM, watchdog);
-  alarm (WATCHDOG_SECONDS);
-  return 0;
-}
-
-static int
-teardown_file (void **state)
-{
-  alarm (0);
-  unlink (cache_path);
-  return 0;
-}
+/* The temporary cache file and the watchdog: tests/unit/testfile.h. */
+#define cache_path testfile_path
+#define setup_file testfile_setup
+#define teardown_file testfile_teardown
 
 static struct cache_config
 make_cfg (uint64_t size)
@@ -1617,5 +1569,7 @@ main (void)
     T (test_threads_readonly_big_pages),
   };
 
+  testfile_name = "test-cache";
+  testfile_watchdog_seconds = 300;
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

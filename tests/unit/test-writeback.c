@@ -39,6 +39,7 @@
 #include "layout.h"
 #include "rambackend.h"
 #include "stats.h"
+#include "testfile.h"
 
 extern int log_error_count;
 extern char log_error_last[512];
@@ -47,57 +48,10 @@ extern char log_error_last[512];
 #define SS 512u                   /* its sector size */
 #define ST(c, f) STATS_GET (cache_stats (c), f)
 
-static char cache_path[4096];
-
-/* A deadlock or a flush that never ends must fail the test, not hang
- * "make check" (valgrind included).
- */
-#define WATCHDOG_SECONDS 400
-
-static void
-watchdog (int sig)
-{
-  static const char msg[] = "test-writeback: watchdog: the test above "
-    "(last RUN line) did not finish: deadlock, livelock or a flush that "
-    "never ends?\n";
-
-  fflush (stdout);
-  (void) !write (2, msg, sizeof msg - 1);
-  unlink (cache_path);
-  _exit (1);
-}
-
-/*----------------------------------------------------------------------
- * Helpers.
- */
-
-static int
-setup_file (void **state)
-{
-  const char *dir = getenv ("TMPDIR");
-  int fd;
-
-  if (dir == NULL || *dir == '\0')
-    dir = "/tmp";
-  snprintf (cache_path, sizeof cache_path, "%s/ssdcache-wb-XXXXXX", dir);
-  fd = mkstemp (cache_path);
-  if (fd == -1) {
-    perror ("mkstemp");
-    return -1;
-  }
-  close (fd);
-  signal (SIGALRM, watchdog);
-  alarm (WATCHDOG_SECONDS);
-  return 0;
-}
-
-static int
-teardown_file (void **state)
-{
-  alarm (0);
-  unlink (cache_path);
-  return 0;
-}
+/* The temporary cache file and the watchdog: tests/unit/testfile.h. */
+#define cache_path testfile_path
+#define setup_file testfile_setup
+#define teardown_file testfile_teardown
 
 /* The backend the engine sees: the RAM backend plus a flush, both with
  * failures that last until cleared, and an event clock that tells
@@ -1989,5 +1943,7 @@ main (void)
     T (test_wb_threads_tiny_cache),
   };
 
+  testfile_name = "test-writeback";
+  testfile_watchdog_seconds = 400;
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

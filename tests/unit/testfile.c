@@ -1,0 +1,59 @@
+/* nbdkit-ssdcache-filter unit tests: see testfile.h. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testfile.h"
+
+char testfile_path[4096];
+const char *testfile_name = "unit";
+unsigned testfile_watchdog_seconds = 300;
+
+static void
+watchdog (int sig)
+{
+  char msg[256];
+  int n = snprintf (msg, sizeof msg, "%s: watchdog: the test above (last "
+                    "RUN line) did not finish: deadlock, livelock or a "
+                    "flush that never ends?\n", testfile_name);
+
+  /* Not async-signal-safe, but we are about to die anyway and the RUN
+   * line naming the test may still be in the stdio buffer.
+   */
+  fflush (stdout);
+  if (n > 0)
+    (void) !write (2, msg, (size_t) n < sizeof msg ? (size_t) n : sizeof msg);
+  unlink (testfile_path);
+  _exit (1);
+}
+
+int
+testfile_setup (void **state)
+{
+  const char *dir = getenv ("TMPDIR");
+  int fd;
+
+  if (dir == NULL || *dir == '\0')
+    dir = "/tmp";
+  snprintf (testfile_path, sizeof testfile_path, "%s/ssdcache-%s-XXXXXX",
+            dir, testfile_name);
+  fd = mkstemp (testfile_path);
+  if (fd == -1) {
+    perror ("mkstemp");
+    return -1;
+  }
+  close (fd);
+  signal (SIGALRM, watchdog);
+  alarm (testfile_watchdog_seconds);
+  return 0;
+}
+
+int
+testfile_teardown (void **state)
+{
+  alarm (0);
+  unlink (testfile_path);
+  return 0;
+}

@@ -1,0 +1,22 @@
+/* nbdkit-ssdcache-filter unit tests: a temporary cache file per test
+ * and a watchdog.
+ *
+ * testfile_setup (a cmocka setup function) creates an empty file in
+ * $TMPDIR (default /tmp) named in testfile_path and arms a watchdog: a
+ * test that deadlocks or livelocks in the engine fails after
+ * testfile_watchdog_seconds instead of hanging "make check" (valgrind
+ * included).  testfile_teardown disarms it and removes the file.
+ * Each test program sets testfile_name and testfile_watchdog_seconds
+ * before running its tests.
+ */
+#ifndef SSDCACHE_TESTFILE_H
+#define SSDCACHE_TESTFILE_H
+
+extern char testfile_path[4096];
+extern const char *testfile_name;            /* for messages and the file */
+extern unsigned testfile_watchdog_seconds;
+
+extern int testfile_setup (void **state);
+extern int testfile_teardown (void **state);
+
+#endif /* SSDCACHE_TESTFILE_H */

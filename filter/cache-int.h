@@ -144,8 +144,6 @@ extern int cache_patch_slot (struct cache *c, const struct cache_backend *be,
                              uint64_t page, uint32_t s, bool fresh,
                              const uint8_t *src, uint32_t off, uint32_t n,
                              enum wkind kind, int *err);
-extern int cache_clean_pages (struct cache *c, const struct cache_backend *be,
-                              uint64_t first, uint64_t last, int *err);
 extern void cache_invalidate_pages (struct cache *c, uint64_t first,
                                     uint64_t last);
 

@@ -57,7 +57,7 @@ cache_invalidate (struct cache *c, uint32_t count, uint64_t offset)
  * is current for them.  Returns 0 or -1 (*err): a page that cannot be
  * written back (bad data, backend error) stays dirty.
  */
-int
+static int
 cache_clean_pages (struct cache *c, const struct cache_backend *be,
                    uint64_t first, uint64_t last, int *err)
 {
@@ -82,14 +82,15 @@ cache_clean_pages (struct cache *c, const struct cache_backend *be,
   return 0;
 }
 
-/* Pass-through (the cache device failed): dirty pages in the range are
- * written back first, then the request goes to the backend and cached
- * copies are dropped.  do_op NULL: a write of buf.
+/* The backend does the request, cached copies of its pages are
+ * dropped: zero/trim outside writeback mode, and everything in
+ * pass-through (the cache device failed), where dirty pages in the
+ * range are written back first.  do_op NULL: a write of buf.
  */
 static int
-degraded_op (struct cache *c, const struct cache_backend *be,
-             cache_backend_op do_op, void *opaque, const void *buf,
-             uint32_t count, uint64_t offset, bool fua, int *err)
+through_op (struct cache *c, const struct cache_backend *be,
+            cache_backend_op do_op, void *opaque, const void *buf,
+            uint32_t count, uint64_t offset, bool fua, int *err)
 {
   uint64_t first = offset / c->page_size;
   uint64_t last = (offset + count - 1) / c->page_size;
@@ -466,7 +467,7 @@ cache_write (struct cache *c, const struct cache_backend *be,
   if (count == 0)
     return 0;
   if (cache_degraded (c))
-    return degraded_op (c, be, NULL, NULL, buf, count, offset, fua, err);
+    return through_op (c, be, NULL, NULL, buf, count, offset, fua, err);
 
   first = offset / ps;
   last = (offset + count - 1) / ps;
@@ -517,7 +518,7 @@ cache_write (struct cache *c, const struct cache_backend *be,
     /* The cache device failed under this very write: do it again as
      * pass-through (pages it already dirtied are written back first).
      */
-    return degraded_op (c, be, NULL, NULL, buf, count, offset, fua, err);
+    return through_op (c, be, NULL, NULL, buf, count, offset, fua, err);
   }
   /* A FUA write is durable as the flush mode says.  In writethrough it
    * is durable on the backend already; syncing the cache too keeps an
@@ -539,7 +540,7 @@ cache_zero_trim (struct cache *c, const struct cache_backend *be,
 {
   const uint32_t ps = c->page_size;
   const bool writeback = c->mode == LAYOUT_MODE_WRITEBACK;
-  uint64_t first, last, end = offset + count;
+  uint64_t end = offset + count;
   uint64_t full_lo, full_hi;    /* whole pages: [full_lo, full_hi) bytes */
   uint8_t *zeroes = NULL;
   int ret = -1;
@@ -548,19 +549,11 @@ cache_zero_trim (struct cache *c, const struct cache_backend *be,
   if (count == 0)
     return do_op (opaque, count, offset, err);
   if (cache_degraded (c))
-    return degraded_op (c, be, do_op, opaque, NULL, count, offset, fua, err);
-  first = offset / ps;
-  last = (end - 1) / ps;
+    return through_op (c, be, do_op, opaque, NULL, count, offset, fua, err);
 
   if (!writeback) {
     /* The backend is the truth: do it there, drop cached copies. */
-    if (rangelock_acquire (&c->ranges, first, last) == -1) {
-      *err = errno;
-      return -1;
-    }
-    ret = do_op (opaque, count, offset, err);
-    cache_invalidate_pages (c, first, last);
-    rangelock_release (&c->ranges, first, last);
+    ret = through_op (c, be, do_op, opaque, NULL, count, offset, false, err);
     if (ret == 0 && fua)
       cache_sync (c, err);
     return ret;

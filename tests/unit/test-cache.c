@@ -44,6 +44,7 @@ extern char log_error_last[512];
 #define cache_path testfile_path
 #define setup_file testfile_setup
 #define teardown_file testfile_teardown
+#define read_file_sb testfile_read_sb
 
 static struct cache_config
 make_cfg (uint64_t size)
@@ -147,29 +148,6 @@ rnd64 (uint64_t *s)
   return *s;
 }
 
-/* Read the superblock copy with the highest generation from the file. */
-static void
-read_file_sb (struct layout_sb *out)
-{
-  uint8_t buf[LAYOUT_SB_SIZE];
-  struct layout_sb sb;
-  bool found = false;
-  int fd = open (cache_path, O_RDONLY);
-
-  assert_true (fd >= 0);
-  for (int i = 0; i < LAYOUT_SB_COUNT; ++i) {
-    const char *why;
-    assert_int_equal (pread (fd, buf, sizeof buf, i * LAYOUT_SB_SIZE),
-                      sizeof buf);
-    if (layout_sb_decode (buf, &sb, &why) == 0 &&
-        (!found || sb.generation > out->generation)) {
-      *out = sb;
-      found = true;
-    }
-  }
-  close (fd);
-  assert_true (found);
-}
 
 static void
 patch_file (uint64_t off, const void *buf, size_t len)

@@ -52,6 +52,7 @@ extern char log_error_last[512];
 #define cache_path testfile_path
 #define setup_file testfile_setup
 #define teardown_file testfile_teardown
+#define read_file_sb testfile_read_sb
 
 /* The backend the engine sees: the RAM backend plus a flush, both with
  * failures that last until cleared, and an event clock that tells
@@ -254,28 +255,6 @@ model_new (struct rambackend *rb)
  * Looking at the cache file directly.
  */
 
-static void
-read_file_sb (struct layout_sb *out)
-{
-  uint8_t buf[LAYOUT_SB_SIZE];
-  struct layout_sb sb;
-  bool found = false;
-  int fd = open (cache_path, O_RDONLY);
-
-  assert_true (fd >= 0);
-  for (int i = 0; i < LAYOUT_SB_COUNT; ++i) {
-    const char *why;
-    assert_int_equal (pread (fd, buf, sizeof buf, i * LAYOUT_SB_SIZE),
-                      sizeof buf);
-    if (layout_sb_decode (buf, &sb, &why) == 0 &&
-        (!found || sb.generation > out->generation)) {
-      *out = sb;
-      found = true;
-    }
-  }
-  close (fd);
-  assert_true (found);
-}
 
 /* Entry of slot as stored in the file (raw: its 64 bytes, may be
  * NULL).  Returns layout_entry_decode's result.

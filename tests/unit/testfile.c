@@ -1,10 +1,19 @@
 /* nbdkit-ssdcache-filter unit tests: see testfile.h. */
+#include <fcntl.h>
+#include <setjmp.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <cmocka.h>
+
+#include "layout.h"
 #include "testfile.h"
 
 char testfile_path[4096];
@@ -56,4 +65,27 @@ testfile_teardown (void **state)
   alarm (0);
   unlink (testfile_path);
   return 0;
+}
+
+void
+testfile_read_sb (struct layout_sb *out)
+{
+  uint8_t buf[LAYOUT_SB_SIZE];
+  struct layout_sb sb;
+  bool found = false;
+  int fd = open (testfile_path, O_RDONLY);
+
+  assert_true (fd >= 0);
+  for (int i = 0; i < LAYOUT_SB_COUNT; ++i) {
+    const char *why;
+    assert_int_equal (pread (fd, buf, sizeof buf, i * LAYOUT_SB_SIZE),
+                      sizeof buf);
+    if (layout_sb_decode (buf, &sb, &why) == 0 &&
+        (!found || sb.generation > out->generation)) {
+      *out = sb;
+      found = true;
+    }
+  }
+  close (fd);
+  assert_true (found);
 }

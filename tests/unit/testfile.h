@@ -19,4 +19,10 @@ extern unsigned testfile_watchdog_seconds;
 extern int testfile_setup (void **state);
 extern int testfile_teardown (void **state);
 
+struct layout_sb;
+/* The valid superblock copy of testfile_path with the highest
+ * generation (a cmocka failure if there is none).
+ */
+extern void testfile_read_sb (struct layout_sb *out);
+
 #endif /* SSDCACHE_TESTFILE_H */

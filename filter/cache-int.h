@@ -17,6 +17,9 @@
  * version goes to another slot (copy on write) and the old one is
  * freed by a FREE entry once the new one is flushed too (c->sup).
  * Unflushed dirty data may be rewritten in place: a crash may lose it.
+ * From its second such rewrite on, a slot is "unsealed" (cache-seal.c):
+ * its data checksum is no longer kept, so the rewrites cost one data
+ * write each; the next client flush, writeback or close seals it again.
  */
 #ifndef SSDCACHE_CACHE_INT_H
 #define SSDCACHE_CACHE_INT_H
@@ -85,6 +88,9 @@ struct cache {
   struct cache_sup *sup;
   size_t nsup, capsup;
   uint64_t ndirty;               /* slots in state DIRTY (indexed) */
+  uint32_t *unsealed;            /* slots that may be PT_UNSEALED (PT_LISTED) */
+  size_t nunsealed, capunsealed;
+  size_t unseal_reserved;        /* list room promised to writers */
 
   /* Lock free. */
   atomic_bool degraded;          /* the cache device failed: pass-through */
@@ -108,6 +114,12 @@ extern void cache_unpin (struct cache *c, uint32_t s);
 extern void cache_io_error (struct cache *c, const char *what, uint32_t s);
 extern int cache_commit_entry (struct cache *c, uint32_t s,
                                const struct pt_slot *upd);
+/* The same, for a write that belongs to sync epoch epoch (an earlier
+ * one than the current: a flush sealing what it covers).
+ */
+#define CACHE_EPOCH_NOW UINT64_MAX
+extern int cache_commit_entry_at (struct cache *c, uint32_t s,
+                                  const struct pt_slot *upd, uint64_t epoch);
 extern void cache_set_state_counts (struct cache *c, uint8_t old_state,
                                     uint8_t new_state);
 extern int cache_drop_slot (struct cache *c, uint32_t s);
@@ -128,6 +140,14 @@ extern int cache_sync_device (struct cache *c, int *err);
 extern uint64_t cache_now_ms (void);
 /* Under c->lock: a new resident slot s for page, told to the policy. */
 extern void cache_policy_insert (struct cache *c, uint32_t s, uint64_t page);
+
+/* cache-seal.c (see there) */
+extern bool cache_unseal_reserve_locked (struct cache *c, uint32_t s);
+extern void cache_unseal_unreserve_locked (struct cache *c, uint32_t s);
+extern void cache_unseal_listed_locked (struct cache *c, uint32_t s);
+extern int cache_seal_slot (struct cache *c, uint32_t s, uint64_t epoch);
+extern void cache_seal_epoch (struct cache *c, uint64_t epoch, bool wait);
+extern size_t cache_unsealed_count (struct cache *c);
 
 /* cache-write.c */
 enum wkind {

@@ -239,6 +239,7 @@ struct cand {
   uint64_t page, seq;
   uint32_t slot;
   uint8_t hint;
+  bool unsealed;                 /* never used: only tells it was there */
 };
 
 static int
@@ -274,6 +275,45 @@ write_free (struct cache *c, uint32_t s)
     cache_io_error (c, "writing free entry", s);
 }
 
+/* Slot s is the newest usable version of its page, but a newer one was
+ * dropped (unsealed or torn).  That newer version may have been written
+ * back before the crash, so the backend may be newer than s's clean
+ * sectors: they are no longer valid (they will be read from the
+ * backend), and a clean s goes altogether.  s's dirty sectors stay: they
+ * are the flushed data.  Returns true if s is still to be used.
+ */
+static bool
+older_after_drop (struct cache *c, uint32_t s, uint8_t *buf)
+{
+  struct pt_slot *slot = &c->pt.slots[s];
+  struct layout_entry e;
+
+  if (ssdcache_debug_recovery)
+    log_debug ("slot %u: page %llu: a newer version was dropped; its clean "
+               "sectors are not trusted", s, (unsigned long long) slot->page);
+  if (slot->state != LAYOUT_DIRTY) {
+    slot->state = LAYOUT_FREE;
+    write_free (c, s);
+    return false;
+  }
+  if (pool_read_data (&c->pool, s, buf, c->page_size, 0) == -1 ||
+      cache_page_crc (c, buf, slot->valid) != slot->data_crc) {
+    cache_io_error (c, "reading data at recovery", s);
+    slot->state = LAYOUT_FREE;
+    write_free (c, s);
+    return false;
+  }
+  memcpy (slot->valid, slot->dirty, sizeof slot->valid);
+  slot->data_crc = cache_page_crc (c, buf, slot->valid);
+  slot->seq = ++c->seq;
+  pagetable_to_entry (slot, &e);
+  if (pool_write_entry (&c->pool, s, &e) == -1) {
+    cache_io_error (c, "writing entry at recovery", s);
+    return false;
+  }
+  return true;
+}
+
 static int
 load_entries (struct cache *c)
 {
@@ -282,6 +322,7 @@ load_entries (struct cache *c)
   uint8_t *page_buf = malloc (c->page_size);
   struct cand *cand = malloc ((size_t) c->nslots * sizeof *cand);
   uint64_t ncand = 0, loaded = 0, dropped = 0, lost = 0, ndirty = 0;
+  uint64_t unsealed = 0;
   int ret = -1;
 
   if (raw == NULL || page_buf == NULL || cand == NULL) {
@@ -320,6 +361,25 @@ load_entries (struct cache *c)
         c->seq = e.seq;
       if (e.state == LAYOUT_FREE)
         continue;
+      if (e.flags & LAYOUT_ENT_UNSEALED) {
+        /* Dirty data rewritten in place after the last flush: it
+         * cannot be verified, and need not survive a crash.  It stays a
+         * candidate only to tell that a newer version existed.
+         */
+        unsealed++;
+        if (ssdcache_debug_recovery)
+          log_debug ("slot %u: page %llu unsealed (not flushed): dropped",
+                     s, (unsigned long long) e.page);
+        if (e.page < npages) {
+          cand[ncand].page = e.page;
+          cand[ncand].seq = e.seq;
+          cand[ncand].slot = s;
+          cand[ncand].hint = 0;
+          cand[ncand].unsealed = true;
+          ncand++;
+        }
+        continue;
+      }
       if (e.page >= npages) {
         dropped++;
         continue;
@@ -329,6 +389,7 @@ load_entries (struct cache *c)
       cand[ncand].seq = e.seq;
       cand[ncand].slot = s;
       cand[ncand].hint = e.hint;
+      cand[ncand].unsealed = false;
       ncand++;
     }
   }
@@ -337,7 +398,7 @@ load_entries (struct cache *c)
   qsort (cand, ncand, sizeof *cand, cmp_cand);
   for (uint64_t i = 0; i < ncand;) {
     uint64_t j = i;
-    bool won = false;
+    bool won = false, newer_dropped = false;
 
     while (j < ncand && cand[j].page == cand[i].page)
       j++;
@@ -345,12 +406,17 @@ load_entries (struct cache *c)
       uint32_t s = cand[k].slot;
       struct pt_slot *slot = &c->pt.slots[s];
 
+      if (cand[k].unsealed) {
+        newer_dropped |= !won;
+        continue;
+      }
       if (!won && slot->state == LAYOUT_DIRTY && !c->was_clean &&
           !data_verifies (c, s, page_buf)) {
         /* Torn by the crash: it was never flushed (flushed dirty data
          * is never rewritten in place).
          */
         lost++;
+        newer_dropped = true;
         log_error ("cache file %s: after an unclean shutdown, dirty page "
                    "%llu (slot %u) does not verify: it was not flushed; "
                    "using the previous version", c->path,
@@ -367,6 +433,10 @@ load_entries (struct cache *c)
         continue;
       }
       won = true;
+      if (newer_dropped && !older_after_drop (c, s, page_buf)) {
+        dropped++;
+        continue;
+      }
       slot->flags = slot->state == LAYOUT_DIRTY && !c->was_clean
         ? PT_VERIFIED : 0;
       slot->epoch = 0;
@@ -394,15 +464,19 @@ load_entries (struct cache *c)
   STATS_ADD (&c->stats, loaded_slots, loaded);
   STATS_ADD (&c->stats, dropped_entries, dropped);
   STATS_ADD (&c->stats, dirty_dropped, lost);
+  STATS_ADD (&c->stats, unsealed_dropped, unsealed);
+  if (unsealed && c->was_clean)
+    log_error ("cache file %s: %llu unsealed entries in a cache closed "
+               "cleanly: dropped", c->path, (unsigned long long) unsealed);
   if (dropped && c->was_clean)
     log_error ("cache file %s: %llu page-table entries were damaged or "
                "stale and have been dropped", c->path,
                (unsigned long long) dropped);
   log_debug ("cache file %s: %s start, %llu pages loaded (%llu dirty), "
-             "%llu dropped", c->path,
+             "%llu dropped, %llu unflushed rewrites dropped", c->path,
              c->was_clean ? "clean" : "unclean (recovered)",
              (unsigned long long) loaded, (unsigned long long) ndirty,
-             (unsigned long long) dropped);
+             (unsigned long long) dropped, (unsigned long long) unsealed);
   ret = 0;
  out:
   free (raw);
@@ -518,8 +592,17 @@ cache_close (struct cache *c)
     if (!cache_degraded (c))
       save_hints (c);
 
-    /* Superseded slots can all go once everything is durable. */
-    if (cache_sync (c, &err) == 0 && cache_sync (c, &err) == 0) {
+    /* Superseded slots can all go once everything is durable; the
+     * first sync also seals every unsealed slot.
+     */
+    if (cache_sync (c, &err) == -1 || cache_sync (c, &err) == -1)
+      log_error ("cache file %s: fdatasync at close: %m", c->path);
+    else if (cache_unsealed_count (c) > 0)
+      log_error ("cache file %s: %zu dirty pages could not be sealed at "
+                 "close; the cache stays marked as not closed cleanly, "
+                 "so the next start drops them (they were not flushed)",
+                 c->path, cache_unsealed_count (c));
+    else {
       sb.flags |= LAYOUT_SB_CLEAN;
       if (c->ndirty == 0)
         sb.flags &= ~LAYOUT_SB_DIRTY;
@@ -530,8 +613,6 @@ cache_close (struct cache *c)
       }
       pool_write_sb (&c->pool, &sb);
     }
-    else
-      log_error ("cache file %s: fdatasync at close: %m", c->path);
   }
   if (c->pool.fd >= 0)
     pool_close (&c->pool);
@@ -544,6 +625,7 @@ cache_close (struct cache *c)
   pthread_rwlock_destroy (&c->inplace);
   pthread_mutex_destroy (&c->lock);
   free (c->sup);
+  free (c->unsealed);
   admit_seq_free (c->seqcut);
   free (c->path);
   free (c->id_text);

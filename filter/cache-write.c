@@ -178,9 +178,26 @@ merge_span (struct cache *c, const struct cache_backend *be, uint64_t page,
   return 0;
 }
 
+/* Does a write of [off, off+n) of page cover its first and last
+ * sectors wholly (so the old sectors need not be read)?
+ */
+static bool
+covers_sectors (struct cache *c, uint64_t page, uint32_t off, uint32_t n)
+{
+  const uint32_t ss = c->sector_size;
+  const uint32_t pbytes = cache_page_bytes (c, page);
+  uint32_t end_sector = ((off + n - 1) / ss + 1) * ss;
+
+  if (end_sector > pbytes)
+    end_sector = pbytes;
+  return off % ss == 0 && off + n >= end_sector;
+}
+
 /* Apply a write in place to slot s (pinned; fresh: newly allocated and
  * empty, not indexed).  Only the sectors touched are read and written;
- * the data CRC is patched, not recomputed.  Consumes the pin (or, for
+ * the data CRC is patched, not recomputed.  An unflushed dirty slot
+ * rewritten in place a second time is unsealed instead (cache-seal.c):
+ * no checksum, no read, no entry write.  Consumes the pin (or, for
  * fresh, indexes the slot).  Returns 0, or -1 with *err set.
  */
 int
@@ -192,8 +209,8 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
   unsigned sf, sl;
   uint32_t span_off, span_len;
   uint8_t *old = NULL, *span = NULL;
-  struct pt_slot upd;
-  bool wrote = false;
+  struct pt_slot upd, before;
+  bool wrote = false, unseal = false, unsealed = false;
   int ret = -1;
 
   cache_sector_span (c, off, n, &sf, &sl);
@@ -213,36 +230,73 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     memset (old, 0, span_len);
   }
   else {
+    if (kind == W_CLEAN && cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1) {
+      /* It could become clean: it needs a checksum again. */
+      *err = EIO;
+      goto out;
+    }
     pthread_mutex_lock (&c->lock);
     upd = c->pt.slots[s];
+    unsealed = upd.flags & PT_UNSEALED;
+    unseal = !unsealed && kind == W_DIRTY && upd.state == LAYOUT_DIRTY &&
+      (upd.flags & PT_VERIFIED) && !(upd.flags & PT_BAD) &&
+      cache_unseal_reserve_locked (c, s);
     pthread_mutex_unlock (&c->lock);
     if (upd.flags & PT_BAD) {
       *err = EIO;
       goto out;
     }
-    if (pool_read_data (&c->pool, s, old, span_len, span_off) == -1) {
-      cache_io_error (c, "reading data", s);
-      *err = EIO;
-      goto out;
+    if (!(unseal || unsealed) || !covers_sectors (c, page, off, n)) {
+      if (pool_read_data (&c->pool, s, old, span_len, span_off) == -1) {
+        cache_io_error (c, "reading data", s);
+        *err = EIO;
+        goto out;
+      }
+      for (unsigned i = sf; i <= sl; i++)
+        if (!layout_bit_test (upd.valid, i))
+          memset (old + (i - sf) * ss, 0, ss);
     }
-    for (unsigned i = sf; i <= sl; i++)
-      if (!layout_bit_test (upd.valid, i))
-        memset (old + (i - sf) * ss, 0, ss);
+    else
+      memset (old, 0, span_len);        /* all overwritten, but for the
+                                           bytes past the backend's end */
   }
   memcpy (span, old, span_len);
+  before = upd;
   if (merge_span (c, be, page, span, sf, sl, src, off, n, kind,
                   upd.valid, upd.dirty, err) == -1)
     goto out;
-  upd.data_crc = layout_crc32c_patch (upd.data_crc, c->page_size, span_off,
-                                      old, span, span_len);
   upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
 
-  if (pool_write_data (&c->pool, s, span, span_len, span_off) == -1 ||
-      cache_commit_entry (c, s, &upd) == -1) {
-    cache_io_error (c, "writing", s);
-    *err = EIO;
+  if (unseal || unsealed) {
+    /* Entry first, with the maps as they are (it says: do not trust
+     * this slot after a crash), then the data; then readers may see the
+     * new maps.  Later rewrites only write data.
+     */
+    if (unseal) {
+      struct pt_slot mark = before;
+
+      mark.flags |= PT_UNSEALED;
+      unseal = false;           /* the commit uses the reservation */
+      if (cache_commit_entry (c, s, &mark) == -1)
+        goto io_error;
+    }
     wrote = true;
-    goto out;
+    if (pool_write_data (&c->pool, s, span, span_len, span_off) == -1)
+      goto io_error;
+    pthread_mutex_lock (&c->lock);
+    memcpy (c->pt.slots[s].valid, upd.valid, sizeof upd.valid);
+    memcpy (c->pt.slots[s].dirty, upd.dirty, sizeof upd.dirty);
+    c->pt.slots[s].seq = ++c->seq;      /* tells writeback it changed */
+    pthread_mutex_unlock (&c->lock);
+  }
+  else {
+    upd.data_crc = layout_crc32c_patch (upd.data_crc, c->page_size, span_off,
+                                        old, span, span_len);
+    if (pool_write_data (&c->pool, s, span, span_len, span_off) == -1 ||
+        cache_commit_entry (c, s, &upd) == -1) {
+      wrote = true;
+      goto io_error;
+    }
   }
   ret = 0;
   if (fresh) {
@@ -258,8 +312,17 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     STATS_ADD (&c->stats, pages_updated, 1);
     cache_unpin (c, s);
   }
+  goto out;
 
+ io_error:
+  cache_io_error (c, "writing", s);
+  *err = EIO;
  out:
+  if (unseal) {
+    pthread_mutex_lock (&c->lock);
+    cache_unseal_unreserve_locked (c, s);
+    pthread_mutex_unlock (&c->lock);
+  }
   if (ret == -1) {
     if (fresh) {
       pthread_mutex_lock (&c->lock);
@@ -337,6 +400,7 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
     }
     upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
     upd.data_crc = cache_page_crc (c, buf, upd.valid);
+    upd.flags &= ~PT_UNSEALED;  /* a fresh checksum */
     if (pool_write_data (&c->pool, ns, buf, c->page_size, 0) == -1 ||
         cache_commit_entry (c, ns, &upd) == -1) {
       cache_io_error (c, "writing", ns);

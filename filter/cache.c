@@ -186,11 +186,13 @@ cache_set_state_counts (struct cache *c, uint8_t old_state,
 }
 
 /* Write the entry of pinned (or privately owned) slot s with a new
- * sequence number after copying upd's contents into it.  The slot's
- * epoch is set once the write has completed.
+ * sequence number after copying upd's contents into it (and its
+ * PT_UNSEALED flag).  The slot's epoch is set once the write has
+ * completed: the current one, or epoch if that is earlier.
  */
 int
-cache_commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
+cache_commit_entry_at (struct cache *c, uint32_t s, const struct pt_slot *upd,
+                       uint64_t epoch)
 {
   struct layout_entry e;
   struct pt_slot *slot;
@@ -200,6 +202,9 @@ cache_commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
   slot = &c->pt.slots[s];
   if (slot->flags & PT_INDEXED)
     cache_set_state_counts (c, slot->state, upd->state);
+  if ((upd->flags & PT_UNSEALED) && !(slot->flags & PT_UNSEALED))
+    cache_unseal_listed_locked (c, s);
+  slot->flags = (slot->flags & ~PT_UNSEALED) | (upd->flags & PT_UNSEALED);
   slot->page = upd->page;
   slot->state = upd->state;
   slot->data_crc = upd->data_crc;
@@ -215,9 +220,15 @@ cache_commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
   r = pool_write_entry (&c->pool, s, &e);
 
   pthread_mutex_lock (&c->lock);
-  c->pt.slots[s].epoch = c->epoch;
+  c->pt.slots[s].epoch = c->epoch < epoch ? c->epoch : epoch;
   pthread_mutex_unlock (&c->lock);
   return r;
+}
+
+int
+cache_commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
+{
+  return cache_commit_entry_at (c, s, upd, CACHE_EPOCH_NOW);
 }
 
 /* May slot s not be rewritten in place (under c->lock)?  True if it
@@ -242,7 +253,13 @@ needs_settling (const struct cache *c, const struct pt_slot *s)
   return s->flags & PT_HASPRED;
 }
 
-/* Settle slot s (pinned) before it is dropped. */
+static int sync_epoch (struct cache *c, bool client, bool seal_wait,
+                       int *err);
+
+/* Settle slot s (pinned, its page range locked by the caller) before
+ * it is dropped.  An unsealed successor is sealed first: its
+ * predecessor is freed only once a sealed successor is flushed.
+ */
 static void
 settle (struct cache *c, uint32_t s)
 {
@@ -253,7 +270,8 @@ settle (struct cache *c, uint32_t s)
     pthread_mutex_lock (&c->lock);
     pending = needs_settling (c, &c->pt.slots[s]);
     pthread_mutex_unlock (&c->lock);
-    if (!pending || cache_sync (c, &err) == -1)
+    if (!pending || cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1 ||
+        sync_epoch (c, true, false, &err) == -1)
       return;
   }
 }
@@ -278,7 +296,7 @@ cache_drop_slot (struct cache *c, uint32_t s)
     evict_remove (c->ev, s);
   }
   slot->flags |= PT_ORPHAN;
-  slot->flags &= ~(PT_VERIFIED | PT_BAD | PT_HASPRED);
+  slot->flags &= ~(PT_VERIFIED | PT_BAD | PT_HASPRED | PT_UNSEALED);
   slot->state = LAYOUT_FREE;
   memset (slot->valid, 0, sizeof slot->valid);
   memset (slot->dirty, 0, sizeof slot->dirty);
@@ -383,6 +401,12 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
   c->sup[c->nsup].slot = old;
   c->sup[c->nsup].succ = succ;
   c->nsup++;
+  /* Older versions waiting for old now wait for succ: old may be
+   * unsealed, and it goes when succ is flushed anyway.
+   */
+  for (size_t i = 0; i + 1 < c->nsup; i++)
+    if (c->sup[i].succ == old)
+      c->sup[i].succ = succ;
  out:
   {
     struct pt_slot *o = &c->pt.slots[old];
@@ -420,7 +444,8 @@ free_superseded (struct cache *c)
   if (c->nsup > 0)
     done = malloc (c->nsup * sizeof *done);
   for (size_t i = 0; done && i < c->nsup;) {
-    if (c->pt.slots[c->sup[i].succ].epoch > c->flushed_epoch) {
+    const struct pt_slot *succ = &c->pt.slots[c->sup[i].succ];
+    if (succ->epoch > c->flushed_epoch || (succ->flags & PT_UNSEALED)) {
       i++;
       continue;
     }
@@ -470,8 +495,13 @@ free_superseded (struct cache *c)
   free (done);
 }
 
+/* A sync of the cache file.  client: a client's FLUSH (or close):
+ * what it covers counts as flushed, and unsealed slots it covers are
+ * sealed first (seal_wait: waiting for pages other requests hold; the
+ * caller holds no range lock).
+ */
 static int
-sync_epoch (struct cache *c, bool client, int *err)
+sync_epoch (struct cache *c, bool client, bool seal_wait, int *err)
 {
   uint64_t e;
 
@@ -486,6 +516,7 @@ sync_epoch (struct cache *c, bool client, int *err)
      */
     pthread_rwlock_wrlock (&c->inplace);
     pthread_rwlock_unlock (&c->inplace);
+    cache_seal_epoch (c, e, seal_wait);
   }
 
   if (pool_sync (&c->pool) == -1) {
@@ -509,13 +540,13 @@ sync_epoch (struct cache *c, bool client, int *err)
 int
 cache_sync (struct cache *c, int *err)
 {
-  return sync_epoch (c, true, err);
+  return sync_epoch (c, true, true, err);
 }
 
 int
 cache_sync_device (struct cache *c, int *err)
 {
-  return sync_epoch (c, false, err);
+  return sync_epoch (c, false, false, err);
 }
 
 /* Store a whole page (buf: page_size bytes, zeroes past the end of the

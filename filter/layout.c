@@ -12,7 +12,8 @@
  * Entry (LAYOUT_ENTRY_SIZE = 64 bytes):
  *    0 page  8 seq  16 valid[16]  32 dirty[16]  48 data_crc  52 state
  *   53 hint (0..3: replacement-policy hotness, so that a warm cache
- *   keeps knowing its hot pages)  54 reserved[6] (0)  60 crc32c(0..59)
+ *   keeps knowing its hot pages)  54 flags (LAYOUT_ENT_*)
+ *   55 reserved[5] (0)  60 crc32c(0..59)
  */
 #include <string.h>
 
@@ -289,6 +290,7 @@ layout_entry_encode (const struct layout_entry *e, void *buf)
   put32 (p + 48, e->data_crc);
   p[52] = e->state;
   p[53] = e->hint;
+  p[54] = e->flags;
   put32 (p + ENT_CRC_OFF, layout_crc32c (p, ENT_CRC_OFF));
 }
 
@@ -304,7 +306,9 @@ layout_entry_decode (const void *buf, uint32_t nsectors,
     return -1;
   if (p[53] > LAYOUT_HINT_MAX)
     return -1;
-  for (int i = 54; i < ENT_CRC_OFF; i++)
+  if (p[54] & ~LAYOUT_ENT_FLAGS)
+    return -1;
+  for (int i = 55; i < ENT_CRC_OFF; i++)
     if (p[i] != 0)
       return -1;
 
@@ -315,6 +319,7 @@ layout_entry_decode (const void *buf, uint32_t nsectors,
   e->data_crc = get32 (p + 48);
   e->state = p[52];
   e->hint = p[53];
+  e->flags = p[54];
 
   /* No bit may name a sector past the page; dirty implies valid. */
   for (unsigned i = 0; i < LAYOUT_MAX_SECTORS; i++) {
@@ -341,5 +346,8 @@ layout_entry_decode (const void *buf, uint32_t nsectors,
   default:
     return -1;
   }
+  /* Only dirty data is ever rewritten without its checksum. */
+  if ((e->flags & LAYOUT_ENT_UNSEALED) && e->state != LAYOUT_DIRTY)
+    return -1;
   return 0;
 }

@@ -76,7 +76,17 @@ struct layout_entry {
   uint32_t data_crc;               /* CRC32C of the page, invalid sectors as 0 */
   uint8_t state;                   /* enum layout_state */
   uint8_t hint;                    /* replacement-policy hotness, 0..3 */
+  uint8_t flags;                   /* LAYOUT_ENT_* */
 };
+
+/* Entry flags.  UNSEALED: a dirty page being rewritten in place since
+ * the last client flush; data_crc is not kept up to date, so the data
+ * cannot be verified and recovery after a crash never uses it (it was
+ * not flushed: the previous version, or the backend, is right).  A
+ * client flush, writeback and a clean close seal it again.
+ */
+#define LAYOUT_ENT_UNSEALED     1u
+#define LAYOUT_ENT_FLAGS        LAYOUT_ENT_UNSEALED
 
 /* CRC32C (Castagnoli) of a buffer, the standard one (check value of
  * "123456789" is 0xe3069283).  layout_crc32c_update chains pieces:

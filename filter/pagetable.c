@@ -154,6 +154,8 @@ pagetable_to_entry (const struct pt_slot *s, struct layout_entry *e)
     e->data_crc = s->data_crc;
     memcpy (e->valid, s->valid, sizeof e->valid);
     memcpy (e->dirty, s->dirty, sizeof e->dirty);
+    if (s->flags & PT_UNSEALED)
+      e->flags |= LAYOUT_ENT_UNSEALED;
   }
 }
 

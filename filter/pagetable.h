@@ -23,11 +23,15 @@
 #define PT_INDEXED   0x01   /* reachable through the index */
 #define PT_VERIFIED  0x02   /* data CRC checked since the cache was opened */
 #define PT_ORPHAN    0x04   /* removed from the index while pinned */
+#define PT_UNSEALED  0x08   /* data_crc is stale: dirty data rewritten in
+                               place since the last flush (the entry says
+                               LAYOUT_ENT_UNSEALED) */
 #define PT_BAD       0x10   /* dirty data failed its CRC: reads get EIO */
 #define PT_SUPERSEDED 0x20  /* a newer slot holds this page; freed once
                                the newer one is durable */
 #define PT_HASPRED   0x40   /* an older, superseded slot for this page is
                                still on disk (not yet freed) */
+#define PT_LISTED    0x80   /* on the cache's list of unsealed slots */
 
 struct pt_slot {
   uint64_t page;                      /* backend page number */

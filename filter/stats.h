@@ -33,6 +33,8 @@ struct stats {
   _Atomic uint64_t dropped_entries;   /* entries rejected at start-up */
   _Atomic uint64_t dirty_dropped;     /* torn (never flushed) dirty pages
                                          found after a crash */
+  _Atomic uint64_t unsealed_dropped;  /* unflushed in-place rewrites (no
+                                         checksum) dropped after a crash */
   _Atomic uint64_t dirty_lost;        /* dirty pages whose data failed its
                                          checksum: reads get EIO */
   _Atomic uint64_t cow_copies;        /* durable dirty pages copied on write */

@@ -45,6 +45,8 @@ struct wb_page {
   uint32_t slot;
   uint64_t seq;
   uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
+  bool unsealed;
+  uint32_t crc;                  /* if unsealed: of the data written back */
 };
 
 static int
@@ -175,6 +177,7 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
     int64_t j = i;
     size_t ng;
     struct wb_page *g = done + ndone;
+    uint8_t valid[LAYOUT_MAX_SECTORS / 8];
 
     if (target > 0 && (uint64_t) (n - i) <= target)
       break;
@@ -213,7 +216,12 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
       g[k].slot = s;
       g[k].seq = c->pt.slots[s].seq;
       memcpy (g[k].dirty, c->pt.slots[s].dirty, sizeof g[k].dirty);
+      memcpy (valid, c->pt.slots[s].valid, sizeof valid);
+      g[k].unsealed = c->pt.slots[s].flags & PT_UNSEALED;
       pthread_mutex_unlock (&c->lock);
+      /* Marking it clean will seal it: its checksum, from this data. */
+      if (g[k].unsealed)
+        g[k].crc = cache_page_crc (c, buf + k * ps, valid);
     }
     if (write_group (c, be, g, ng, buf, &bytes, err) == -1) {
       rangelock_release (&c->ranges, pages[i], pages[j]);
@@ -274,6 +282,10 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
     if (same) {
       for (unsigned b = 0; b < sizeof upd.dirty; b++)
         upd.dirty[b] &= ~p->dirty[b];
+      if (p->unsealed) {
+        upd.data_crc = p->crc;
+        upd.flags &= ~PT_UNSEALED;
+      }
       upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
       if (cache_commit_entry (c, p->slot, &upd) == -1)
         cache_io_error (c, "writing entry", p->slot);
@@ -324,6 +336,10 @@ writeback_page_locked (struct cache *c, const struct cache_backend *be,
   upd = c->pt.slots[s];
   pthread_mutex_unlock (&c->lock);
   memcpy (g.dirty, upd.dirty, sizeof g.dirty);
+  if (upd.flags & PT_UNSEALED) {
+    upd.data_crc = cache_page_crc (c, buf, upd.valid);
+    upd.flags &= ~PT_UNSEALED;
+  }
 
   if (write_group (c, be, &g, 1, buf, &bytes, err) == -1 ||
       (be->flush && be->flush (be->h, err) == -1)) {

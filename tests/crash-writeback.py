@@ -686,7 +686,7 @@ def run(args):
     if os.path.exists(args.cache):
         os.unlink(args.cache)
     state = State(make_backing(args, rng))
-    totals = {"write": 0, "fua": 0, "flush": 0, "read": 0, "inflight": 0,
+    totals = {"unsealed": 0, "write": 0, "fua": 0, "flush": 0, "read": 0, "inflight": 0,
               "restart_wt": 0, "clean_restart": 0, "new_cache": 0}
 
     cfg = choose_cfg(rng, None, args.sabotage)
@@ -769,6 +769,7 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
         else:
             stats = vserver.stop()
             check_stats(vserver, stats)
+            totals["unsealed"] += stats.get("unsealed_dropped", 0)
             if vserver.on_exit or vmode != "writeback":
                 compare_backing(args, state.model,
                                 "iteration %d: clean exit of %s" % (
@@ -810,13 +811,13 @@ def finish(args, server, state, totals, t_start):
     info("PASS: seed %d, %d iterations in %.1fs: %d writes, %d FUA writes, "
          "%d flushes, %d checked reads, %d writes in flight at kills, %d "
          "restarts in writethrough/writearound, %d clean restarts, %d new "
-         "caches; final stats: pages_written_back=%d evictions=%d "
-         "cow_copies=%d" % (
+         "caches, %d unsealed (unflushed) pages dropped after kills; final "
+         "stats: pages_written_back=%d evictions=%d cow_copies=%d" % (
              args.seed, args.iterations, time.monotonic() - t_start,
              totals["write"], totals["fua"], totals["flush"], totals["read"],
              totals["inflight"], totals["restart_wt"],
              totals["clean_restart"], totals["new_cache"],
-             stats.get("pages_written_back", -1),
+             totals["unsealed"], stats.get("pages_written_back", -1),
              stats.get("evictions", -1), stats.get("cow_copies", -1)))
 
 

@@ -599,6 +599,7 @@ assert_entry_equal (const struct layout_entry *a, const struct layout_entry *b)
   assert_int_equal (a->page, b->page);
   assert_int_equal (a->seq, b->seq);
   assert_int_equal (a->data_crc, b->data_crc);
+  assert_int_equal (a->flags, b->flags);
   assert_memory_equal (a->valid, b->valid, sizeof a->valid);
   assert_memory_equal (a->dirty, b->dirty, sizeof a->dirty);
 }
@@ -833,6 +834,46 @@ test_entry_clean_with_dirty (void **state)
   assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
 }
 
+/* The unsealed flag: kept for dirty entries, refused on clean and
+ * free ones; unknown flag bits refused.
+ */
+static void
+test_entry_unsealed (void **state)
+{
+  struct layout_entry e, out;
+  uint8_t buf[LAYOUT_ENTRY_SIZE];
+
+  make_entry (&e, LAYOUT_DIRTY);
+  e.flags = LAYOUT_ENT_UNSEALED;
+  layout_entry_encode (&e, buf);
+  assert_int_equal (buf[54], LAYOUT_ENT_UNSEALED);
+  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), 0);
+  assert_entry_equal (&e, &out);
+  /* Every single-bit flip of an unsealed entry is caught too. */
+  for (size_t bit = 0; bit < LAYOUT_ENTRY_SIZE * 8; ++bit) {
+    buf[bit / 8] ^= 1u << (bit % 8);
+    assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+    buf[bit / 8] ^= 1u << (bit % 8);
+  }
+
+  make_entry (&e, LAYOUT_CLEAN);
+  e.flags = LAYOUT_ENT_UNSEALED;
+  layout_entry_encode (&e, buf);
+  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+
+  make_entry (&e, LAYOUT_FREE);
+  e.flags = LAYOUT_ENT_UNSEALED;
+  layout_entry_encode (&e, buf);
+  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+
+  for (unsigned f = 2; f < 256; f <<= 1) {
+    make_entry (&e, LAYOUT_DIRTY);
+    e.flags = f;
+    layout_entry_encode (&e, buf);
+    assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+  }
+}
+
 int
 main (void)
 {
@@ -858,6 +899,7 @@ main (void)
     cmocka_unit_test (test_entry_bad_state),
     cmocka_unit_test (test_entry_free_with_data),
     cmocka_unit_test (test_entry_clean_with_dirty),
+    cmocka_unit_test (test_entry_unsealed),
   };
 
   return cmocka_run_group_tests (tests, NULL, NULL);

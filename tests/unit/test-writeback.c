@@ -1895,6 +1895,304 @@ test_wb_threads_tiny_cache (void **state)
   run_mt (CACHE_FLUSH_CACHE, 4, 400, 100);
 }
 
+
+/*----------------------------------------------------------------------
+ * 10. Unsealed slots (cache-seal.c): unflushed dirty data rewritten in
+ * place without a checksum; never trusted after a crash; sealed again
+ * by a flush, by writeback and by a clean close.
+ */
+
+/* The newest on-disk entry of page (its slot in *slot). */
+static void
+newest_entry (uint64_t page, struct layout_entry *e, uint32_t *slot)
+{
+  uint32_t slots[4];
+  uint64_t seqs[4];
+  int n = file_slots_for (page, slots, seqs, NULL, 4);
+
+  assert_true (n >= 1);
+  assert_int_equal (file_entry (slots[n - 1], e, NULL), 0);
+  if (slot)
+    *slot = slots[n - 1];
+}
+
+/* The on-disk entry of page is sealed and its checksum matches the
+ * data on disk.
+ */
+static void
+assert_sealed_on_disk (uint64_t page)
+{
+  struct layout_entry e;
+  uint32_t s;
+  uint8_t buf[PS];
+
+  newest_entry (page, &e, &s);
+  assert_int_equal (e.flags & LAYOUT_ENT_UNSEALED, 0);
+  file_slot_data (s, buf);
+  for (unsigned i = 0; i < PS / SS; i++)
+    if (!layout_bit_test (e.valid, i))
+      memset (buf + i * SS, 0, SS);
+  assert_int_equal (layout_crc32c (buf, PS), e.data_crc);
+}
+
+/* Page 5 (never flushed) written three times: whole sectors, so no
+ * rewrite reads the cache file; the last one writes no entry.
+ */
+static void
+unseal_q (struct cache *c, const struct cache_backend *be, uint8_t *model)
+{
+  mwrite (c, be, model, 5 * PS, 1024, 51);             /* fresh slot */
+  mwrite (c, be, model, 5 * PS + 1024, 1024, 52);      /* unseals it */
+  mwrite (c, be, model, 5 * PS + 3072, 512, 53);       /* data only */
+}
+
+static uint8_t *unseal_child_model;
+
+/* Child: page 2 flushed (v1), then rewritten twice (copy, then
+ * unsealed); page 5 unsealed; crash.
+ */
+static void
+unseal_crash_child (const struct cache_config *cfg, uint64_t size)
+{
+  pid_t pid;
+  int status;
+
+  fflush (stdout);
+  fflush (stderr);
+  pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    int err;
+
+    alarm (60);
+    rambackend_init (&crash_rb, size, 9);
+    tbe_init (&crash_tbe, &crash_rb);
+    crash_cache = cache_open (cfg);
+    if (crash_cache == NULL || cache_attach (crash_cache, size) != 0)
+      _exit (1);
+    mwrite (crash_cache, &crash_tbe.be, NULL, 2 * PS, PS, 21);
+    if (cache_flush (crash_cache, &crash_tbe.be, &err) != 0)
+      _exit (2);
+    mwrite (crash_cache, &crash_tbe.be, NULL, 2 * PS, PS, 22);
+    mwrite (crash_cache, &crash_tbe.be, NULL, 2 * PS + 512, 1024, 23);
+    mwrite (crash_cache, &crash_tbe.be, NULL, 2 * PS + 2048, 512, 24);
+    unseal_q (crash_cache, &crash_tbe.be, unseal_child_model);
+    if (ST (crash_cache, cow_copies) != 1)
+      _exit (3);
+    _exit (0);                  /* no cache_close: a crash */
+  }
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status));
+  assert_int_equal (WEXITSTATUS (status), 0);
+}
+
+static void
+test_wb_unsealed_crash (void **state)
+{
+  const uint64_t size = 16 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache *c;
+  struct layout_entry e;
+  uint32_t slots[4];
+  uint64_t seqs[4];
+  uint8_t *model, buf[PS];
+
+  rambackend_init (&rb, size, 9);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  unseal_child_model = malloc (size);
+  assert_non_null (unseal_child_model);
+  unseal_crash_child (&cfg, size);
+
+  /* On disk: page 2 has its flushed version and an unsealed newer one;
+   * page 5 only an unsealed one.
+   */
+  assert_int_equal (file_slots_for (2, slots, seqs, NULL, 4), 2);
+  assert_int_equal (file_entry (slots[0], &e, NULL), 0);
+  assert_int_equal (e.flags, 0);
+  assert_int_equal (file_entry (slots[1], &e, NULL), 0);
+  assert_int_equal (e.flags, LAYOUT_ENT_UNSEALED);
+  newest_entry (5, &e, NULL);
+  assert_int_equal (e.flags, LAYOUT_ENT_UNSEALED);
+
+  /* After the crash: page 2 as flushed, page 5 as the backend has it;
+   * nothing reported as damaged.
+   */
+  fill_pattern (buf, PS, 21);
+  memcpy (model + 2 * PS, buf, PS);
+  c = open_attach (&cfg, size);
+  read_all_check (c, &t.be, model, size, PS);
+  assert_int_equal (ST (c, unsealed_dropped), 2);
+  assert_int_equal (ST (c, dirty_dropped), 0);
+  assert_int_equal (ST (c, dirty_lost), 0);
+  assert_int_equal (ST (c, verify_failures), 0);
+  assert_int_equal (cache_dirty_pages (c), 1);
+  cache_close (c);
+
+  rambackend_free (&rb);
+  free (model);
+  free (unseal_child_model);
+}
+
+/* A client flush seals what it covers; so do writeback and close. */
+static void
+test_wb_unsealed_sealed (void **state)
+{
+  const uint64_t size = 16 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache *c;
+  struct layout_entry e;
+  struct layout_sb sb;
+  uint8_t *model;
+  int err = 0;
+
+  rambackend_init (&rb, size, 10);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+
+  /* Flush. */
+  unseal_q (c, &t.be, model);
+  newest_entry (5, &e, NULL);
+  assert_int_equal (e.flags, LAYOUT_ENT_UNSEALED);
+  mread_check (c, &t.be, model, 0, size);
+  assert_int_equal (cache_flush (c, &t.be, &err), 0);
+  assert_sealed_on_disk (5);
+
+  /* Writeback (it marks the page clean from the data it read). */
+  mwrite (c, &t.be, model, 7 * PS, 512, 71);
+  mwrite (c, &t.be, model, 7 * PS + 512, 512, 72);
+  mwrite (c, &t.be, model, 7 * PS + 512, 1024, 73);
+  newest_entry (7, &e, NULL);
+  assert_int_equal (e.flags, LAYOUT_ENT_UNSEALED);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  newest_entry (7, &e, NULL);
+  assert_int_equal (e.state, LAYOUT_CLEAN);
+  assert_sealed_on_disk (7);
+  backend_check (&rb, model, PS);
+
+  /* Close. */
+  mwrite (c, &t.be, model, 9 * PS + 1000, 100, 91);
+  mwrite (c, &t.be, model, 9 * PS + 2000, 100, 92);
+  mwrite (c, &t.be, model, 9 * PS + 3000, 100, 93);
+  newest_entry (9, &e, NULL);
+  assert_int_equal (e.flags, LAYOUT_ENT_UNSEALED);
+  cache_close (c);
+  assert_sealed_on_disk (9);
+  read_file_sb (&sb);
+  assert_true (sb.flags & LAYOUT_SB_CLEAN);
+  c = open_attach (&cfg, size);
+  read_all_check (c, &t.be, model, size, 3 * PS);
+  assert_int_equal (ST (c, unsealed_dropped), 0);
+  assert_int_equal (ST (c, verify_failures), 0);
+  assert_int_equal (cache_dirty_pages (c), 1);    /* page 9 */
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  cache_close (c);
+
+  rambackend_free (&rb);
+  free (model);
+}
+
+/* Child: page 3 flushed with 2 dirty sectors (S1, the rest clean), then
+ * copied (S2), written back (the backend gets S2's sectors), rewritten
+ * twice (S2 unsealed); crash.
+ */
+static int backend_newer_fd;    /* the child sends its backend page here */
+
+static void
+backend_newer_child (const struct cache_config *cfg, uint64_t size)
+{
+  pid_t pid;
+  int status;
+
+  fflush (stdout);
+  fflush (stderr);
+  pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    uint8_t buf[PS];
+    int err;
+
+    alarm (60);
+    rambackend_init (&crash_rb, size, 11);
+    tbe_init (&crash_tbe, &crash_rb);
+    crash_cache = cache_open (cfg);
+    if (crash_cache == NULL || cache_attach (crash_cache, size) != 0)
+      _exit (1);
+    if (cache_read (crash_cache, &crash_tbe.be, buf, PS, 3 * PS, &err) != 0)
+      _exit (2);
+    mwrite (crash_cache, &crash_tbe.be, NULL, 3 * PS, 1024, 31);
+    if (cache_flush (crash_cache, &crash_tbe.be, &err) != 0)
+      _exit (3);
+    mwrite (crash_cache, &crash_tbe.be, NULL, 3 * PS + 2048, 512, 32);
+    if (cache_writeback_all (crash_cache, &crash_tbe.be, &err) != 0)
+      _exit (4);
+    mwrite (crash_cache, &crash_tbe.be, NULL, 3 * PS + 3072, 512, 33);
+    mwrite (crash_cache, &crash_tbe.be, NULL, 3 * PS + 3584, 512, 34);
+    if (ST (crash_cache, cow_copies) != 1)
+      _exit (5);
+    /* What the backend got is what the parent's backend must get. */
+    rambackend_peek (&crash_rb, buf, PS, 3 * PS);
+    if (write (backend_newer_fd, buf, PS) != PS)
+      _exit (6);
+    _exit (0);                  /* no cache_close: a crash */
+  }
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status));
+  assert_int_equal (WEXITSTATUS (status), 0);
+}
+
+/* Recovery falls back to S1 because S2 is unsealed; S1's clean sectors
+ * are older than the backend (S2 was written back) and must not be
+ * served: the export and, after writeback, the backend agree.
+ */
+static void
+test_wb_unsealed_crash_backend_newer (void **state)
+{
+  const uint64_t size = 8 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (4 * PS, PS);
+  struct cache *c;
+  uint8_t *model, *got, child_backend[PS], v1[1024];
+  int pipefd[2], err = 0;
+
+  rambackend_init (&rb, size, 11);
+  tbe_init (&t, &rb);
+  assert_int_equal (pipe (pipefd), 0);
+  backend_newer_fd = pipefd[1];
+  backend_newer_child (&cfg, size);
+  assert_int_equal (read (pipefd[0], child_backend, PS), PS);
+  close (pipefd[0]);
+  close (pipefd[1]);
+  /* The parent's RAM backend stands for the backing store after the
+   * crash: it has what the child wrote back.
+   */
+  rambackend_poke (&rb, child_backend, PS, 3 * PS);
+  model = model_new (&rb);
+  fill_pattern (v1, 1024, 31);
+  memcpy (model + 3 * PS, v1, 1024);           /* the flushed sectors */
+
+  c = open_attach (&cfg, size);
+  assert_int_equal (ST (c, unsealed_dropped), 1);
+  got = malloc (size);
+  assert_non_null (got);
+  assert_int_equal (cache_read (c, &t.be, got, size, 0, &err), 0);
+  compare (got, model, 0, size, PS, "export after the crash");
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  cache_close (c);
+
+  rambackend_free (&rb);
+  free (model);
+  free (got);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown (f, setup_file, teardown_file)
 
 int
@@ -1920,6 +2218,9 @@ main (void)
     T (test_wb_threads_flush_cache),
     T (test_wb_threads_flush_backend),
     T (test_wb_threads_tiny_cache),
+    T (test_wb_unsealed_crash),
+    T (test_wb_unsealed_sealed),
+    T (test_wb_unsealed_crash_backend_newer),
   };
 
   testfile_name = "test-writeback";

@@ -31,6 +31,8 @@ struct stats {
   _Atomic uint64_t cache_errors;      /* cache device I/O errors */
   _Atomic uint64_t loaded_slots;      /* slots loaded warm at start-up */
   _Atomic uint64_t dropped_entries;   /* entries rejected at start-up */
+  _Atomic uint64_t damaged_entries;   /* ... of them: entries that fail
+                                         their checks (damage) */
   _Atomic uint64_t dirty_dropped;     /* torn (never flushed) dirty pages
                                          found after a crash */
   _Atomic uint64_t dirty_lost;        /* dirty pages whose data failed its

@@ -67,6 +67,7 @@ struct cache {
   enum cache_flush_mode flush_mode;
   struct cache_writeback_config wbcfg;
   unsigned policy;               /* enum evict_policy */
+  bool verify;                   /* ssdcache-verify=lazy */
   struct admit_seq *seqcut;      /* sequential cutoff, or NULL (c->lock) */
 
   /* Geometry (read-only after attach). */
@@ -114,7 +115,12 @@ extern int cache_drop_slot (struct cache *c, uint32_t s);
 extern uint32_t cache_alloc_slot (struct cache *c, bool wait);
 extern bool cache_degraded (const struct cache *c);
 extern bool cache_page_dirty (struct cache *c, uint64_t page);
-extern int cache_read_verified (struct cache *c, uint32_t s, uint8_t *buf);
+/* be: the backend to check clean data against on first use when
+ * c->verify (NULL: no such check).
+ */
+extern int cache_read_verified (struct cache *c,
+                                const struct cache_backend *be,
+                                uint32_t s, uint8_t *buf);
 extern bool cache_must_cow (const struct cache *c, const struct pt_slot *s);
 extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
                              uint64_t page);

@@ -88,6 +88,7 @@ cache_open (const struct cache_config *cfg)
   c->flush_mode = cfg->flush_mode;
   c->wbcfg = cfg->wb;
   c->policy = cfg->policy;
+  c->verify = cfg->verify;
   if (cfg->seq_cutoff) {
     c->seqcut = admit_seq_new (cfg->seq_cutoff, cfg->seq_streams);
     if (c->seqcut == NULL) {
@@ -405,8 +406,11 @@ load_entries (struct cache *c, uint32_t data_end)
         continue;
       }
       won = true;
-      slot->flags = slot->state == LAYOUT_DIRTY && !c->was_clean
-        ? PT_VERIFIED : 0;
+      /* (With c->verify every slot is checked again on first use: its
+       * clean sectors against the backend.)
+       */
+      slot->flags = slot->state == LAYOUT_DIRTY && !c->was_clean &&
+        !c->verify ? PT_VERIFIED : 0;
       slot->epoch = 0;
       pagetable_insert (&c->pt, s, slot->page);
       evict_insert_hint (c->ev, s, cand[k].hint);   /* hot stays hot */

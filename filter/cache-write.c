@@ -295,7 +295,7 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
     *err = ENOMEM;
     return -1;
   }
-  if (cache_read_verified (c, s, buf) == -1) {
+  if (cache_read_verified (c, be, s, buf) == -1) {
     free (buf);
     *err = EIO;
     return -1;                  /* bad dirty data: pin consumed */

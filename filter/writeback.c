@@ -207,7 +207,7 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
         cache_unpin (c, s);
         continue;
       }
-      if (cache_read_verified (c, s, buf + k * ps) == -1)
+      if (cache_read_verified (c, be, s, buf + k * ps) == -1)
         continue;               /* marked bad, pin consumed */
       pthread_mutex_lock (&c->lock);
       g[k].slot = s;
@@ -314,7 +314,7 @@ writeback_page_locked (struct cache *c, const struct cache_backend *be,
   pthread_mutex_lock (&c->lock);
   c->pt.slots[s].pins++;        /* read_verified consumes one on error */
   pthread_mutex_unlock (&c->lock);
-  if (cache_read_verified (c, s, buf) == -1) {
+  if (cache_read_verified (c, be, s, buf) == -1) {
     free (buf);
     *err = EIO;
     return -1;

@@ -41,6 +41,12 @@ struct cache_sup {               /* a superseded slot waiting to be freed */
   uint32_t succ;                 /* the slot that replaced it */
 };
 
+struct cache_stale {             /* a slot whose entry on disk is stale */
+  uint32_t slot;
+  bool disk_dirty;               /* ... and says "dirty" */
+  uint64_t page;
+};
+
 struct cache {
   pthread_mutex_t lock;
   pthread_cond_t space;
@@ -86,6 +92,8 @@ struct cache {
   struct cache_sup *sup;
   size_t nsup, capsup;
   uint64_t ndirty;               /* slots in state DIRTY (indexed) */
+  struct cache_stale *stale;     /* see cache-stale.c */
+  size_t nstale, capstale;
 
   /* Lock free. */
   atomic_bool degraded;          /* the cache device failed: pass-through */
@@ -152,5 +160,20 @@ extern int cache_patch_slot (struct cache *c, const struct cache_backend *be,
                              enum wkind kind, int *err);
 extern void cache_invalidate_pages (struct cache *c, uint64_t first,
                                     uint64_t last);
+
+/* cache-stale.c */
+/* The entry of slot s (page) on the cache file could not be rewritten
+ * after a write-back (disk_dirty: it still says dirty) or a drop.
+ */
+extern void cache_stale_add (struct cache *c, uint32_t s, uint64_t page,
+                             bool disk_dirty);
+/* Before the backend gets data for pages [first, last]: record those
+ * pages' entries on the cache file.  Returns 0, or -1 with *err = EIO
+ * if an entry that says dirty cannot be rewritten (logged).
+ */
+extern int cache_stale_settle (struct cache *c, uint64_t first,
+                               uint64_t last, int *err);
+/* Record all of them; true if none is left. */
+extern bool cache_stale_settle_all (struct cache *c);
 
 #endif /* SSDCACHE_CACHE_INT_H */

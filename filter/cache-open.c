@@ -632,6 +632,13 @@ cache_close (struct cache *c)
 
     if (!cache_degraded (c))
       save_hints (c);
+    if (!cache_stale_settle_all (c))
+      log_error ("cache file %s: the failing device refused to record some "
+                 "page-table changes (pages written back or dropped); the "
+                 "backend was never given newer data for the pages still "
+                 "marked dirty, but pages still marked clean may be older "
+                 "than the backend: start the next time with "
+                 "ssdcache-verify=lazy, or use a new cache file", c->path);
 
     /* Superseded slots can all go once everything is durable. */
     if (cache_sync (c, &err) == 0 && cache_sync (c, &err) == 0) {
@@ -659,6 +666,7 @@ cache_close (struct cache *c)
   pthread_rwlock_destroy (&c->inplace);
   pthread_mutex_destroy (&c->lock);
   free (c->sup);
+  free (c->stale);
   admit_seq_free (c->seqcut);
   free (c->path);
   free (c->id_text);

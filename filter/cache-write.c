@@ -100,7 +100,8 @@ through_op (struct cache *c, const struct cache_backend *be,
     *err = errno;
     return -1;
   }
-  if (cache_clean_pages (c, be, first, last, err) == 0) {
+  if (cache_clean_pages (c, be, first, last, err) == 0 &&
+      cache_stale_settle (c, first, last, err) == 0) {
     if (do_op)
       r = do_op (opaque, count, offset, err);
     else

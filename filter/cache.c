@@ -268,11 +268,15 @@ cache_drop_slot (struct cache *c, uint32_t s)
 {
   struct layout_entry e;
   struct pt_slot *slot;
+  uint64_t page;
+  bool was_dirty;
   int r;
 
   settle (c, s);
   pthread_mutex_lock (&c->lock);
   slot = &c->pt.slots[s];
+  page = slot->page;
+  was_dirty = slot->state == LAYOUT_DIRTY;
   if (slot->flags & PT_INDEXED) {
     cache_set_state_counts (c, slot->state, LAYOUT_FREE);
     pagetable_remove (&c->pt, s);
@@ -288,8 +292,10 @@ cache_drop_slot (struct cache *c, uint32_t s)
   pthread_mutex_unlock (&c->lock);
 
   r = pool_write_entry (&c->pool, s, &e);
-  if (r == -1)
+  if (r == -1) {
     cache_io_error (c, "writing free entry", s);
+    cache_stale_add (c, s, page, was_dirty);
+  }
   STATS_ADD (&c->stats, pages_invalidated, 1);
   cache_unpin (c, s);
   return r;

@@ -275,8 +275,10 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
       for (unsigned b = 0; b < sizeof upd.dirty; b++)
         upd.dirty[b] &= ~p->dirty[b];
       upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
-      if (cache_commit_entry (c, p->slot, &upd) == -1)
+      if (cache_commit_entry (c, p->slot, &upd) == -1) {
         cache_io_error (c, "writing entry", p->slot);
+        cache_stale_add (c, p->slot, p->page, true);
+      }
       STATS_ADD (&c->stats, pages_written_back, 1);
     }
     rangelock_release (&c->ranges, p->page, p->page);
@@ -339,6 +341,7 @@ writeback_page_locked (struct cache *c, const struct cache_backend *be,
      * file could not be told.  On a failing device that is expected.
      */
     cache_io_error (c, "writing entry", s);
+    cache_stale_add (c, s, page, true);
     if (!cache_degraded (c)) {
       *err = EIO;
       return -1;

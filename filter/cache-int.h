@@ -44,6 +44,12 @@ struct cache_sup {               /* a superseded slot waiting to be freed */
   uint32_t succ;                 /* the slot that replaced it */
 };
 
+struct cache_stale {             /* a slot whose entry on disk is stale */
+  uint32_t slot;
+  bool disk_dirty;               /* ... and says "dirty" */
+  uint64_t page;
+};
+
 struct cache {
   pthread_mutex_t lock;
   pthread_cond_t space;
@@ -70,6 +76,7 @@ struct cache {
   enum cache_flush_mode flush_mode;
   struct cache_writeback_config wbcfg;
   unsigned policy;               /* enum evict_policy */
+  bool verify;                   /* ssdcache-verify=lazy */
   struct admit_seq *seqcut;      /* sequential cutoff, or NULL (c->lock) */
 
   /* Geometry (read-only after attach). */
@@ -91,6 +98,8 @@ struct cache {
   uint32_t *unsealed;            /* slots that may be PT_UNSEALED (PT_LISTED) */
   size_t nunsealed, capunsealed;
   size_t unseal_reserved;        /* list room promised to writers */
+  struct cache_stale *stale;     /* see cache-stale.c */
+  size_t nstale, capstale;
 
   /* Lock free. */
   atomic_bool degraded;          /* the cache device failed: pass-through */
@@ -126,7 +135,12 @@ extern int cache_drop_slot (struct cache *c, uint32_t s);
 extern uint32_t cache_alloc_slot (struct cache *c, bool wait);
 extern bool cache_degraded (const struct cache *c);
 extern bool cache_page_dirty (struct cache *c, uint64_t page);
-extern int cache_read_verified (struct cache *c, uint32_t s, uint8_t *buf);
+/* be: the backend to check clean data against on first use when
+ * c->verify (NULL: no such check).
+ */
+extern int cache_read_verified (struct cache *c,
+                                const struct cache_backend *be,
+                                uint32_t s, uint8_t *buf);
 extern bool cache_must_cow (const struct cache *c, const struct pt_slot *s);
 extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
                              uint64_t page);
@@ -166,5 +180,20 @@ extern int cache_patch_slot (struct cache *c, const struct cache_backend *be,
                              enum wkind kind, int *err);
 extern void cache_invalidate_pages (struct cache *c, uint64_t first,
                                     uint64_t last);
+
+/* cache-stale.c */
+/* The entry of slot s (page) on the cache file could not be rewritten
+ * after a write-back (disk_dirty: it still says dirty) or a drop.
+ */
+extern void cache_stale_add (struct cache *c, uint32_t s, uint64_t page,
+                             bool disk_dirty);
+/* Before the backend gets data for pages [first, last]: record those
+ * pages' entries on the cache file.  Returns 0, or -1 with *err = EIO
+ * if an entry that says dirty cannot be rewritten (logged).
+ */
+extern int cache_stale_settle (struct cache *c, uint64_t first,
+                               uint64_t last, int *err);
+/* Record all of them; true if none is left. */
+extern bool cache_stale_settle_all (struct cache *c);
 
 #endif /* SSDCACHE_CACHE_INT_H */

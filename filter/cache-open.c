@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/random.h>
 
 #include "admit.h"
@@ -87,6 +88,7 @@ cache_open (const struct cache_config *cfg)
   c->flush_mode = cfg->flush_mode;
   c->wbcfg = cfg->wb;
   c->policy = cfg->policy;
+  c->verify = cfg->verify;
   if (cfg->seq_cutoff) {
     c->seqcut = admit_seq_new (cfg->seq_cutoff, cfg->seq_streams);
     if (c->seqcut == NULL) {
@@ -314,15 +316,34 @@ older_after_drop (struct cache *c, uint32_t s, uint8_t *buf)
   return true;
 }
 
+/* Log a dirty page whose data is gone (loudly: a client's write). */
+static void
+log_dirty_lost (struct cache *c, uint32_t s, uint64_t page, const char *why)
+{
+  log_error ("cache file %s: DIRTY DATA LOST: dirty page %llu (slot %u, "
+             "bytes %llu-%llu) %s; reads of it now return the previous "
+             "version (an older cached copy, or the backend's data)",
+             c->path, (unsigned long long) page, s,
+             (unsigned long long) page * c->page_size,
+             (unsigned long long) (page + 1) * c->page_size - 1, why);
+}
+
+/* Load the page table.  Slots at or past data_end have no data any
+ * more (the file was cut short): their entries are dropped.
+ */
 static int
-load_entries (struct cache *c)
+load_entries (struct cache *c, uint32_t data_end)
 {
   const uint64_t npages = (c->backend_size + c->page_size - 1) / c->page_size;
+  const bool ptinit = c->pool.sb.flags & LAYOUT_SB_PTINIT;
+  const bool may_dirty = c->pool.sb.flags & LAYOUT_SB_DIRTY;
   uint8_t *raw = malloc ((size_t) LOAD_CHUNK * LAYOUT_ENTRY_SIZE);
   uint8_t *page_buf = malloc (c->page_size);
   struct cand *cand = malloc ((size_t) c->nslots * sizeof *cand);
   uint64_t ncand = 0, loaded = 0, dropped = 0, lost = 0, ndirty = 0;
   uint64_t unsealed = 0;
+  uint64_t damaged = 0, cut = 0;
+  uint32_t first_damaged = 0;
   int ret = -1;
 
   if (raw == NULL || page_buf == NULL || cand == NULL) {
@@ -350,10 +371,16 @@ load_entries (struct cache *c)
         bool zero = true;
         for (int b = 0; b < LAYOUT_ENTRY_SIZE; b++)
           zero &= r[b] == 0;
-        if (!zero) {
+        /* All zeroes is an unused slot, unless every entry was written
+         * when the cache was made.
+         */
+        if (!zero || ptinit) {
+          if (damaged++ == 0)
+            first_damaged = s;
           dropped++;
           if (ssdcache_debug_recovery)
             log_debug ("slot %u: entry fails its checks: dropped", s);
+          write_free (c, s);      /* reported once, not at every start */
         }
         continue;
       }
@@ -382,6 +409,18 @@ load_entries (struct cache *c)
       }
       if (e.page >= npages) {
         dropped++;
+        continue;
+      }
+      if (s >= data_end) {
+        /* Its data was cut off with the end of the file. */
+        cut++;
+        dropped++;
+        if (e.state == LAYOUT_DIRTY) {
+          lost++;
+          log_dirty_lost (c, s, e.page, "lay past the end of the "
+                          "truncated cache file");
+        }
+        write_free (c, s);
         continue;
       }
       pagetable_from_entry (&c->pt.slots[s], &e);
@@ -417,10 +456,10 @@ load_entries (struct cache *c)
          */
         lost++;
         newer_dropped = true;
-        log_error ("cache file %s: after an unclean shutdown, dirty page "
-                   "%llu (slot %u) does not verify: it was not flushed; "
-                   "using the previous version", c->path,
-                   (unsigned long long) slot->page, s);
+        log_dirty_lost (c, s, slot->page,
+                        "fails its data checksum after an unclean "
+                        "shutdown: a write torn by the crash (never "
+                        "flushed), or damaged data");
         slot->state = LAYOUT_FREE;
         write_free (c, s);
         continue;
@@ -437,8 +476,11 @@ load_entries (struct cache *c)
         dropped++;
         continue;
       }
-      slot->flags = slot->state == LAYOUT_DIRTY && !c->was_clean
-        ? PT_VERIFIED : 0;
+      /* (With c->verify every slot is checked again on first use: its
+       * clean sectors against the backend.)
+       */
+      slot->flags = slot->state == LAYOUT_DIRTY && !c->was_clean &&
+        !c->verify ? PT_VERIFIED : 0;
       slot->epoch = 0;
       pagetable_insert (&c->pt, s, slot->page);
       evict_insert_hint (c->ev, s, cand[k].hint);   /* hot stays hot */
@@ -468,10 +510,23 @@ load_entries (struct cache *c)
   if (unsealed && c->was_clean)
     log_error ("cache file %s: %llu unsealed entries in a cache closed "
                "cleanly: dropped", c->path, (unsigned long long) unsealed);
-  if (dropped && c->was_clean)
-    log_error ("cache file %s: %llu page-table entries were damaged or "
-               "stale and have been dropped", c->path,
-               (unsigned long long) dropped);
+  STATS_ADD (&c->stats, damaged_entries, damaged);
+  if (damaged && may_dirty)
+    log_error ("cache file %s: DIRTY DATA MAY BE LOST: %llu page-table "
+               "entries are damaged (the first: slot %u) and have been "
+               "dropped; the cache may have held dirty data, and any that "
+               "those entries described is gone: those pages now read as "
+               "an older cached copy or the backend's data", c->path,
+               (unsigned long long) damaged, first_damaged);
+  else if (damaged)
+    log_error ("cache file %s: %llu page-table entries are damaged (the "
+               "first: slot %u) and have been dropped (the cache held no "
+               "dirty data: nothing is lost)", c->path,
+               (unsigned long long) damaged, first_damaged);
+  if (cut)
+    log_error ("cache file %s: %llu cached pages lay past the end of the "
+               "truncated file and have been dropped", c->path,
+               (unsigned long long) cut);
   log_debug ("cache file %s: %s start, %llu pages loaded (%llu dirty), "
              "%llu dropped, %llu unflushed rewrites dropped", c->path,
              c->was_clean ? "clean" : "unclean (recovered)",
@@ -485,10 +540,63 @@ load_entries (struct cache *c)
   return ret;
 }
 
+/* Is the cache file as long as its superblock says?  A file cut short
+ * inside the page table is refused; one cut inside the page pool is
+ * extended back to its size, and *data_end is set to the first slot
+ * whose data was cut off (their entries are dropped by the loader).
+ */
+static int
+check_size (struct cache *c, uint32_t *data_end)
+{
+  const struct layout_sb *sb = &c->pool.sb;
+  uint64_t pt, pool, total;
+  int fd = c->pool.fd;
+
+  *data_end = sb->nslots;
+  if (!layout_geometry (sb->page_size, sb->nslots, &pt, &pool, &total))
+    return -1;                  /* cannot happen: checked at decode */
+  if (c->pool.dev_size >= total)
+    return 0;
+  if (c->pool.is_blockdev) {
+    log_error ("cache file %s: the device has %llu bytes, but the cache "
+               "on it needs %llu", c->path,
+               (unsigned long long) c->pool.dev_size,
+               (unsigned long long) total);
+    return -1;
+  }
+  if (c->pool.dev_size < pool) {
+    log_error ("cache file %s is truncated: %llu bytes, but its page table "
+               "alone ends at byte %llu (of %llu): its entries are lost; "
+               "%s", c->path, (unsigned long long) c->pool.dev_size,
+               (unsigned long long) (pt + sb->nslots * LAYOUT_ENTRY_SIZE),
+               (unsigned long long) total,
+               (sb->flags & LAYOUT_SB_DIRTY)
+               ? "it may have held dirty data, so it is not reset "
+                 "automatically: remove the file to start afresh "
+                 "(that dirty data is gone)"
+               : "use ssdcache-reset=true or remove the file");
+    return -1;
+  }
+  *data_end = (c->pool.dev_size - pool) / sb->page_size;
+  log_error ("cache file %s is truncated: %llu of %llu bytes; the data of "
+             "slots %u and up is gone, those entries are dropped and the "
+             "file is extended back", c->path,
+             (unsigned long long) c->pool.dev_size,
+             (unsigned long long) total, *data_end);
+  if (ftruncate (fd, total) == -1) {
+    log_error ("cache file %s: cannot extend it to %llu bytes: %m",
+               c->path, (unsigned long long) total);
+    return -1;
+  }
+  c->pool.dev_size = total;
+  return 0;
+}
+
 int
 cache_attach (struct cache *c, uint64_t backend_size)
 {
   struct layout_sb sb;
+  uint32_t data_end = 0;
 
   c->backend_size = backend_size;
   if (c->have_sb && c->pool.sb.backend_size != backend_size) {
@@ -511,8 +619,15 @@ cache_attach (struct cache *c, uint64_t backend_size)
       return -1;
     c->was_clean = true;
   }
-  else
-    c->was_clean = c->pool.sb.flags & LAYOUT_SB_CLEAN;
+  else {
+    /* A damaged superblock copy may have been the newest one: then the
+     * survivor's clean flag may be stale.
+     */
+    c->was_clean = (c->pool.sb.flags & LAYOUT_SB_CLEAN) &&
+      !c->pool.sb_damaged;
+    if (check_size (c, &data_end) == -1)
+      return -1;
+  }
 
   c->page_size = c->pool.sb.page_size;
   c->sector_size = c->pool.sb.sector_size;
@@ -535,7 +650,7 @@ cache_attach (struct cache *c, uint64_t backend_size)
     return -1;
   }
   evict_set_page_fn (c->ev, slot_page, c);
-  if (c->have_sb && load_entries (c) == -1)
+  if (c->have_sb && load_entries (c, data_end) == -1)
     return -1;
 
   /* From now on a crash must be noticed at the next start; this also
@@ -591,6 +706,13 @@ cache_close (struct cache *c)
 
     if (!cache_degraded (c))
       save_hints (c);
+    if (!cache_stale_settle_all (c))
+      log_error ("cache file %s: the failing device refused to record some "
+                 "page-table changes (pages written back or dropped); the "
+                 "backend was never given newer data for the pages still "
+                 "marked dirty, but pages still marked clean may be older "
+                 "than the backend: start the next time with "
+                 "ssdcache-verify=lazy, or use a new cache file", c->path);
 
     /* Superseded slots can all go once everything is durable; the
      * first sync also seals every unsealed slot.
@@ -626,6 +748,7 @@ cache_close (struct cache *c)
   pthread_mutex_destroy (&c->lock);
   free (c->sup);
   free (c->unsealed);
+  free (c->stale);
   admit_seq_free (c->seqcut);
   free (c->path);
   free (c->id_text);

@@ -100,7 +100,8 @@ through_op (struct cache *c, const struct cache_backend *be,
     *err = errno;
     return -1;
   }
-  if (cache_clean_pages (c, be, first, last, err) == 0) {
+  if (cache_clean_pages (c, be, first, last, err) == 0 &&
+      cache_stale_settle (c, first, last, err) == 0) {
     if (do_op)
       r = do_op (opaque, count, offset, err);
     else
@@ -358,7 +359,7 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
     *err = ENOMEM;
     return -1;
   }
-  if (cache_read_verified (c, s, buf) == -1) {
+  if (cache_read_verified (c, be, s, buf) == -1) {
     free (buf);
     *err = EIO;
     return -1;                  /* bad dirty data: pin consumed */

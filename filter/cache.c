@@ -21,6 +21,7 @@
 #include "admit.h"
 #include "cache-int.h"
 #include "log.h"
+#include "verify.h"
 #include "writeback.h"
 
 /* Zeroes standing in for invalid sectors in data CRCs. */
@@ -285,11 +286,15 @@ cache_drop_slot (struct cache *c, uint32_t s)
 {
   struct layout_entry e;
   struct pt_slot *slot;
+  uint64_t page;
+  bool was_dirty;
   int r;
 
   settle (c, s);
   pthread_mutex_lock (&c->lock);
   slot = &c->pt.slots[s];
+  page = slot->page;
+  was_dirty = slot->state == LAYOUT_DIRTY;
   if (slot->flags & PT_INDEXED) {
     cache_set_state_counts (c, slot->state, LAYOUT_FREE);
     pagetable_remove (&c->pt, s);
@@ -305,8 +310,10 @@ cache_drop_slot (struct cache *c, uint32_t s)
   pthread_mutex_unlock (&c->lock);
 
   r = pool_write_entry (&c->pool, s, &e);
-  if (r == -1)
+  if (r == -1) {
     cache_io_error (c, "writing free entry", s);
+    cache_stale_add (c, s, page, was_dirty);
+  }
   STATS_ADD (&c->stats, pages_invalidated, 1);
   cache_unpin (c, s);
   return r;
@@ -663,13 +670,86 @@ mark_bad (struct cache *c, uint32_t s)
   cache_unpin (c, s);
 }
 
+/* ssdcache-verify=lazy: compare the clean sectors of pinned slot s
+ * (its data, already CRC-checked, in buf; snap its metadata) with the
+ * backend.  Returns 0 if they all match (or there are none), 1 if the
+ * slot is clean and must be dropped.  A dirty slot keeps its dirty
+ * sectors (the cache is authoritative for them); its clean sectors
+ * that differ, or all of them if the backend cannot be read, stop
+ * being valid, so they are read from the backend again.
+ */
+static int
+check_backend (struct cache *c, const struct cache_backend *be, uint32_t s,
+               const struct pt_slot *snap, uint8_t *buf)
+{
+  const uint32_t pbytes = cache_page_bytes (c, snap->page);
+  uint8_t clean[LAYOUT_MAX_SECTORS / 8], stale[LAYOUT_MAX_SECTORS / 8];
+  uint8_t *bk;
+  unsigned n;
+  int err;
+
+  if (verify_clean_sectors (snap->valid, snap->dirty, c->nsectors,
+                            clean) == 0 || pbytes == 0)
+    return 0;
+  bk = malloc (c->page_size);
+  if (bk != NULL &&
+      be->pread (be->h, bk, pbytes, snap->page * c->page_size, &err) == 0) {
+    STATS_ADD (&c->stats, bytes_from_backend, pbytes);
+    n = verify_stale_sectors (buf, bk, snap->valid, snap->dirty,
+                              c->nsectors, c->sector_size, pbytes, stale);
+  }
+  else {
+    /* Cannot tell: trust none of the clean data. */
+    memcpy (stale, clean, sizeof stale);
+    n = 1;
+  }
+  free (bk);
+  if (n == 0)
+    return 0;
+
+  STATS_ADD (&c->stats, verify_mismatches, 1);
+  if (ssdcache_debug_verify)
+    log_debug ("ssdcache-verify: page %llu (slot %u, %s) differs from the "
+               "backend in %u sectors: %s", (unsigned long long) snap->page,
+               s, snap->state == LAYOUT_DIRTY ? "dirty" : "clean", n,
+               snap->state == LAYOUT_DIRTY
+               ? "its clean sectors are dropped, its dirty ones kept"
+               : "dropped, re-read from the backend");
+  if (snap->state != LAYOUT_DIRTY)
+    return 1;
+
+  /* Dirty: the stale sectors stop being valid.  The entry is rewritten
+   * in place, but the data stays as it is and both versions of the
+   * entry describe the same dirty data, so the slot keeps its epoch.
+   */
+  {
+    struct layout_entry e;
+    struct pt_slot *slot;
+
+    pthread_mutex_lock (&c->lock);
+    slot = &c->pt.slots[s];
+    for (unsigned b = 0; b < sizeof stale; b++)
+      slot->valid[b] &= ~stale[b];
+    slot->data_crc = cache_page_crc (c, buf, slot->valid);
+    slot->seq = ++c->seq;
+    pagetable_to_entry (slot, &e);
+    e.hint = evict_slot_hint (c->ev, s);
+    pthread_mutex_unlock (&c->lock);
+    if (pool_write_entry (&c->pool, s, &e) == -1)
+      cache_io_error (c, "writing entry", s);
+  }
+  return 0;
+}
+
 /* Read the whole of pinned slot s into buf and check its data CRC if
- * this has not been done since start-up.  Returns 0; -1 if the slot
- * was dropped (clean) or marked bad (dirty) - the pin is consumed then.
- * The page must be range locked by the caller.
+ * this has not been done since start-up (and, with c->verify, its clean
+ * data against be).  Returns 0; -1 if the slot was dropped (clean) or
+ * marked bad (dirty) - the pin is consumed then.  The page must be
+ * range locked by the caller.
  */
 int
-cache_read_verified (struct cache *c, uint32_t s, uint8_t *buf)
+cache_read_verified (struct cache *c, const struct cache_backend *be,
+                     uint32_t s, uint8_t *buf)
 {
   struct pt_slot snap;
 
@@ -693,6 +773,10 @@ cache_read_verified (struct cache *c, uint32_t s, uint8_t *buf)
     log_debug ("cache file %s: slot %u (page %llu) fails its data "
                "checksum", c->path, s, (unsigned long long) snap.page);
     goto bad;
+  }
+  if (c->verify && be && check_backend (c, be, s, &snap, buf) == 1) {
+    cache_drop_slot (c, s);
+    return -1;
   }
   pthread_mutex_lock (&c->lock);
   c->pt.slots[s].flags |= PT_VERIFIED;
@@ -919,7 +1003,7 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
       STATS_ADD (&c->stats, read_misses, 1);
       continue;
     }
-    if (cache_read_verified (c, s, page_buf) == -1) {
+    if (cache_read_verified (c, be, s, page_buf) == -1) {
       pthread_mutex_lock (&c->lock);
       bad = pagetable_lookup (&c->pt, page) == s &&
         (c->pt.slots[s].flags & PT_BAD);

@@ -64,6 +64,9 @@ struct cache_config {
   unsigned policy;             /* enum evict_policy (0 = CLOCK) */
   uint64_t seq_cutoff;         /* sequential cutoff in bytes, 0: off */
   unsigned seq_streams;        /* streams tracked for it */
+  bool verify;                 /* check each cached page's clean data
+                                  against the backend on its first use
+                                  after start (ssdcache-verify=lazy) */
 };
 
 #define CACHE_DEFAULT_SIZE (1024ULL * 1024 * 1024)   /* 1 GiB */

@@ -154,6 +154,17 @@ config_set (const char *key, const char *value)
     config.seq_cutoff = v;
     return 0;
   }
+  if (strcmp (key, "ssdcache-verify") == 0) {
+    if (strcmp (value, "off") == 0)
+      config.verify = false;
+    else if (strcmp (value, "lazy") == 0)
+      config.verify = true;
+    else {
+      nbdkit_error ("%s: expected off or lazy, not '%s'", key, value);
+      return -1;
+    }
+    return 0;
+  }
   if (strcmp (key, "ssdcache-seq-streams") == 0) {
     if (nbdkit_parse_unsigned (key, value, &config.seq_streams) == -1)
       return bad_value (key, value);

@@ -28,6 +28,7 @@ struct config {
   unsigned policy;             /* enum evict_policy */
   uint64_t seq_cutoff;
   unsigned seq_streams;
+  bool verify;                 /* ssdcache-verify=lazy */
   uint64_t digest[2];          /* backend identity, after config_finish */
   char *id_text;               /* printable identity (secrets masked) */
 };

@@ -205,6 +205,14 @@ layout_sb_encode (const struct layout_sb *sb, void *buf)
   put32 (p + SB_CRC_OFF, layout_crc32c (p, SB_CRC_OFF));
 }
 
+bool
+layout_sb_crc_ok (const void *buf)
+{
+  const uint8_t *p = buf;
+
+  return get32 (p + SB_CRC_OFF) == layout_crc32c (p, SB_CRC_OFF);
+}
+
 int
 layout_sb_decode (const void *buf, struct layout_sb *sb, const char **why)
 {

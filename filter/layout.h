@@ -36,7 +36,12 @@
 /* Superblock flags. */
 #define LAYOUT_SB_CLEAN         1u       /* closed cleanly */
 #define LAYOUT_SB_DIRTY         2u       /* may hold dirty data */
-#define LAYOUT_SB_FLAGS         (LAYOUT_SB_CLEAN | LAYOUT_SB_DIRTY)
+#define LAYOUT_SB_PTINIT        4u       /* every entry was written when the
+                                            cache was made (a FREE entry
+                                            at least): an all-zero entry
+                                            is damage, not an unused slot */
+#define LAYOUT_SB_FLAGS         (LAYOUT_SB_CLEAN | LAYOUT_SB_DIRTY | \
+                                 LAYOUT_SB_PTINIT)
 
 /* Cache modes recorded in the superblock (last mode the cache ran in). */
 enum layout_mode {
@@ -121,6 +126,10 @@ extern bool layout_geometry (uint32_t page_size, uint64_t nslots,
 extern void layout_sb_encode (const struct layout_sb *sb, void *buf);
 extern int layout_sb_decode (const void *buf, struct layout_sb *sb,
                              const char **why);
+/* Does the CRC32C at the end of a LAYOUT_SB_SIZE-byte superblock match
+ * its contents?  (Whatever the version field says.)
+ */
+extern bool layout_sb_crc_ok (const void *buf);
 
 /* Entry: encode into LAYOUT_ENTRY_SIZE bytes; decode returns 0 or -1
  * (CRC mismatch, unknown state, free entry with data, bitmaps that

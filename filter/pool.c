@@ -129,6 +129,37 @@ all_zero (const uint8_t *b, size_t n)
   return true;
 }
 
+/* Does the start of the page-table region (right after the
+ * superblocks, whatever the geometry) hold anything?  Used when both
+ * superblocks read as zeroes: a new cache, or one whose superblocks
+ * were wiped.  Returns 1 (something there), 0 (all zeroes) or -1.
+ */
+static int
+pt_start_used (struct pool *p)
+{
+  uint8_t *buf;
+  uint64_t n = LAYOUT_POOL_ALIGN - LAYOUT_PT_OFFSET;
+  int r;
+
+  if (p->dev_size <= LAYOUT_PT_OFFSET)
+    return 0;
+  if (n > p->dev_size - LAYOUT_PT_OFFSET)
+    n = p->dev_size - LAYOUT_PT_OFFSET;
+  buf = malloc (n);
+  if (buf == NULL) {
+    log_error ("malloc: %m");
+    return -1;
+  }
+  if (full_pread (p->fd, buf, n, LAYOUT_PT_OFFSET) == -1) {
+    log_error ("cache file %s: reading page table: %m", p->path);
+    free (buf);
+    return -1;
+  }
+  r = !all_zero (buf, n);
+  free (buf);
+  return r;
+}
+
 int
 pool_load_sb (struct pool *p)
 {
@@ -137,6 +168,7 @@ pool_load_sb (struct pool *p)
   const char *why[2] = { NULL, NULL };
   int ok[2], best = -1;
 
+  p->sb_damaged = false;
   if (p->dev_size < LAYOUT_PT_OFFSET) {
     if (p->dev_size == 0)
       return 0;
@@ -155,16 +187,41 @@ pool_load_sb (struct pool *p)
     return -1;
   }
   if (all_zero (buf, LAYOUT_PT_OFFSET)) {
+    int used;
+
     free (buf);
-    return 0;
+    /* Zeroes everywhere: a new (or pre-zeroed) file.  Zeroed
+     * superblocks in front of a page table: a damaged cache, which may
+     * hold dirty data; never format over it unasked.
+     */
+    used = pt_start_used (p);
+    if (used == 0)
+      return 0;
+    if (used == 1)
+      log_error ("cache file %s: both superblocks are zeroed, but the page "
+                 "table behind them is not: a damaged cache, not a new "
+                 "one", p->path);
+    return -1;
   }
   for (int i = 0; i < 2; i++) {
-    ok[i] = layout_sb_decode (buf + i * LAYOUT_SB_SIZE, &sb[i], &why[i]) == 0;
+    const uint8_t *raw = buf + i * LAYOUT_SB_SIZE;
+
+    ok[i] = layout_sb_decode (raw, &sb[i], &why[i]) == 0;
+    if (!ok[i] && memcmp (raw, LAYOUT_MAGIC, 8) == 0 &&
+        sb[i].version > LAYOUT_VERSION && layout_sb_crc_ok (raw)) {
+      /* A newer filter's cache (its checksum holds, so this is not a
+       * flipped bit): using the other, older copy would misread it, and
+       * writing ours would destroy it.
+       */
+      log_error ("cache file %s: superblock copy %c is in format version "
+                 "%u, newer than this filter supports (%u): use the newer "
+                 "nbdkit-ssdcache-filter with it", p->path, 'A' + i,
+                 sb[i].version, LAYOUT_VERSION);
+      free (buf);
+      return -1;
+    }
     if (ok[i] && (best == -1 || sb[i].generation > sb[best].generation))
       best = i;
-    if (!ok[i])
-      log_debug ("cache file %s: superblock %c unusable: %s",
-                 p->path, 'A' + i, why[i]);
   }
   free (buf);
   if (best == -1) {
@@ -172,9 +229,50 @@ pool_load_sb (struct pool *p)
                p->path, why[0], why[1]);
     return -1;
   }
+  if (!ok[!best]) {
+    /* The lost copy may have been the newer one: what the survivor says
+     * about the last shutdown cannot be trusted.
+     */
+    p->sb_damaged = true;
+    log_error ("cache file %s: superblock copy %c is damaged (%s); using "
+               "copy %c (generation %llu) and recovering as after a crash",
+               p->path, 'A' + !best, why[!best], 'A' + best,
+               (unsigned long long) sb[best].generation);
+  }
   p->sb = sb[best];
   p->next_sb = !best;
   return 1;
+}
+
+/* FREE entries (sequence number 0) for slots [0, nslots). */
+static int
+write_free_entries (struct pool *p, uint64_t pt, uint64_t nslots)
+{
+  const uint64_t per = 16384;   /* entries per write (1 MiB) */
+  struct layout_entry e;
+  uint8_t *buf;
+
+  buf = malloc (per * LAYOUT_ENTRY_SIZE);
+  if (buf == NULL) {
+    log_error ("malloc: %m");
+    return -1;
+  }
+  memset (&e, 0, sizeof e);
+  e.state = LAYOUT_FREE;
+  layout_entry_encode (&e, buf);
+  for (uint64_t i = 1; i < per; i++)
+    memcpy (buf + i * LAYOUT_ENTRY_SIZE, buf, LAYOUT_ENTRY_SIZE);
+  for (uint64_t s = 0; s < nslots; s += per) {
+    uint64_t n = nslots - s < per ? nslots - s : per;
+    if (full_pwrite (p->fd, buf, n * LAYOUT_ENTRY_SIZE,
+                     pt + s * LAYOUT_ENTRY_SIZE) == -1) {
+      log_error ("cache file %s: writing the page table: %m", p->path);
+      free (buf);
+      return -1;
+    }
+  }
+  free (buf);
+  return 0;
 }
 
 int
@@ -192,33 +290,16 @@ pool_format (struct pool *p, const struct layout_sb *sb_in)
   sb.pool_offset = pool;
 
   if (p->is_blockdev) {
-    uint64_t pt_bytes = pool - pt;
-    char *zero;
-
     if (p->dev_size < total) {
       log_error ("ssdcache-size: device %s has %llu bytes, %llu needed",
                  p->path, (unsigned long long) p->dev_size,
                  (unsigned long long) total);
       return -1;
     }
-    zero = calloc (1, 1024 * 1024);
-    if (zero == NULL) {
-      log_error ("calloc: %m");
-      return -1;
-    }
-    for (uint64_t o = 0; o < pt_bytes; o += 1024 * 1024) {
-      uint64_t n = pt_bytes - o < 1024 * 1024 ? pt_bytes - o : 1024 * 1024;
-      if (full_pwrite (p->fd, zero, n, pt + o) == -1) {
-        log_error ("cache file %s: zeroing page table: %m", p->path);
-        free (zero);
-        return -1;
-      }
-    }
-    free (zero);
   }
   else {
-    /* Drop any old contents (all zeroes = no entries), then reserve
-     * the space so that the cache cannot run out of room later.
+    /* Drop any old contents, then reserve the space so that the cache
+     * cannot run out of room later.
      */
     if (ftruncate (p->fd, 0) == -1 || ftruncate (p->fd, total) == -1) {
       log_error ("cache file %s: cannot size to %llu bytes: %m",
@@ -236,6 +317,12 @@ pool_format (struct pool *p, const struct layout_sb *sb_in)
       log_debug ("cache file %s: fallocate: %s", p->path, strerror (r));
     p->dev_size = total;
   }
+  /* A FREE entry in every slot (the superblock says so), so that an
+   * entry that reads as zeroes later is known to be damage.
+   */
+  if (write_free_entries (p, pt, sb.nslots) == -1)
+    return -1;
+  sb.flags |= LAYOUT_SB_PTINIT;
 
   /* Both copies, same generation: either one is a valid start. */
   p->next_sb = 0;

@@ -26,6 +26,7 @@ struct pool {
   uint64_t dev_size;          /* size of the file/device when opened */
   struct layout_sb sb;        /* last superblock read or written */
   unsigned next_sb;           /* copy (0/1) the next pool_write_sb writes */
+  bool sb_damaged;            /* pool_load_sb found one copy unusable */
 };
 
 /* Open (creating it if missing, mode 0600) and lock the cache file.
@@ -36,14 +37,18 @@ extern int pool_open (struct pool *p, const char *path);
 extern void pool_close (struct pool *p);
 
 /* Read both superblock copies and keep the valid one with the highest
- * generation in p->sb.  Returns 1 if one was found, 0 if the file has
- * no superblock at all (new or all zeroes), -1 if superblocks exist but
- * none is usable (reason logged with the file name).
+ * generation in p->sb.  Returns 1 if one was found (p->sb_damaged: the
+ * other copy is damaged, logged), 0 if the file has no superblock at
+ * all (new, or zeroes up to the page table), -1 if superblocks exist
+ * but none is usable, if either copy is from a newer format version,
+ * or if zeroed superblocks sit in front of a page table (reason logged
+ * with the file name).
  */
 extern int pool_load_sb (struct pool *p);
 
 /* Lay out a new, empty cache described by sb (geometry fields must be
- * filled): size the file, zero the page table, write both superblocks.
+ * filled): size the file, write a FREE entry for every slot, write both
+ * superblocks (with LAYOUT_SB_PTINIT).
  */
 extern int pool_format (struct pool *p, const struct layout_sb *sb);
 

@@ -78,7 +78,9 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "ssdcache-policy=s3fifo|clock  Replacement policy (s3fifo).\n" \
   "ssdcache-seq-cutoff=SIZE   Sequential streams past SIZE bypass the\n" \
   "                           cache (0: off, the default).\n" \
-  "ssdcache-seq-streams=N     Streams tracked for the cutoff (16)."
+  "ssdcache-seq-streams=N     Streams tracked for the cutoff (16).\n" \
+  "ssdcache-verify=off|lazy   Check each cached page against the backend\n" \
+  "                           on its first use after start (off)."
 
 static int
 ssdcache_thread_model (void)
@@ -102,6 +104,7 @@ ssdcache_get_ready (int thread_model)
     .policy = config.policy,
     .seq_cutoff = config.seq_cutoff,
     .seq_streams = config.seq_streams,
+    .verify = config.verify,
   };
 
   cache = cache_open (&cfg);

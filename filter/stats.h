@@ -28,9 +28,14 @@ struct stats {
   _Atomic uint64_t seq_bypassed;      /* pages not cached: beyond the
                                          sequential cutoff of a stream */
   _Atomic uint64_t verify_failures;   /* slots dropped: data CRC mismatch */
+  _Atomic uint64_t verify_mismatches; /* ssdcache-verify=lazy: cached pages
+                                         whose clean data differed from
+                                         the backend on first use */
   _Atomic uint64_t cache_errors;      /* cache device I/O errors */
   _Atomic uint64_t loaded_slots;      /* slots loaded warm at start-up */
   _Atomic uint64_t dropped_entries;   /* entries rejected at start-up */
+  _Atomic uint64_t damaged_entries;   /* ... of them: entries that fail
+                                         their checks (damage) */
   _Atomic uint64_t dirty_dropped;     /* torn (never flushed) dirty pages
                                          found after a crash */
   _Atomic uint64_t unsealed_dropped;  /* unflushed in-place rewrites (no

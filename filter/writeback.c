@@ -210,7 +210,7 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
         cache_unpin (c, s);
         continue;
       }
-      if (cache_read_verified (c, s, buf + k * ps) == -1)
+      if (cache_read_verified (c, be, s, buf + k * ps) == -1)
         continue;               /* marked bad, pin consumed */
       pthread_mutex_lock (&c->lock);
       g[k].slot = s;
@@ -287,8 +287,10 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
         upd.flags &= ~PT_UNSEALED;
       }
       upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
-      if (cache_commit_entry (c, p->slot, &upd) == -1)
+      if (cache_commit_entry (c, p->slot, &upd) == -1) {
         cache_io_error (c, "writing entry", p->slot);
+        cache_stale_add (c, p->slot, p->page, true);
+      }
       STATS_ADD (&c->stats, pages_written_back, 1);
     }
     rangelock_release (&c->ranges, p->page, p->page);
@@ -326,7 +328,7 @@ writeback_page_locked (struct cache *c, const struct cache_backend *be,
   pthread_mutex_lock (&c->lock);
   c->pt.slots[s].pins++;        /* read_verified consumes one on error */
   pthread_mutex_unlock (&c->lock);
-  if (cache_read_verified (c, s, buf) == -1) {
+  if (cache_read_verified (c, be, s, buf) == -1) {
     free (buf);
     *err = EIO;
     return -1;
@@ -355,6 +357,7 @@ writeback_page_locked (struct cache *c, const struct cache_backend *be,
      * file could not be told.  On a failing device that is expected.
      */
     cache_io_error (c, "writing entry", s);
+    cache_stale_add (c, s, page, true);
     if (!cache_degraded (c)) {
       *err = EIO;
       return -1;

@@ -8,22 +8,53 @@
  *   extern char log_error_last[512];
  *
  * and read them (they are not thread safe beyond a mutex around the
- * update; tests only read them from the main thread).
+ * update; tests only read them from the main thread).  To look for a
+ * message among all errors logged since a point, declare
+ *
+ *   extern void log_errors_forget (void);
+ *   extern int log_errors_contain (const char *text);
  */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "log.h"
 
 int ssdcache_debug_verbose;
 int ssdcache_debug_recovery;
+int ssdcache_debug_verify;
 
 int log_error_count;
 char log_error_last[512];
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static char seen[65536];          /* errors since log_errors_forget */
+static size_t nseen;
+
+void log_errors_forget (void);
+int log_errors_contain (const char *text);
+
+void
+log_errors_forget (void)
+{
+  pthread_mutex_lock (&log_lock);
+  nseen = 0;
+  seen[0] = '\0';
+  pthread_mutex_unlock (&log_lock);
+}
+
+int
+log_errors_contain (const char *text)
+{
+  int r;
+
+  pthread_mutex_lock (&log_lock);
+  r = strstr (seen, text) != NULL;
+  pthread_mutex_unlock (&log_lock);
+  return r;
+}
 
 void
 log_error (const char *fs, ...)
@@ -36,6 +67,10 @@ log_error (const char *fs, ...)
   vsnprintf (log_error_last, sizeof log_error_last, fs, args);
   va_end (args);
   fprintf (stderr, "ssdcache: error: %s\n", log_error_last);
+  nseen += snprintf (seen + nseen, sizeof seen - nseen, "%s\n",
+                     log_error_last);
+  if (nseen >= sizeof seen)
+    nseen = sizeof seen - 1;
   pthread_mutex_unlock (&log_lock);
 }
 

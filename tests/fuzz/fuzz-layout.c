@@ -41,7 +41,8 @@
  *  - nsectors 0, LAYOUT_MAX_SECTORS + 1 and UINT32_MAX are refused;
  *  - for nsectors 1..128 (all of them for the first piece, the seeded
  *    value and the boundary for the others): accepted exactly when the
- *    CRC (checked against the bitwise CRC32C), the reserved bytes, the
+ *    CRC (checked against the bitwise CRC32C), the flags (only "unsealed",
+ *    only on dirty entries), the reserved bytes, the
  *    state and the bitmaps are valid and no bit names a sector >= nsectors;
  *  - an accepted entry re-encodes to exactly the input bytes.
  *
@@ -255,7 +256,11 @@ entry_min_sectors (const uint8_t *p)
     return -1;
   if (p[53] > 3)                /* the policy hint */
     return -1;
-  for (int i = 54; i < ENT_CRC_OFF; i++)
+  if (p[54] > 1)                /* flags: only "unsealed" */
+    return -1;
+  if (p[54] == 1 && p[52] != LAYOUT_DIRTY)
+    return -1;                  /* only dirty data is ever unsealed */
+  for (int i = 55; i < ENT_CRC_OFF; i++)
     if (p[i] != 0)
       return -1;
   for (int i = 0; i < LAYOUT_MAX_SECTORS; i++) {
@@ -303,6 +308,7 @@ decode_one (const uint8_t *buf, uint32_t nsectors, int min)
     CHECK (e.state <= LAYOUT_DIRTY);
     CHECK (e.page == le64 (buf) && e.seq == le64 (buf + 8));
     CHECK (e.data_crc == le32 (buf + 48));
+    CHECK (e.flags == buf[54]);
     for (unsigned i = 0; i < LAYOUT_MAX_SECTORS; i++) {
       if (layout_bit_test (e.dirty, i))
         CHECK (layout_bit_test (e.valid, i));

@@ -28,6 +28,10 @@ struct config {
   unsigned policy;             /* enum evict_policy */
   uint64_t seq_cutoff;
   unsigned seq_streams;
+  unsigned promote;            /* ssdcache-promote */
+  unsigned ra_mode;            /* enum readahead_mode */
+  uint64_t ra_window;          /* ssdcache-readahead=SIZE */
+  uint64_t ra_max;             /* ssdcache-readahead-max */
   uint64_t digest[2];          /* backend identity, after config_finish */
   char *id_text;               /* printable identity (secrets masked) */
 };

@@ -10,6 +10,7 @@
 
 NBDKIT_DLL_PUBLIC int ssdcache_debug_verbose = 0;
 NBDKIT_DLL_PUBLIC int ssdcache_debug_recovery = 0;
+NBDKIT_DLL_PUBLIC int ssdcache_debug_readahead = 0;
 
 void
 log_error (const char *fs, ...)

@@ -16,5 +16,6 @@ extern void log_debug (const char *fs, ...)
 /* Debug flags, set with -D ssdcache.FLAG=1 (see the man page). */
 extern int ssdcache_debug_verbose;   /* every cache decision */
 extern int ssdcache_debug_recovery;  /* page table load details */
+extern int ssdcache_debug_readahead; /* streams, windows, prefetches */
 
 #endif /* SSDCACHE_LOG_H */

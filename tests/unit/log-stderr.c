@@ -19,6 +19,7 @@
 
 int ssdcache_debug_verbose;
 int ssdcache_debug_recovery;
+int ssdcache_debug_readahead;
 
 int log_error_count;
 char log_error_last[512];

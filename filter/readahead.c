@@ -137,10 +137,12 @@ readahead_access (struct readahead *ra, uint64_t offset, uint64_t len,
     st->seq++;
   }
 
-  /* Adaptive: a whole window of prefetched pages used: grow. */
+  /* Adaptive: half a window of prefetched pages used (as much as each
+   * prefetch brings in): grow.
+   */
   if (ra->cfg.mode == READAHEAD_AUTO && used > 0) {
     st->used += used;
-    if (st->used >= st->window && st->window < ra->cfg.max) {
+    if (2 * st->used >= st->window && st->window < ra->cfg.max) {
       st->window = min64 (st->window * 2, ra->cfg.max);
       st->used = 0;
       ra->stats.grows++;

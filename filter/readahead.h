@@ -20,7 +20,7 @@
  *  - READAHEAD_FIXED: the window is the configured size, always.
  *  - READAHEAD_AUTO (adaptive): a new stream starts with the
  *    connection's start window (at first the minimum).  Each time the
- *    client has read a whole window's worth of prefetched pages (for
+ *    client has read half a window's worth of prefetched pages (for
  *    the first time: "used", told by the engine), the window doubles,
  *    up to the maximum.  When prefetched pages are wasted - evicted or
  *    dropped before anybody read them (told by the engine through

@@ -148,8 +148,8 @@ sim_read (struct sim *s, struct readahead *ra, uint64_t off, uint64_t len,
   return used;
 }
 
-/* Adaptive: starts at the minimum, doubles each time a window's worth of
- * prefetched data was used, never above the maximum.
+/* Adaptive: starts at the minimum, doubles each time half a window's
+ * worth of prefetched data was used, never above the maximum.
  */
 static void
 test_auto_grows (void **state)

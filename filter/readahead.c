@@ -143,7 +143,11 @@ readahead_access (struct readahead *ra, uint64_t offset, uint64_t len,
   if (ra->cfg.mode == READAHEAD_AUTO && used > 0) {
     st->used += used;
     if (2 * st->used >= st->window && st->window < ra->cfg.max) {
-      st->window = min64 (st->window * 2, ra->cfg.max);
+      /* Quadruple while far below the maximum, then double: the ramp
+       * (at small, slow windows) stays short.
+       */
+      unsigned f = 8 * st->window <= ra->cfg.max ? 4 : 2;
+      st->window = min64 (st->window * f, ra->cfg.max);
       st->used = 0;
       ra->stats.grows++;
       /* New streams of this connection start from what worked. */

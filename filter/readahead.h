@@ -21,8 +21,9 @@
  *  - READAHEAD_AUTO (adaptive): a new stream starts with the
  *    connection's start window (at first the minimum).  Each time the
  *    client has read half a window's worth of prefetched pages (for
- *    the first time: "used", told by the engine), the window doubles,
- *    up to the maximum.  When prefetched pages are wasted - evicted or
+ *    the first time: "used", told by the engine), the window grows:
+ *    times 4 while at most an eighth of the maximum, else times 2, up
+ *    to the maximum.  When prefetched pages are wasted - evicted or
  *    dropped before anybody read them (told by the engine through
  *    readahead_wasted), or left unread ahead of a stream that ended -
  *    the windows of the streams with prefetched data ahead and the

@@ -37,7 +37,9 @@
 #include "stats.h"
 
 struct writeback;
+struct prefetch;
 struct admit_seq;
+struct admit_nhit;
 
 struct cache_sup {               /* a superseded slot waiting to be freed */
   uint32_t slot;
@@ -78,6 +80,10 @@ struct cache {
   unsigned policy;               /* enum evict_policy */
   bool verify;                   /* ssdcache-verify=lazy */
   struct admit_seq *seqcut;      /* sequential cutoff, or NULL (c->lock) */
+  unsigned promote;              /* n-miss promotion: misses needed */
+  struct admit_nhit *nhit;       /* its counters, or NULL (c->lock) */
+  unsigned ra_mode;              /* enum readahead_mode */
+  uint64_t ra_window, ra_max;
 
   /* Geometry (read-only after attach). */
   uint32_t page_size, sector_size, nsectors;
@@ -109,6 +115,7 @@ struct cache {
   uint32_t zero_page_crc;        /* CRC of an all-invalid page */
 
   struct writeback *wb;
+  struct prefetch *pf;           /* readahead thread, or NULL */
 };
 
 /* cache.c */
@@ -152,6 +159,14 @@ extern void cache_touch_io (struct cache *c);
  */
 extern int cache_sync_device (struct cache *c, int *err);
 extern uint64_t cache_now_ms (void);
+/* Readahead: read the pages of [offset, offset+len) that are not cached
+ * from the backend (one request per run of such pages; len at most
+ * 4 GiB - 1 page) and store them marked as prefetched.  Never evicts
+ * dirty data, never waits for a slot.
+ */
+extern int cache_readahead_fill (struct cache *c,
+                                 const struct cache_backend *be,
+                                 uint64_t offset, uint64_t len, int *err);
 /* Under c->lock: a new resident slot s for page, told to the policy. */
 extern void cache_policy_insert (struct cache *c, uint32_t s, uint64_t page);
 

@@ -22,6 +22,7 @@
 #include "admit.h"
 #include "cache-int.h"
 #include "log.h"
+#include "prefetch.h"
 #include "writeback.h"
 
 #define LOAD_CHUNK 4096          /* entries read at a time */
@@ -89,6 +90,10 @@ cache_open (const struct cache_config *cfg)
   c->wbcfg = cfg->wb;
   c->policy = cfg->policy;
   c->verify = cfg->verify;
+  c->promote = cfg->promote;
+  c->ra_mode = cfg->readahead_mode;
+  c->ra_window = cfg->readahead_window;
+  c->ra_max = cfg->readahead_max;
   if (cfg->seq_cutoff) {
     c->seqcut = admit_seq_new (cfg->seq_cutoff, cfg->seq_streams);
     if (c->seqcut == NULL) {
@@ -650,6 +655,16 @@ cache_attach (struct cache *c, uint64_t backend_size)
     return -1;
   }
   evict_set_page_fn (c->ev, slot_page, c);
+  if (c->promote > 1) {
+    /* Two 8-bit counters per slot: a page must miss promote times
+     * within about 2 * nslots read misses to be cached.
+     */
+    c->nhit = admit_nhit_new (c->promote, 2 * c->nslots);
+    if (c->nhit == NULL) {
+      log_error ("calloc: %m");
+      return -1;
+    }
+  }
   if (c->have_sb && load_entries (c, data_end) == -1)
     return -1;
 
@@ -699,6 +714,7 @@ cache_close (struct cache *c)
 {
   if (c == NULL)
     return;
+  prefetch_stop (c);
   writeback_stop (c);
   if (c->pool.fd >= 0 && c->ev != NULL) {
     struct layout_sb sb = c->pool.sb;
@@ -750,6 +766,7 @@ cache_close (struct cache *c)
   free (c->unsealed);
   free (c->stale);
   admit_seq_free (c->seqcut);
+  admit_nhit_free (c->nhit);
   free (c->path);
   free (c->id_text);
   free (c);

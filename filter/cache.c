@@ -22,6 +22,7 @@
 #include "cache-int.h"
 #include "log.h"
 #include "verify.h"
+#include "prefetch.h"
 #include "writeback.h"
 
 /* Zeroes standing in for invalid sectors in data CRCs. */
@@ -300,8 +301,11 @@ cache_drop_slot (struct cache *c, uint32_t s)
     pagetable_remove (&c->pt, s);
     evict_remove (c->ev, s);
   }
+  if (slot->flags & PT_PREFETCHED)
+    STATS_ADD (&c->stats, prefetch_wasted, 1);   /* never read */
   slot->flags |= PT_ORPHAN;
-  slot->flags &= ~(PT_VERIFIED | PT_BAD | PT_HASPRED | PT_UNSEALED);
+  slot->flags &= ~(PT_VERIFIED | PT_BAD | PT_HASPRED | PT_UNSEALED |
+                   PT_PREFETCHED);
   slot->state = LAYOUT_FREE;
   memset (slot->valid, 0, sizeof slot->valid);
   memset (slot->dirty, 0, sizeof slot->dirty);
@@ -341,6 +345,8 @@ alloc_locked (struct cache *c)
   if (s == EVICT_NONE)
     return PT_NONE;
   pagetable_remove (&c->pt, s);
+  if (c->pt.slots[s].flags & PT_PREFETCHED)
+    STATS_ADD (&c->stats, prefetch_wasted, 1);   /* never read */
   c->pt.slots[s].flags = 0;
   STATS_ADD (&c->stats, evictions, 1);
   if (ssdcache_debug_verbose)
@@ -798,9 +804,29 @@ cache_read_verified (struct cache *c, const struct cache_backend *be,
 /* Serve [off, off+n) of page from the cache without any range lock if
  * the page is cached, verified and has all those sectors.
  */
+/* Under c->lock: a client read uses slot s.  The first read of a page
+ * that readahead brought in is a prefetch hit (its bytes are added to
+ * *used, which may be NULL) and counts for the policy as the page's
+ * first access, which its insertion stood for: not as a re-use, or a
+ * prefetched scan would look hot to S3-FIFO and flush the hot set.
+ * Any other hit is a re-use.
+ */
+static void
+note_use_locked (struct cache *c, uint32_t s, uint32_t n, uint64_t *used)
+{
+  if (c->pt.slots[s].flags & PT_PREFETCHED) {
+    c->pt.slots[s].flags &= ~PT_PREFETCHED;
+    STATS_ADD (&c->stats, prefetch_hits, 1);
+    if (used)
+      *used += n;
+  }
+  else
+    evict_touch (c->ev, s);
+}
+
 static bool
 try_hit (struct cache *c, uint64_t page, uint8_t *dst, uint32_t off,
-         uint32_t n)
+         uint32_t n, uint64_t *used)
 {
   unsigned first, last;
   uint32_t s;
@@ -821,7 +847,7 @@ try_hit (struct cache *c, uint64_t page, uint8_t *dst, uint32_t off,
     return false;
   }
   slot->pins++;
-  evict_touch (c->ev, s);
+  note_use_locked (c, s, n, used);
   pthread_mutex_unlock (&c->lock);
 
   r = pool_read_data (&c->pool, s, dst, n, off);
@@ -964,13 +990,58 @@ fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
   return r;
 }
 
+/* How read_slow treats the pages it reads from the backend. */
+struct read_opts {
+  uint64_t nofill_from;   /* pages from here on are not stored (a long
+                             sequential stream past its cutoff) */
+  bool promote;           /* a client read miss: n-miss promotion applies */
+  bool readahead;         /* a readahead prefetch: pages are marked, and
+                             the client counters are left alone */
+  uint64_t *used;         /* client reads: bytes of prefetched pages
+                             read for the first time are added here */
+};
+
+/* Under nothing: should a read miss of page be stored (n-miss
+ * promotion)?  Counts the miss.
+ */
+static bool
+admit_miss (struct cache *c, uint64_t page)
+{
+  bool r;
+
+  if (c->nhit == NULL)
+    return true;
+  pthread_mutex_lock (&c->lock);
+  r = admit_nhit_miss (c->nhit, page);
+  pthread_mutex_unlock (&c->lock);
+  if (!r && ssdcache_debug_verbose)
+    log_debug ("read miss page %llu: not cached (promotion after %u misses)",
+               (unsigned long long) page, c->promote);
+  return r;
+}
+
+/* Page (range locked by the caller) was just stored by readahead. */
+static void
+mark_prefetched (struct cache *c, uint64_t page)
+{
+  uint32_t s;
+
+  pthread_mutex_lock (&c->lock);
+  s = pagetable_lookup (&c->pt, page);
+  if (s != PT_NONE) {
+    c->pt.slots[s].flags |= PT_PREFETCHED;
+    STATS_ADD (&c->stats, prefetch_pages, 1);
+  }
+  pthread_mutex_unlock (&c->lock);
+}
+
 /* Read [pos, pos+len) (dst may be NULL: prefetch only) with the pages
  * range locked: serve what is cached, read the rest from the backend in
- * as few requests as possible and store it.
+ * as few requests as possible and store it (as o says).
  */
 static int
 read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
-           uint64_t pos, uint32_t len, uint64_t nofill_from, int *err)
+           uint64_t pos, uint32_t len, const struct read_opts *o, int *err)
 {
   const uint32_t ps = c->page_size;
   const uint64_t first = pos / ps, last = (pos + len - 1) / ps;
@@ -1000,7 +1071,8 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
 
     need[i] = true;
     if (s == PT_NONE) {
-      STATS_ADD (&c->stats, read_misses, 1);
+      if (!o->readahead)
+        STATS_ADD (&c->stats, read_misses, 1);
       continue;
     }
     if (cache_read_verified (c, be, s, page_buf) == -1) {
@@ -1012,20 +1084,23 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
         *err = EIO;
         goto out;
       }
-      STATS_ADD (&c->stats, read_misses, 1);
+      if (!o->readahead)
+        STATS_ADD (&c->stats, read_misses, 1);
       continue;                 /* dropped */
     }
     cache_sector_span (c, a, b - a, &sf, &sl);
     pthread_mutex_lock (&c->lock);
     ok = pagetable_range_valid (&c->pt.slots[s], sf, sl);
-    if (ok)
-      evict_touch (c->ev, s);
+    if (ok && !o->readahead)
+      note_use_locked (c, s, b - a, o->used);
     pthread_mutex_unlock (&c->lock);
     if (ok) {
       if (dst)
         memcpy (dst + (pstart + a - pos), page_buf + a, b - a);
-      STATS_ADD (&c->stats, read_hits, 1);
-      STATS_ADD (&c->stats, bytes_from_cache, b - a);
+      if (!o->readahead) {
+        STATS_ADD (&c->stats, read_hits, 1);
+        STATS_ADD (&c->stats, bytes_from_cache, b - a);
+      }
       need[i] = false;
       cache_unpin (c, s);
     }
@@ -1089,10 +1164,15 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
       uint64_t plo = read_lo > pstart ? read_lo : pstart;
       uint64_t phi = read_hi < pstart + ps ? read_hi : pstart + ps;
 
-      if (pstart >= nofill_from)
+      if (pstart >= o->nofill_from)
         STATS_ADD (&c->stats, seq_bypassed, 1);   /* a long stream */
-      else if (plo == pstart && phi >= pstart + cache_page_bytes (c, first + k))
-        cache_fill_slot (c, first + k, PT_NONE, data, NULL);
+      else if (o->promote && !admit_miss (c, first + k))
+        STATS_ADD (&c->stats, promote_skipped, 1);
+      else if (plo == pstart && phi >= pstart + cache_page_bytes (c, first + k)) {
+        if (cache_fill_slot (c, first + k, PT_NONE, data, NULL) == 0 &&
+            o->readahead)
+          mark_prefetched (c, first + k);
+      }
       else if (!cache_degraded (c)) {
         uint32_t ns = cache_alloc_slot (c, false);
         int e;
@@ -1123,10 +1203,19 @@ int
 cache_read (struct cache *c, const struct cache_backend *be,
             void *buf, uint32_t count, uint64_t offset, int *err)
 {
+  return cache_read_conn (c, be, NULL, buf, count, offset, err);
+}
+
+int
+cache_read_conn (struct cache *c, const struct cache_backend *be,
+                 struct prefetch_conn *pc, void *buf, uint32_t count,
+                 uint64_t offset, int *err)
+{
   const uint32_t ps = c->page_size;
   const uint64_t end = offset + count;
   uint8_t *dst = buf;
-  uint64_t pos = offset, nofill_from = UINT64_MAX;
+  uint64_t pos = offset, nofill_from = UINT64_MAX, used = 0;
+  struct read_opts o = { .promote = true, .used = &used };
 
   STATS_ADD (&c->stats, read_ops, 1);
   cache_touch_io (c);
@@ -1140,6 +1229,7 @@ cache_read (struct cache *c, const struct cache_backend *be,
     /* The page holding the boundary is still admitted. */
     nofill_from = (nofill_from + ps - 1) / ps * ps;
   }
+  o.nofill_from = nofill_from;
   while (pos < end) {
     uint64_t page = pos / ps, run_end;
     uint32_t off = pos % ps;
@@ -1160,7 +1250,7 @@ cache_read (struct cache *c, const struct cache_backend *be,
       continue;
     }
 
-    if (try_hit (c, page, dst + (pos - offset), off, n)) {
+    if (try_hit (c, page, dst + (pos - offset), off, n, &used)) {
       STATS_ADD (&c->stats, read_hits, 1);
       STATS_ADD (&c->stats, bytes_from_cache, n);
       pos += n;
@@ -1177,10 +1267,13 @@ cache_read (struct cache *c, const struct cache_backend *be,
     if (run_end > end)
       run_end = end;
     if (read_slow (c, be, dst + (pos - offset), pos, run_end - pos,
-                   nofill_from, err) == -1)
+                   &o, err) == -1)
       return -1;
     pos = run_end;
   }
+  /* Readahead learns from every read (never waits for its prefetch). */
+  if (pc)
+    prefetch_note_read (c, pc, offset, count, used, nofill_from < end);
   return 0;
 }
 
@@ -1188,10 +1281,60 @@ int
 cache_prefetch (struct cache *c, const struct cache_backend *be,
                 uint32_t count, uint64_t offset, int *err)
 {
+  struct read_opts o = { .nofill_from = UINT64_MAX };
+
   if (count == 0 || cache_degraded (c))
     return 0;
   cache_touch_io (c);
-  return read_slow (c, be, NULL, offset, count, UINT64_MAX, err);
+  return read_slow (c, be, NULL, offset, count, &o, err);
+}
+
+int
+cache_readahead_fill (struct cache *c, const struct cache_backend *be,
+                      uint64_t offset, uint64_t len, int *err)
+{
+  const uint32_t ps = c->page_size;
+  uint64_t page, last;
+  struct read_opts o = { .nofill_from = UINT64_MAX, .readahead = true };
+
+  if (len == 0 || offset >= c->backend_size)
+    return 0;
+  if (len > c->backend_size - offset)
+    len = c->backend_size - offset;
+  page = offset / ps;
+  last = (offset + len - 1) / ps;
+  /* Runs of pages not cached (cached pages are never read again). */
+  while (page <= last) {
+    uint64_t run_end;
+    uint64_t lo, hi;
+
+    if (cache_degraded (c))
+      return 0;
+    pthread_mutex_lock (&c->lock);
+    while (page <= last && pagetable_lookup (&c->pt, page) != PT_NONE)
+      page++;
+    run_end = page;
+    while (run_end <= last && run_end - page < (32u << 20) / ps &&
+           pagetable_lookup (&c->pt, run_end) == PT_NONE)
+      run_end++;
+    pthread_mutex_unlock (&c->lock);
+    if (page > last)
+      break;
+    lo = page * ps;
+    hi = run_end * ps;
+    if (hi > c->backend_size)
+      hi = c->backend_size;
+    STATS_ADD (&c->stats, prefetch_requests, 1);
+    if (ssdcache_debug_readahead)
+      log_debug ("readahead: prefetch %llu bytes at %llu (pages %llu-%llu)",
+                 (unsigned long long) (hi - lo), (unsigned long long) lo,
+                 (unsigned long long) page,
+                 (unsigned long long) run_end - 1);
+    if (read_slow (c, be, NULL, lo, hi - lo, &o, err) == -1)
+      return -1;
+    page = run_end;
+  }
+  return 0;
 }
 
 bool

@@ -67,6 +67,11 @@ struct cache_config {
   bool verify;                 /* check each cached page's clean data
                                   against the backend on its first use
                                   after start (ssdcache-verify=lazy) */
+  unsigned promote;            /* read misses before a page is cached
+                                  (0 or 1: every miss) */
+  unsigned readahead_mode;     /* enum readahead_mode (0: off) */
+  uint64_t readahead_window;   /* fixed mode: the window */
+  uint64_t readahead_max;      /* adaptive mode: the largest window */
 };
 
 #define CACHE_DEFAULT_SIZE (1024ULL * 1024 * 1024)   /* 1 GiB */
@@ -90,6 +95,13 @@ extern void cache_close (struct cache *c);
 extern int cache_read (struct cache *c, const struct cache_backend *be,
                        void *buf, uint32_t count, uint64_t offset,
                        int *err);
+/* The same for a client connection whose readahead state is pc (NULL:
+ * no readahead): prefetches may be queued after the read.
+ */
+struct prefetch_conn;
+extern int cache_read_conn (struct cache *c, const struct cache_backend *be,
+                            struct prefetch_conn *pc, void *buf,
+                            uint32_t count, uint64_t offset, int *err);
 extern int cache_write (struct cache *c, const struct cache_backend *be,
                         const void *buf, uint32_t count, uint64_t offset,
                         bool fua, int *err);

@@ -15,7 +15,9 @@
 
 #include "cache.h"
 #include "config.h"
+#include "admit.h"
 #include "evict.h"
+#include "readahead.h"
 
 struct config config = {
   .mode = LAYOUT_MODE_WRITETHROUGH,
@@ -25,6 +27,9 @@ struct config config = {
   .policy = EVICT_DEFAULT,
   .seq_cutoff = 0,
   .seq_streams = 16,
+  .promote = ADMIT_NHIT_DEFAULT_N,
+  .ra_mode = READAHEAD_AUTO,
+  .ra_max = READAHEAD_DEFAULT_MAX,
 };
 
 /* The identity is a list of "key=value\n" lines, hashed twice. */
@@ -172,6 +177,48 @@ config_set (const char *key, const char *value)
       nbdkit_error ("%s: from 1 to 1024, not %s", key, value);
       return -1;
     }
+    return 0;
+  }
+  if (strcmp (key, "ssdcache-promote") == 0) {
+    if (nbdkit_parse_unsigned (key, value, &config.promote) == -1)
+      return bad_value (key, value);
+    if (config.promote == 0 || config.promote > 255) {
+      nbdkit_error ("%s: from 1 to 255, not %s", key, value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (key, "ssdcache-readahead") == 0) {
+    int64_t v;
+    if (strcmp (value, "auto") == 0) {
+      config.ra_mode = READAHEAD_AUTO;
+      return 0;
+    }
+    if (strcmp (value, "off") == 0 || strcmp (value, "0") == 0) {
+      config.ra_mode = READAHEAD_OFF;
+      return 0;
+    }
+    v = nbdkit_parse_size (value);
+    if (v == -1)
+      return bad_value (key, value);
+    if (v < 4096 || v > (INT64_C (1) << 30)) {
+      nbdkit_error ("%s: auto, off, or a window from 4K to 1G, not %s",
+                    key, value);
+      return -1;
+    }
+    config.ra_mode = READAHEAD_FIXED;
+    config.ra_window = v;
+    return 0;
+  }
+  if (strcmp (key, "ssdcache-readahead-max") == 0) {
+    int64_t v = nbdkit_parse_size (value);
+    if (v == -1)
+      return bad_value (key, value);
+    if (v < READAHEAD_MIN_WINDOW || v > (INT64_C (1) << 30)) {
+      nbdkit_error ("%s: from 128K to 1G, not %s", key, value);
+      return -1;
+    }
+    config.ra_max = v;
     return 0;
   }
   if (strcmp (key, "ssdcache-flush") == 0) {

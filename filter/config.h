@@ -29,6 +29,10 @@ struct config {
   uint64_t seq_cutoff;
   unsigned seq_streams;
   bool verify;                 /* ssdcache-verify=lazy */
+  unsigned promote;            /* ssdcache-promote */
+  unsigned ra_mode;            /* enum readahead_mode */
+  uint64_t ra_window;          /* ssdcache-readahead=SIZE */
+  uint64_t ra_max;             /* ssdcache-readahead-max */
   uint64_t digest[2];          /* backend identity, after config_finish */
   char *id_text;               /* printable identity (secrets masked) */
 };

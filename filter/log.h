@@ -18,5 +18,6 @@ extern int ssdcache_debug_verbose;   /* every cache decision */
 extern int ssdcache_debug_recovery;  /* page table load details */
 extern int ssdcache_debug_verify;    /* ssdcache-verify: each page that
                                         differs from the backend */
+extern int ssdcache_debug_readahead; /* streams, windows, prefetches */
 
 #endif /* SSDCACHE_LOG_H */

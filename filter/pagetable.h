@@ -26,6 +26,8 @@
 #define PT_UNSEALED  0x08   /* data_crc is stale: dirty data rewritten in
                                place since the last flush (the entry says
                                LAYOUT_ENT_UNSEALED) */
+#define PT_PREFETCHED 0x100 /* filled by readahead, not read by a client
+                               since */
 #define PT_BAD       0x10   /* dirty data failed its CRC: reads get EIO */
 #define PT_SUPERSEDED 0x20  /* a newer slot holds this page; freed once
                                the newer one is durable */
@@ -41,8 +43,8 @@ struct pt_slot {
   uint32_t data_crc;
   uint32_t next;                      /* hash chain, or free list link */
   uint16_t pins;                      /* users currently doing I/O on it */
+  uint16_t flags;                     /* PT_* */
   uint8_t state;                      /* enum layout_state */
-  uint8_t flags;                      /* PT_* */
   uint8_t valid[LAYOUT_MAX_SECTORS / 8];
   uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
 };

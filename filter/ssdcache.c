@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <nbdkit-filter.h>
@@ -19,6 +20,8 @@
 #include "cache.h"
 #include "config.h"
 #include "log.h"
+#include "prefetch.h"
+#include "readahead.h"
 
 static struct cache *cache;
 
@@ -26,6 +29,16 @@ static struct cache *cache;
  * closed in .cleanup), or NULL.
  */
 static nbdkit_next *wb_next;
+
+/* The backend context of the readahead thread (the same lifetime), or
+ * NULL when readahead is off.
+ */
+static nbdkit_next *ra_next;
+
+/* Per connection: its readahead state (NULL: no readahead). */
+struct handle {
+  struct prefetch_conn *pc;
+};
 
 /* Set when the cache could not be attached in a captive nbdkit (see
  * ssdcache_after_fork): every connection then fails with this message.
@@ -80,7 +93,11 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "                           cache (0: off, the default).\n" \
   "ssdcache-seq-streams=N     Streams tracked for the cutoff (16).\n" \
   "ssdcache-verify=off|lazy   Check each cached page against the backend\n" \
-  "                           on its first use after start (off)."
+  "                           on its first use after start (off).\n" \
+  "ssdcache-promote=N         Cache a page on its N-th read miss (1).\n" \
+  "ssdcache-readahead=auto|off|SIZE  Readahead: adaptive (auto, the\n" \
+  "                           default), off, or a fixed window.\n" \
+  "ssdcache-readahead-max=SIZE  Largest adaptive window (8M)."
 
 static int
 ssdcache_thread_model (void)
@@ -105,6 +122,10 @@ ssdcache_get_ready (int thread_model)
     .seq_cutoff = config.seq_cutoff,
     .seq_streams = config.seq_streams,
     .verify = config.verify,
+    .promote = config.promote,
+    .readahead_mode = config.ra_mode,
+    .readahead_window = config.ra_window,
+    .readahead_max = config.ra_max,
   };
 
   cache = cache_open (&cfg);
@@ -243,6 +264,23 @@ attach_backend (nbdkit_backend *backend)
   if (size == -1 || cache_attach (cache, size) == -1)
     return -1;
 
+  /* Readahead: a read-only context of its own for the prefetch thread.
+   * Without it the filter works, only without readahead.
+   */
+  if (config.ra_mode != READAHEAD_OFF) {
+    ra_next = open_context (backend, 1);
+    if (ra_next == NULL)
+      nbdkit_debug ("ssdcache: no backend context for readahead: "
+                    "readahead is off");
+    else {
+      struct cache_backend be = backend_of (ra_next);
+      if (prefetch_start (cache, &be) == -1) {
+        close_context (ra_next);
+        ra_next = NULL;
+      }
+    }
+  }
+
   if (cache_mode (cache) != LAYOUT_MODE_WRITEBACK &&
       cache_dirty_pages (cache) == 0)
     return 0;
@@ -291,6 +329,11 @@ ssdcache_cleanup (nbdkit_backend *backend)
 {
   if (cache == NULL)
     return;
+  prefetch_stop (cache);
+  if (ra_next) {
+    close_context (ra_next);
+    ra_next = NULL;
+  }
   cache_writeback_stop (cache);
   if (wb_next) {
     if (config.writeback_on_exit && cache_dirty_pages (cache) > 0) {
@@ -333,9 +376,26 @@ ssdcache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
     nbdkit_error ("%s", attach_error);
     return NULL;
   }
+  struct handle *h;
+
   if (next (nxdata, readonly, exportname) == -1)
     return NULL;
-  return NBDKIT_HANDLE_NOT_NEEDED;
+  h = calloc (1, sizeof *h);
+  if (h == NULL) {
+    nbdkit_error ("calloc: %m");
+    return NULL;
+  }
+  h->pc = prefetch_conn_new (cache);
+  return h;
+}
+
+static void
+ssdcache_close (void *handle)
+{
+  struct handle *h = handle;
+
+  prefetch_conn_free (h->pc);
+  free (h);
 }
 
 static int
@@ -367,8 +427,9 @@ static int
 ssdcache_pread (nbdkit_next *next, void *handle, void *buf,
                 uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
+  struct handle *h = handle;
   struct cache_backend be = backend_of (next);
-  return cache_read (cache, &be, buf, count, offset, err);
+  return cache_read_conn (cache, &be, h->pc, buf, count, offset, err);
 }
 
 static int
@@ -507,6 +568,7 @@ static struct nbdkit_filter filter = {
   .after_fork        = ssdcache_after_fork,
   .cleanup           = ssdcache_cleanup,
   .open              = ssdcache_open,
+  .close             = ssdcache_close,
   .prepare           = ssdcache_prepare,
   .can_cache         = ssdcache_can_cache,
   .can_fua           = ssdcache_can_fua,

@@ -27,6 +27,12 @@ struct stats {
   _Atomic uint64_t bypassed;          /* pages not cached: no free slot */
   _Atomic uint64_t seq_bypassed;      /* pages not cached: beyond the
                                          sequential cutoff of a stream */
+  _Atomic uint64_t promote_skipped;   /* read-miss pages not cached: not
+                                         missed ssdcache-promote times yet */
+  _Atomic uint64_t prefetch_requests; /* backend reads made by readahead */
+  _Atomic uint64_t prefetch_pages;    /* pages stored by readahead */
+  _Atomic uint64_t prefetch_hits;     /* ... then read by a client */
+  _Atomic uint64_t prefetch_wasted;   /* ... evicted or dropped unread */
   _Atomic uint64_t verify_failures;   /* slots dropped: data CRC mismatch */
   _Atomic uint64_t verify_mismatches; /* ssdcache-verify=lazy: cached pages
                                          whose clean data differed from

@@ -23,6 +23,7 @@
 #define WB_GROUP_BYTES (4 * 1024 * 1024)
 #define WB_POLL_MS 100
 #define WB_RETRY_MS 1000
+#define WB_HOT_MS 1000          /* a page changed this recently is hot */
 
 struct writeback {
   struct cache *c;
@@ -38,6 +39,8 @@ struct writeback {
 
   atomic_bool kicked;
   pthread_mutex_t pass_lock;
+  /* c->seq one to two WB_HOT_MS ago, and the mark being aged. */
+  uint64_t seen_seq, mark_seq, mark_ms;
 };
 
 struct wb_page {
@@ -65,9 +68,13 @@ sleep_ms (uint64_t ms)
     ;
 }
 
-/* Dirty pages now, sorted.  Returns the count, or -1. */
+/* Dirty pages now, sorted, but for "hot" ones: changed after sequence
+ * number hot_after (UINT64_MAX: none is hot), counted in *nhot.
+ * Returns the count, or -1.
+ */
 static int64_t
-collect_dirty (struct cache *c, uint64_t **pages_out)
+collect_dirty (struct cache *c, uint64_t **pages_out, uint64_t hot_after,
+               uint64_t *nhot)
 {
   uint64_t *pages, n = 0;
 
@@ -77,11 +84,16 @@ collect_dirty (struct cache *c, uint64_t **pages_out)
     pthread_mutex_unlock (&c->lock);
     return -1;
   }
-  for (uint32_t s = 0; s < c->nslots && n < c->ndirty; s++) {
+  *nhot = 0;
+  for (uint32_t s = 0; s < c->nslots && n + *nhot < c->ndirty; s++) {
     const struct pt_slot *slot = &c->pt.slots[s];
     if (slot->state == LAYOUT_DIRTY && (slot->flags & PT_INDEXED) &&
-        !(slot->flags & PT_BAD))
-      pages[n++] = slot->page;
+        !(slot->flags & PT_BAD)) {
+      if (slot->seq > hot_after)
+        (*nhot)++;
+      else
+        pages[n++] = slot->page;
+    }
   }
   pthread_mutex_unlock (&c->lock);
   qsort (pages, n, sizeof *pages, cmp_u64);
@@ -143,15 +155,19 @@ write_group (struct cache *c, const struct cache_backend *be,
   return 0;
 }
 
-int
-writeback_pass (struct cache *c, const struct cache_backend *be,
-                uint64_t target, bool limited, int *err)
+/* writeback_pass, skipping pages changed after sequence number
+ * hot_after: returns 2 if every dirty page was hot (nothing done).
+ */
+static int
+pass (struct cache *c, const struct cache_backend *be, uint64_t target,
+      bool limited, uint64_t hot_after, int *err)
 {
   const uint32_t ps = c->page_size;
   const size_t max_group = WB_GROUP_BYTES / ps ? WB_GROUP_BYTES / ps : 1;
   struct writeback *wb = c->wb;
   uint64_t *pages = NULL;
   int64_t n;
+  uint64_t nhot;
   struct wb_page *done = NULL;
   size_t ndone = 0;
   uint8_t *buf = NULL;
@@ -161,11 +177,20 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
 
   if (wb)
     pthread_mutex_lock (&wb->pass_lock);
-  n = collect_dirty (c, &pages);
+  n = collect_dirty (c, &pages, hot_after, &nhot);
   if (n == -1) {
     *err = ENOMEM;
     goto out;
   }
+  if (n == 0 && nhot > 0) {
+    ret = 2;
+    goto out;
+  }
+  /* Hot pages stay dirty, so fewer of the others may remain (0: all
+   * of them go).
+   */
+  if (target > 0)
+    target = target > nhot ? target - nhot : 0;
   done = malloc ((n ? n : 1) * sizeof *done);
   buf = malloc (max_group * ps);
   if (done == NULL || buf == NULL) {
@@ -313,6 +338,13 @@ writeback_pass (struct cache *c, const struct cache_backend *be,
 }
 
 int
+writeback_pass (struct cache *c, const struct cache_backend *be,
+                uint64_t target, bool limited, int *err)
+{
+  return pass (c, be, target, limited, UINT64_MAX, err);
+}
+
+int
 writeback_page_locked (struct cache *c, const struct cache_backend *be,
                        uint64_t page, uint32_t s, int *err)
 {
@@ -377,9 +409,24 @@ writeback_thread (void *arg)
   const uint64_t low = (uint64_t) c->nslots * c->wbcfg.low_pct / 100;
 
   for (;;) {
-    uint64_t gen, target, ndirty, idle_for;
+    uint64_t gen, target, ndirty, idle_for, hot_after = UINT64_MAX, seq;
     bool full, run, kicked;
     int r, err = 0;
+
+    /* "Hot" pages, skipped by cleaning above the high watermark: those
+     * changed in the last one to two WB_HOT_MS.  Writing them back is
+     * wasted (they change again before they can be marked clean) and
+     * steals the clients' bandwidth; nobody needs their slots yet (a
+     * writer waiting for a slot kicks us, and then every page goes).
+     */
+    pthread_mutex_lock (&c->lock);
+    seq = c->seq;
+    pthread_mutex_unlock (&c->lock);
+    if (cache_now_ms () - wb->mark_ms >= WB_HOT_MS) {
+      wb->seen_seq = wb->mark_seq;
+      wb->mark_seq = seq;
+      wb->mark_ms = cache_now_ms ();
+    }
 
     pthread_mutex_lock (&wb->lock);
     if (wb->stop) {
@@ -396,6 +443,10 @@ writeback_thread (void *arg)
     run = true;
     if (full)
       target = 0;
+    else if (ndirty > high && !kicked) {
+      target = low;
+      hot_after = wb->seen_seq;
+    }
     else if (ndirty > high)
       target = low;
     else if (kicked && ndirty > 0)
@@ -410,7 +461,13 @@ writeback_thread (void *arg)
         log_debug ("writeback: %llu dirty, target %llu%s",
                    (unsigned long long) ndirty, (unsigned long long) target,
                    full ? " (flush)" : "");
-      r = writeback_pass (c, &wb->be, target, !full, &err);
+      r = pass (c, &wb->be, target, !full, hot_after, &err);
+      if (r == 2) {
+        if (ssdcache_debug_verbose)
+          log_debug ("writeback: every dirty page is being rewritten: "
+                     "waiting");
+        goto wait;
+      }
       pthread_mutex_lock (&wb->lock);
       if (full && r != 1) {
         wb->done_gen = gen;
@@ -425,6 +482,7 @@ writeback_thread (void *arg)
       continue;
     }
 
+  wait:
     /* Nothing to do: sleep until woken or the next poll. */
     pthread_mutex_lock (&wb->lock);
     if (!wb->stop && wb->req_gen == wb->done_gen) {

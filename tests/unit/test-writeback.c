@@ -32,6 +32,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -47,6 +48,15 @@ extern char log_error_last[512];
 #define PS 4096u                  /* page size of most tests */
 #define SS 512u                   /* its sector size */
 #define ST(c, f) STATS_GET (cache_stats (c), f)
+
+static uint64_t
+cache_now_ms_for_tests (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 /* The temporary cache file and the watchdog: tests/unit/testfile.h. */
 #define cache_path testfile_path
@@ -2193,6 +2203,66 @@ test_wb_unsealed_crash_backend_newer (void **state)
   free (got);
 }
 
+/* Above the high watermark, background writeback cleans the pages
+ * nobody writes any more, and leaves alone those being rewritten (they
+ * would be dirty again at once), unless a writer needs a slot.
+ */
+static void
+test_wb_hot_pages_left_alone (void **state)
+{
+  const uint64_t size = 32 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (16 * PS, PS);
+  struct cache *c;
+  uint8_t *model;
+  uint64_t written_back, deadline;
+  int err = 0, round = 0;
+
+  cfg.wb.high_pct = 50;           /* 8 dirty pages */
+  cfg.wb.low_pct = 0;
+  rambackend_init (&rb, size, 12);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+  for (int p = 0; p < 12; ++p)
+    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 120 + p);
+  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+
+  /* Pages 0-1 are rewritten all the time; 2-11 are cold.  Within 20 s
+   * (about two seconds are needed) the cold ones are clean.
+   */
+  deadline = cache_now_ms_for_tests () + 20000;
+  while (cache_dirty_pages (c) > 2) {
+    assert_true (cache_now_ms_for_tests () < deadline);
+    mwrite (c, &t.be, model, (round & 1) * PS + 512, 1024, 200 + round);
+    round++;
+    usleep (2000);
+  }
+  /* Keep rewriting for a while: no write-back of the hot pages. */
+  written_back = ST (c, pages_written_back);
+  assert_int_equal (written_back, 10);
+  for (int i = 0; i < 500; ++i, ++round) {
+    mwrite (c, &t.be, model, (round & 1) * PS + 512, 1024, 200 + round);
+    usleep (2000);
+  }
+  assert_int_equal (ST (c, pages_written_back), written_back);
+  assert_int_equal (cache_dirty_pages (c), 2);
+
+  /* A writer that needs a slot: everything may go now. */
+  for (int p = 12; p < 32; ++p)
+    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 300 + p);
+  assert_int_equal (ST (c, write_through_full), 0);
+  read_all_check (c, &t.be, model, size, 3 * PS);
+
+  cache_writeback_stop (c);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown (f, setup_file, teardown_file)
 
 int
@@ -2221,6 +2291,7 @@ main (void)
     T (test_wb_unsealed_crash),
     T (test_wb_unsealed_sealed),
     T (test_wb_unsealed_crash_backend_newer),
+    T (test_wb_hot_pages_left_alone),
   };
 
   testfile_name = "test-writeback";

@@ -2,7 +2,7 @@
 # nbdkit-ssdcache-filter: the cache device fails under a running server.
 #
 # An LD_PRELOAD shim (shim/faultio.c) makes I/O on the cache file fail
-# with EIO while a trigger file exists.  The filter must switch to
+# with EIO (or ENOSPC: a full filesystem) while a trigger file exists.  The filter must switch to
 # pass-through (counter "degraded"), keep serving correct data from the
 # backend, write back dirty pages it can still read, and report dirty
 # pages it cannot read (EIO), never serving stale or zero data.
@@ -61,6 +61,12 @@ run_case ()                 # run_case MODE OPS FAILING-MIX EXTRA-ARGS...
 all=read=55,write=35,zero=5,flush=5
 run_case writethrough rw $all
 run_case writearound rw $all
+# The cache's filesystem is full: writes to the cache file fail with
+# ENOSPC (the pool is preallocated, so only another writer or a
+# filesystem that cannot preallocate gets here).
+export FAULTIO_ERRNO=28
+run_case writethrough w $all
+unset FAULTIO_ERRNO
 # Writes to the cache fail, reads still work: dirty data is written
 # back (by the flushes), then everything passes through.  While the
 # device refuses writes, a write to a page that was dirty when it failed

@@ -1957,6 +1957,10 @@ unseal_q (struct cache *c, const struct cache_backend *be, uint8_t *model)
 }
 
 static uint8_t *unseal_child_model;
+/* The parent's buffers, kept reachable for valgrind in the children
+ * (which exit without freeing anything, like a crash).
+ */
+static void *volatile child_keep[4];
 
 /* Child: page 2 flushed (v1), then rewritten twice (copy, then
  * unsealed); page 5 unsealed; crash.
@@ -2014,6 +2018,8 @@ test_wb_unsealed_crash (void **state)
   model = model_new (&rb);
   unseal_child_model = malloc (size);
   assert_non_null (unseal_child_model);
+  child_keep[0] = model;
+  child_keep[1] = rb.data;
   unseal_crash_child (&cfg, size);
 
   /* On disk: page 2 has its flushed version and an unsealed newer one;
@@ -2176,6 +2182,7 @@ test_wb_unsealed_crash_backend_newer (void **state)
   tbe_init (&t, &rb);
   assert_int_equal (pipe (pipefd), 0);
   backend_newer_fd = pipefd[1];
+  child_keep[0] = rb.data;
   backend_newer_child (&cfg, size);
   assert_int_equal (read (pipefd[0], child_backend, PS), PS);
   close (pipefd[0]);

@@ -194,6 +194,16 @@ covers_sectors (struct cache *c, uint64_t page, uint32_t off, uint32_t n)
   return off % ss == 0 && off + n >= end_sector;
 }
 
+/* Are sectors [sf, sl] all invalid in slot? */
+static bool
+span_invalid (const struct pt_slot *slot, unsigned sf, unsigned sl)
+{
+  for (unsigned i = sf; i <= sl; i++)
+    if (layout_bit_test (slot->valid, i))
+      return false;
+  return true;
+}
+
 /* Apply a write in place to slot s (pinned; fresh: newly allocated and
  * empty, not indexed).  Only the sectors touched are read and written;
  * the data CRC is patched, not recomputed.  An unflushed dirty slot
@@ -211,7 +221,7 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
   uint32_t span_off, span_len;
   uint8_t *old = NULL, *span = NULL;
   struct pt_slot upd, before;
-  bool wrote = false, unseal = false, unsealed = false;
+  bool wrote = false, unseal = false, unsealed = false, evicted = false;
   int ret = -1;
 
   cache_sector_span (c, off, n, &sf, &sl);
@@ -229,6 +239,9 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     upd.page = page;
     upd.data_crc = c->zero_page_crc;
     memset (old, 0, span_len);
+    pthread_mutex_lock (&c->lock);
+    evicted = c->pt.slots[s].flags & PT_EVICTED;
+    pthread_mutex_unlock (&c->lock);
   }
   else {
     if (kind == W_CLEAN && cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1) {
@@ -247,7 +260,9 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
       *err = EIO;
       goto out;
     }
-    if (!(unseal || unsealed) || !covers_sectors (c, page, off, n)) {
+    if (kind == W_FILL && span_invalid (&upd, sf, sl))
+      memset (old, 0, span_len);        /* nothing cached there yet */
+    else if (!(unseal || unsealed) || !covers_sectors (c, page, off, n)) {
       if (pool_read_data (&c->pool, s, old, span_len, span_off) == -1) {
         cache_io_error (c, "reading data", s);
         *err = EIO;
@@ -288,6 +303,36 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     memcpy (c->pt.slots[s].valid, upd.valid, sizeof upd.valid);
     memcpy (c->pt.slots[s].dirty, upd.dirty, sizeof upd.dirty);
     c->pt.slots[s].seq = ++c->seq;      /* tells writeback it changed */
+    pthread_mutex_unlock (&c->lock);
+  }
+  else if (evicted) {
+    /* The slot's entry still describes the page evicted from it: were
+     * the data written first, a crash could leave that entry with data
+     * that still verifies for it (the sectors written need not be
+     * among its valid ones), and the evicted page, perhaps older than
+     * the backend by now, would come back.  So the entry goes first.
+     */
+    upd.data_crc = layout_crc32c_patch (upd.data_crc, c->page_size, span_off,
+                                        old, span, span_len);
+    wrote = true;
+    if (cache_commit_entry (c, s, &upd) == -1 ||
+        pool_write_data (&c->pool, s, span, span_len, span_off) == -1)
+      goto io_error;
+  }
+  else if (!fresh && kind == W_FILL) {
+    /* Backend data in sectors that were not valid: the entry on disk
+     * may lag (its valid sectors and checksum still hold for the data),
+     * which only means a crash forgets these sectors; RAM is ahead, and
+     * the next entry write (at the latest, at close) records them.
+     */
+    upd.data_crc = layout_crc32c_patch (upd.data_crc, c->page_size, span_off,
+                                        old, span, span_len);
+    if (pool_write_data (&c->pool, s, span, span_len, span_off) == -1)
+      goto io_error;
+    pthread_mutex_lock (&c->lock);
+    memcpy (c->pt.slots[s].valid, upd.valid, sizeof upd.valid);
+    c->pt.slots[s].data_crc = upd.data_crc;
+    c->pt.slots[s].seq = ++c->seq;
     pthread_mutex_unlock (&c->lock);
   }
   else {

@@ -206,7 +206,8 @@ cache_commit_entry_at (struct cache *c, uint32_t s, const struct pt_slot *upd,
     cache_set_state_counts (c, slot->state, upd->state);
   if ((upd->flags & PT_UNSEALED) && !(slot->flags & PT_UNSEALED))
     cache_unseal_listed_locked (c, s);
-  slot->flags = (slot->flags & ~PT_UNSEALED) | (upd->flags & PT_UNSEALED);
+  slot->flags = (slot->flags & ~(PT_UNSEALED | PT_EVICTED)) |
+    (upd->flags & PT_UNSEALED);
   slot->page = upd->page;
   slot->state = upd->state;
   slot->data_crc = upd->data_crc;
@@ -347,7 +348,7 @@ alloc_locked (struct cache *c)
   pagetable_remove (&c->pt, s);
   if (c->pt.slots[s].flags & PT_PREFETCHED)
     STATS_ADD (&c->stats, prefetch_wasted, 1);   /* never read */
-  c->pt.slots[s].flags = 0;
+  c->pt.slots[s].flags = PT_EVICTED;
   STATS_ADD (&c->stats, evictions, 1);
   if (ssdcache_debug_verbose)
     log_debug ("evict slot %u (page %llu)", s,
@@ -757,6 +758,17 @@ int
 cache_read_verified (struct cache *c, const struct cache_backend *be,
                      uint32_t s, uint8_t *buf)
 {
+  return cache_read_verified_span (c, be, s, buf, 0, c->nsectors - 1);
+}
+
+/* The same, but once the slot is verified only sectors [sf, sl] are
+ * read (into their place in buf), and nothing if none of them is valid:
+ * the rest of buf is then undefined.
+ */
+int
+cache_read_verified_span (struct cache *c, const struct cache_backend *be,
+                          uint32_t s, uint8_t *buf, unsigned sf, unsigned sl)
+{
   struct pt_slot snap;
 
   pthread_mutex_lock (&c->lock);
@@ -767,6 +779,21 @@ cache_read_verified (struct cache *c, const struct cache_backend *be,
     return -1;
   }
 
+  if (snap.flags & PT_VERIFIED) {
+    const uint32_t off = sf * c->sector_size;
+    bool any = false;
+
+    for (unsigned i = sf; i <= sl && !any; i++)
+      any = layout_bit_test (snap.valid, i);
+    if (!any)
+      return 0;
+    if (pool_read_data (&c->pool, s, buf + off,
+                        (sl - sf + 1) * c->sector_size, off) == -1) {
+      cache_io_error (c, "reading data", s);
+      goto bad;
+    }
+    return 0;
+  }
   if (pool_read_data (&c->pool, s, buf, c->page_size, 0) == -1) {
     cache_io_error (c, "reading data", s);
     goto bad;
@@ -955,6 +982,11 @@ fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
   pthread_mutex_unlock (&c->lock);
   if (cow) {
     pthread_rwlock_unlock (&c->inplace);
+    /* The copy needs the whole page (the caller read only [a, b)). */
+    if (cache_read_verified (c, be, s, buf) == -1) {
+      *err = EIO;
+      return -1;
+    }
     return complete_partial (c, be, page, s, buf, err);
   }
 
@@ -1075,7 +1107,8 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
         STATS_ADD (&c->stats, read_misses, 1);
       continue;
     }
-    if (cache_read_verified (c, be, s, page_buf) == -1) {
+    cache_sector_span (c, a, b - a, &sf, &sl);
+    if (cache_read_verified_span (c, be, s, page_buf, sf, sl) == -1) {
       pthread_mutex_lock (&c->lock);
       bad = pagetable_lookup (&c->pt, page) == s &&
         (c->pt.slots[s].flags & PT_BAD);
@@ -1088,7 +1121,6 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
         STATS_ADD (&c->stats, read_misses, 1);
       continue;                 /* dropped */
     }
-    cache_sector_span (c, a, b - a, &sf, &sl);
     pthread_mutex_lock (&c->lock);
     ok = pagetable_range_valid (&c->pt.slots[s], sf, sl);
     if (ok && !o->readahead)

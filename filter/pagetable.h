@@ -28,6 +28,8 @@
                                LAYOUT_ENT_UNSEALED) */
 #define PT_PREFETCHED 0x100 /* filled by readahead, not read by a client
                                since */
+#define PT_EVICTED   0x200  /* taken by eviction: its on-disk entry still
+                               describes the page evicted */
 #define PT_BAD       0x10   /* dirty data failed its CRC: reads get EIO */
 #define PT_SUPERSEDED 0x20  /* a newer slot holds this page; freed once
                                the newer one is durable */

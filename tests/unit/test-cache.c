@@ -697,6 +697,66 @@ test_crash_reopen (void **state)
   rambackend_free (&rb);
 }
 
+
+/* Backend sectors filled into a cached page leave its entry on disk as
+ * it was (a crash forgets them, the page still verifies); a clean close
+ * records them.
+ */
+static void
+test_fill_entry_lags (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache *c;
+  uint8_t buf[1024];
+  pid_t pid;
+  int status, err;
+
+  rambackend_init (&rb, 16 * PS, 13);
+  fflush (stdout);
+  fflush (stderr);
+  pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    rambackend_init (&crash_rb, 16 * PS, 13);
+    crash_cache = cache_open (&cfg);
+    if (crash_cache == NULL || cache_attach (crash_cache, crash_rb.size) != 0)
+      _exit (1);
+    /* A new slot for page 3 (its entry is written), then more sectors
+     * of it (the entry lags).
+     */
+    if (cache_read (crash_cache, &crash_rb.be, buf, 512, 3 * PS, &err) != 0 ||
+        cache_read (crash_cache, &crash_rb.be, buf, 1024, 3 * PS + 2048,
+                    &err) != 0)
+      _exit (2);
+    if (STATS_GET (cache_stats (crash_cache), read_partial) != 1)
+      _exit (3);
+    _exit (0);                  /* no cache_close: a crash */
+  }
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status));
+  assert_int_equal (WEXITSTATUS (status), 0);
+
+  /* After the crash: the page is there, with its first sector only. */
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (ST (c, loaded_slots), 1);
+  read_check (c, &rb, 3 * PS, 512);
+  assert_int_equal (rb.reads, 0);
+  read_check (c, &rb, 3 * PS + 2048, 1024);
+  assert_int_equal (rb.reads, 1);             /* forgotten: read again */
+  assert_int_equal (ST (c, verify_failures), 0);
+  cache_close (c);
+
+  /* After a clean close both parts are cached. */
+  c = open_attach (&cfg, rb.size);
+  read_check (c, &rb, 3 * PS, 512);
+  read_check (c, &rb, 3 * PS + 2048, 1024);
+  assert_int_equal (rb.reads, 1);
+  assert_int_equal (ST (c, verify_failures), 0);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
 /* Returns the pool offset of the cache file. */
 static uint64_t
 file_pool_offset (void)
@@ -1545,6 +1605,7 @@ main (void)
     T (test_threads_slow_backend),
     T (test_threads_slow_backend_evicting),
     T (test_threads_readonly_big_pages),
+      T (test_fill_entry_lags),
   };
 
   testfile_name = "test-cache";

@@ -102,7 +102,7 @@ cache_open (const struct cache_config *cfg)
     }
   }
 
-  if (pool_open (&c->pool, c->path) == -1)
+  if (pool_open (&c->pool, c->path, cfg->direct) == -1)
     goto err;
   r = pool_load_sb (&c->pool);
   if (r == -1) {

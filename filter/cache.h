@@ -72,6 +72,7 @@ struct cache_config {
   unsigned readahead_mode;     /* enum readahead_mode (0: off) */
   uint64_t readahead_window;   /* fixed mode: the window */
   uint64_t readahead_max;      /* adaptive mode: the largest window */
+  bool direct;                 /* open the cache file with O_DIRECT */
 };
 
 #define CACHE_DEFAULT_SIZE (1024ULL * 1024 * 1024)   /* 1 GiB */

@@ -132,6 +132,13 @@ config_set (const char *key, const char *value)
     config.reset = r;
     return 0;
   }
+  if (strcmp (key, "ssdcache-direct") == 0) {
+    int r = nbdkit_parse_bool (value);
+    if (r == -1)
+      return bad_value (key, value);
+    config.direct = r;
+    return 0;
+  }
   if (strcmp (key, "ssdcache-stats") == 0) {
     if (*value == '\0') {
       nbdkit_error ("%s: the path must not be empty", key);

@@ -21,6 +21,7 @@ struct config {
   enum layout_mode mode;
   char *id;                    /* ssdcache-id, or NULL */
   bool reset;
+  bool direct;                 /* ssdcache-direct */
   char *stats_file;            /* ssdcache-stats, or NULL */
   enum cache_flush_mode flush_mode;
   struct cache_writeback_config wb;

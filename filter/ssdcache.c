@@ -87,6 +87,7 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "ssdcache-writeback-on-exit=BOOL  Write back all at exit (true).\n" \
   "ssdcache-id=STRING         Backend identity (default: from parameters).\n" \
   "ssdcache-reset=BOOL        Re-initialise a mismatched cache.\n" \
+  "ssdcache-direct=BOOL       Open the cache file with O_DIRECT (false).\n" \
   "ssdcache-stats=FILE        Write counters to FILE at exit.\n" \
   "ssdcache-policy=s3fifo|clock  Replacement policy (s3fifo).\n" \
   "ssdcache-seq-cutoff=SIZE   Sequential streams past SIZE bypass the\n" \
@@ -126,6 +127,7 @@ ssdcache_get_ready (int thread_model)
     .readahead_mode = config.ra_mode,
     .readahead_window = config.ra_window,
     .readahead_max = config.ra_max,
+    .direct = config.direct,
   };
 
   cache = cache_open (&cfg);

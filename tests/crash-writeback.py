@@ -92,6 +92,8 @@ class Server:
              "ssdcache-stats=" + self.stats,
              "ssdcache-writeback-on-exit=" + ("true" if self.on_exit
                                               else "false")]
+        if self.args.direct:
+            a += ["ssdcache-direct=true"]
         if self.mode == "writeback":
             a += ["ssdcache-flush=" + c["flush"],
                   "ssdcache-writeback-high=%d" % c["high"],
@@ -848,6 +850,8 @@ def main():
     p.add_argument("--debug", action="store_true",
                    help="run nbdkit with -v -D ssdcache.verbose=1 (logs in "
                    "the workdir)")
+    p.add_argument("--direct", action="store_true",
+                   help="run nbdkit with ssdcache-direct=true (O_DIRECT)")
     p.add_argument("--sabotage", action="store_true",
                    help="self-test: delete the cache file after each kill; "
                    "the run must then FAIL")

@@ -119,6 +119,37 @@ if ! python3 -c 'import nbd' >/dev/null 2>&1 &&
     export PATH="$tmpdir/bin:$PATH"
 fi
 
+# -- the whole suite with direct I/O (make check-direct) ----------------
+
+# With SSDCACHE_TEST_DIRECT set (and not 0), every nbdkit that loads the
+# ssdcache filter, from the tests or from the Python helpers they run,
+# gets ssdcache-direct=true added to its parameters (unless the command
+# says ssdcache-direct= itself): an "nbdkit" wrapper first on PATH.
+if [ -n "${SSDCACHE_TEST_DIRECT:-}" ] && [ "$SSDCACHE_TEST_DIRECT" != 0 ] &&
+   [ -z "${_ssdcache_direct_wrapped:-}" ]; then
+    _real_nbdkit="$(command -v nbdkit)"
+    mkdir -p "$tmpdir/direct-bin"
+    cat > "$tmpdir/direct-bin/nbdkit" <<END_OF_WRAPPER
+#!/bin/bash
+# functions.sh, SSDCACHE_TEST_DIRECT: ssdcache-direct=true for the filter.
+uses=0 given=0
+for a in "\$@"; do
+    case "\$a" in
+        ssdcache-direct=*) given=1 ;;
+        --filter=*ssdcache*|*nbdkit-ssdcache-filter*) uses=1 ;;
+    esac
+done
+if [ \$uses = 1 ] && [ \$given = 0 ]; then
+    exec "$_real_nbdkit" "\$@" ssdcache-direct=true
+fi
+exec "$_real_nbdkit" "\$@"
+END_OF_WRAPPER
+    chmod +x "$tmpdir/direct-bin/nbdkit"
+    export PATH="$tmpdir/direct-bin:$PATH"
+    export _ssdcache_direct_wrapped=1
+    echo "$0: SSDCACHE_TEST_DIRECT: nbdkit runs the filter with ssdcache-direct=true"
+fi
+
 # -- nbdkit in the background -------------------------------------------
 
 # start_nbdkit -P PIDFILE ARGS...: start "nbdkit -f -P PIDFILE ARGS..."

@@ -56,6 +56,7 @@ make_cfg (uint64_t size)
     .mode = LAYOUT_MODE_WRITETHROUGH,
     .id_digest = { 0x1111222233334444ULL, 0x5555666677778888ULL },
     .id_text = "unit test backend",
+    .direct = testfile_direct (),
     .reset = false,
   };
   return cfg;

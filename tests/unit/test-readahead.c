@@ -380,6 +380,7 @@ engine_open (uint64_t cache_size, uint64_t backend_size,
     .id_digest = { 0x1234, 0x5678 }, .id_text = "readahead test",
     .readahead_mode = ra_mode, .readahead_window = window,
     .readahead_max = max,
+    .direct = testfile_direct (),
   };
   struct cache *c = cache_open (&cfg);
 

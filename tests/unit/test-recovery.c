@@ -63,6 +63,7 @@ make_cfg (void)
     .mode = LAYOUT_MODE_WRITEBACK,
     .id_digest = { 0x5151515151515151ULL, 0x2323232323232323ULL },
     .id_text = "recovery unit test backend",
+    .direct = testfile_direct (),
     .flush_mode = CACHE_FLUSH_CACHE,
     .wb = { .high_pct = 100, .low_pct = 0, .rate = 0, .idle_ms = 0 },
   };

@@ -75,6 +75,7 @@ make_cfg (enum layout_mode mode, bool verify)
     .mode = mode,
     .id_digest = { 0x7777777777777777ULL, 0x1212121212121212ULL },
     .id_text = "verify unit test backend",
+    .direct = testfile_direct (),
     .wb = { .high_pct = 100, .low_pct = 0, .rate = 0, .idle_ms = 0 },
     .verify = verify,
   };

@@ -140,6 +140,7 @@ make_cfg (uint64_t size, uint32_t page_size)
     .mode = LAYOUT_MODE_WRITEBACK,
     .id_digest = { 0x0123456789abcdefULL, 0xfedcba9876543210ULL },
     .id_text = "writeback unit test backend",
+    .direct = testfile_direct (),
     .reset = false,
     .flush_mode = CACHE_FLUSH_CACHE,
     /* No background cleaning unless a test asks for it. */

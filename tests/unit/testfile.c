@@ -38,6 +38,14 @@ watchdog (int sig)
   _exit (1);
 }
 
+bool
+testfile_direct (void)
+{
+  const char *e = getenv ("SSDCACHE_TEST_DIRECT");
+
+  return e != NULL && *e != '\0' && strcmp (e, "0") != 0;
+}
+
 int
 testfile_setup (void **state)
 {

@@ -8,6 +8,10 @@
  * included).  testfile_teardown disarms it and removes the file.
  * Each test program sets testfile_name and testfile_watchdog_seconds
  * before running its tests.
+ *
+ * testfile_direct () is true when $SSDCACHE_TEST_DIRECT is set (and not
+ * "0"): the engine tests then open their caches with direct I/O
+ * (`make check-direct`).
  */
 #ifndef SSDCACHE_TESTFILE_H
 #define SSDCACHE_TESTFILE_H
@@ -16,7 +20,10 @@ extern char testfile_path[4096];
 extern const char *testfile_name;            /* for messages and the file */
 extern unsigned testfile_watchdog_seconds;
 
+#include <stdbool.h>
+
 extern int testfile_setup (void **state);
+extern bool testfile_direct (void);
 extern int testfile_teardown (void **state);
 
 struct layout_sb;

@@ -1,0 +1,406 @@
+/* nbdkit-ssdcache-filter unit tests: the cache file's I/O (pool.c),
+ * above all direct I/O (ssdcache-direct=true).
+ *
+ * This program defines its own pread, pwrite and open, which the pool
+ * code linked into it calls instead of the C library's: on a descriptor
+ * opened with O_DIRECT they count every call whose offset, length or
+ * buffer is not aligned to POOL_DIRECT_ALIGN (the kernel only enforces
+ * the device's logical block, often 512, so it would not catch them),
+ * and open can be told to refuse O_DIRECT as tmpfs once did.
+ *
+ * Tests: the span arithmetic of pool_split_span; O_DIRECT really set;
+ * random data reads and writes at any offset, length and buffer
+ * alignment against a model, with no unaligned call; concurrent writes
+ * of different page-table entries of the same 4 KiB blocks (none may
+ * be lost); the refusal of a file system without direct I/O.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "layout.h"
+#include "pool.h"
+#include "testfile.h"
+
+extern void log_errors_forget (void);
+extern int log_errors_contain (const char *text);
+
+/* -- the C library, watched --------------------------------------------- */
+
+static atomic_uint unaligned_calls;   /* on O_DIRECT descriptors */
+static atomic_uint direct_calls;      /* all calls on O_DIRECT descriptors */
+static atomic_bool refuse_direct;     /* open: EINVAL for O_DIRECT */
+
+static void
+check_call (int fd, const void *buf, size_t count, off_t off)
+{
+  int fl = fcntl (fd, F_GETFL);
+
+  if (fl == -1 || !(fl & O_DIRECT))
+    return;
+  atomic_fetch_add (&direct_calls, 1);
+  if ((uintptr_t) buf % POOL_DIRECT_ALIGN || count % POOL_DIRECT_ALIGN ||
+      off % POOL_DIRECT_ALIGN) {
+    atomic_fetch_add (&unaligned_calls, 1);
+    fprintf (stderr, "unaligned direct I/O: buf %p count %zu off %lld\n",
+             buf, count, (long long) off);
+  }
+}
+
+ssize_t
+pread (int fd, void *buf, size_t count, off_t off)
+{
+  static ssize_t (*real) (int, void *, size_t, off_t);
+
+  if (real == NULL)
+    real = dlsym (RTLD_NEXT, "pread");
+  check_call (fd, buf, count, off);
+  return real (fd, buf, count, off);
+}
+
+ssize_t
+pwrite (int fd, const void *buf, size_t count, off_t off)
+{
+  static ssize_t (*real) (int, const void *, size_t, off_t);
+
+  if (real == NULL)
+    real = dlsym (RTLD_NEXT, "pwrite");
+  check_call (fd, buf, count, off);
+  return real (fd, buf, count, off);
+}
+
+int
+open (const char *path, int flags, ...)
+{
+  static int (*real) (const char *, int, ...);
+  mode_t mode = 0;
+
+  if (real == NULL)
+    real = dlsym (RTLD_NEXT, "open");
+  if (flags & O_CREAT) {
+    va_list ap;
+    va_start (ap, flags);
+    mode = va_arg (ap, mode_t);
+    va_end (ap);
+  }
+  if ((flags & O_DIRECT) && atomic_load (&refuse_direct)) {
+    errno = EINVAL;
+    return -1;
+  }
+  return real (path, flags, mode);
+}
+
+/* -- helpers ------------------------------------------------------------ */
+
+#define PS 65536u                /* page size */
+#define NSLOTS 256u              /* 4 blocks of entries */
+
+static void
+format (struct pool *p, bool direct)
+{
+  struct layout_sb sb;
+
+  memset (&sb, 0, sizeof sb);
+  sb.version = LAYOUT_VERSION;
+  sb.page_size = PS;
+  sb.sector_size = layout_sector_size (PS);
+  sb.nslots = NSLOTS;
+  sb.backend_size = (uint64_t) PS * 1000;
+  strcpy (sb.id_text, "pool unit test");
+  assert_int_equal (pool_open (p, testfile_path, direct), 0);
+  assert_int_equal (pool_format (p, &sb), 0);
+}
+
+static void
+reset_counts (void)
+{
+  atomic_store (&unaligned_calls, 0);
+  atomic_store (&direct_calls, 0);
+}
+
+/* -- tests --------------------------------------------------------------- */
+
+static void
+check_span (uint64_t off, uint64_t len,
+            uint64_t ho, uint64_t hl, uint64_t mo, uint64_t ml,
+            uint64_t to, uint64_t tl)
+{
+  struct pool_span sp;
+
+  pool_split_span (off, len, 4096, &sp);
+  if (sp.head_len != hl || sp.mid_len != ml || sp.tail_len != tl ||
+      (hl && sp.head_off != ho) || (ml && sp.mid_off != mo) ||
+      (tl && sp.tail_off != to))
+    fail_msg ("split(%llu, %llu): head %llu+%llu mid %llu+%llu tail "
+              "%llu+%llu", (unsigned long long) off, (unsigned long long) len,
+              (unsigned long long) sp.head_off,
+              (unsigned long long) sp.head_len,
+              (unsigned long long) sp.mid_off,
+              (unsigned long long) sp.mid_len,
+              (unsigned long long) sp.tail_off,
+              (unsigned long long) sp.tail_len);
+}
+
+static void
+test_split_span (void **state)
+{
+  /* aligned: all middle */
+  check_span (8192, 8192,        0, 0,  8192, 8192,  0, 0);
+  /* one entry inside a block */
+  check_span (8192 + 64, 64,     8256, 64,  0, 0,  0, 0);
+  /* starts aligned, ends inside the block: a tail only */
+  check_span (4096, 100,         0, 0,  0, 0,  4096, 100);
+  /* ends at a block end: a head only */
+  check_span (4000, 96,          4000, 96,  0, 0,  0, 0);
+  /* both edges, nothing whole between */
+  check_span (4000, 200,         4000, 96,  0, 0,  4096, 104);
+  /* both edges and whole blocks */
+  check_span (1, 3 * 4096,       1, 4095,  4096, 8192,  12288, 1);
+  /* first block partial, then whole */
+  check_span (512, 4096 - 512 + 8192,  512, 3584,  4096, 8192,  0, 0);
+  /* empty */
+  check_span (4097, 0,           0, 0,  0, 0,  0, 0);
+  /* the sum of the parts is always the span, in order */
+  srandom (1);
+  for (int i = 0; i < 100000; i++) {
+    uint64_t off = random () % (1 << 20), len = random () % (1 << 18);
+    struct pool_span sp;
+    uint64_t pos = off;
+
+    pool_split_span (off, len, 4096, &sp);
+    if (sp.head_len) {
+      assert_int_equal (sp.head_off, pos);
+      assert_true (sp.head_off % 4096 != 0);
+      assert_true (sp.head_off / 4096 ==
+                   (sp.head_off + sp.head_len - 1) / 4096);
+      pos += sp.head_len;
+    }
+    if (sp.mid_len) {
+      assert_int_equal (sp.mid_off, pos);
+      assert_int_equal (sp.mid_off % 4096, 0);
+      assert_int_equal (sp.mid_len % 4096, 0);
+      pos += sp.mid_len;
+    }
+    if (sp.tail_len) {
+      assert_int_equal (sp.tail_off, pos);
+      assert_int_equal (sp.tail_off % 4096, 0);
+      assert_true (sp.tail_len < 4096);
+      pos += sp.tail_len;
+    }
+    assert_int_equal (pos, off + len);
+  }
+}
+
+static void
+test_direct_flag (void **state)
+{
+  struct pool p;
+  int fl;
+
+  format (&p, false);
+  fl = fcntl (p.fd, F_GETFL);
+  assert_false (fl & O_DIRECT);
+  pool_close (&p);
+
+  reset_counts ();
+  assert_int_equal (pool_open (&p, testfile_path, true), 0);
+  fl = fcntl (p.fd, F_GETFL);
+  assert_true (fl & O_DIRECT);
+  assert_int_equal (pool_load_sb (&p), 1);
+  assert_int_equal (p.sb.nslots, NSLOTS);
+  pool_close (&p);
+  assert_true (atomic_load (&direct_calls) > 0);
+  assert_int_equal (atomic_load (&unaligned_calls), 0);
+}
+
+/* Random data I/O at any offset, length and buffer alignment, against
+ * a model; then the file itself is compared with the model.
+ */
+static void
+test_direct_data (void **state)
+{
+  struct pool p;
+  size_t total = (size_t) NSLOTS * PS;
+  uint8_t *model = calloc (1, total);
+  uint8_t *mem, *chk = malloc (PS);
+  int fd;
+
+  assert_non_null (model);
+  assert_non_null (chk);
+  assert_int_equal (posix_memalign ((void **) &mem, 4096, 2 * PS + 8192), 0);
+  reset_counts ();
+  format (&p, true);
+  srandom (42);
+  for (int i = 0; i < 4000; i++) {
+    uint32_t s = random () % NSLOTS;
+    uint32_t off, n;
+    uint8_t *buf = mem + random () % 8192;   /* any memory alignment */
+
+    switch (random () % 4) {
+    case 0:                    /* whole, aligned */
+      off = (random () % (PS / 4096)) * 4096;
+      n = 4096 * (1 + random () % ((PS - off) / 4096));
+      break;
+    case 1:                    /* small: an entry-sized piece, a sector */
+      off = random () % PS;
+      n = 1 + random () % 600;
+      if (n > PS - off)
+        n = PS - off;
+      break;
+    default:                   /* anything */
+      off = random () % PS;
+      n = 1 + random () % (PS - off);
+      break;
+    }
+    if (random () % 2) {
+      for (uint32_t k = 0; k < n; k++)
+        buf[k] = random ();
+      assert_int_equal (pool_write_data (&p, s, buf, n, off), 0);
+      memcpy (model + (size_t) s * PS + off, buf, n);
+    }
+    else {
+      assert_int_equal (pool_read_data (&p, s, buf, n, off), 0);
+      if (memcmp (buf, model + (size_t) s * PS + off, n) != 0)
+        fail_msg ("read %u bytes at %u of slot %u: wrong data", n, off, s);
+    }
+  }
+  assert_int_equal (atomic_load (&unaligned_calls), 0);
+  assert_true (atomic_load (&direct_calls) > 4000);
+  pool_close (&p);
+
+  /* What reached the file, through a buffered descriptor. */
+  fd = open (testfile_path, O_RDONLY);
+  assert_true (fd >= 0);
+  {
+    struct pool q;
+    assert_int_equal (pool_open (&q, testfile_path, false), 0);
+    assert_int_equal (pool_load_sb (&q), 1);
+    for (uint32_t s = 0; s < NSLOTS; s++) {
+      assert_int_equal (pread (fd, chk, PS, q.sb.pool_offset +
+                               (uint64_t) s * PS), PS);
+      if (memcmp (chk, model + (size_t) s * PS, PS) != 0)
+        fail_msg ("slot %u on the file differs from the model", s);
+    }
+    pool_close (&q);
+  }
+  close (fd);
+  free (mem);
+  free (chk);
+  free (model);
+}
+
+/* Threads write entries of their own slots, all in the same 4 KiB
+ * blocks (64 entries a block), again and again; at the end every entry
+ * must hold its owner's last write.  A read-modify-write of the block
+ * that is not serialised loses some of them.
+ */
+#define NTHREADS 8
+#define ROUNDS 300
+
+static struct pool shared_pool;
+
+static void *
+entry_writer (void *arg)
+{
+  unsigned t = (uintptr_t) arg;
+
+  for (unsigned r = 1; r <= ROUNDS; r++)
+    for (uint32_t s = t; s < NSLOTS; s += NTHREADS) {
+      struct layout_entry e;
+
+      memset (&e, 0, sizeof e);
+      e.page = 1000 + s;
+      e.seq = r;
+      e.state = LAYOUT_CLEAN;
+      e.valid[0] = 1;
+      if (pool_write_entry (&shared_pool, s, &e) != 0)
+        return (void *) 1;
+    }
+  return NULL;
+}
+
+static void
+test_direct_entries_concurrent (void **state)
+{
+  pthread_t th[NTHREADS];
+  uint8_t raw[NSLOTS * LAYOUT_ENTRY_SIZE];
+  uint32_t nsectors = PS / layout_sector_size (PS);
+
+  reset_counts ();
+  format (&shared_pool, true);
+  for (uintptr_t t = 0; t < NTHREADS; t++)
+    assert_int_equal (pthread_create (&th[t], NULL, entry_writer,
+                                      (void *) t), 0);
+  for (int t = 0; t < NTHREADS; t++) {
+    void *r;
+    pthread_join (th[t], &r);
+    assert_null (r);
+  }
+  assert_int_equal (pool_read_entries (&shared_pool, 0, NSLOTS, raw), 0);
+  for (uint32_t s = 0; s < NSLOTS; s++) {
+    struct layout_entry e;
+    if (layout_entry_decode (raw + s * LAYOUT_ENTRY_SIZE, nsectors, &e) != 0)
+      fail_msg ("entry %u does not decode", s);
+    if (e.page != 1000 + s || e.seq != ROUNDS)
+      fail_msg ("entry %u: page %llu seq %llu, expected page %u seq %u "
+                "(an update was lost)", s, (unsigned long long) e.page,
+                (unsigned long long) e.seq, 1000 + s, ROUNDS);
+  }
+  assert_int_equal (atomic_load (&unaligned_calls), 0);
+  pool_close (&shared_pool);
+}
+
+static void
+test_direct_refused (void **state)
+{
+  struct pool p;
+
+  log_errors_forget ();
+  atomic_store (&refuse_direct, true);
+  assert_int_equal (pool_open (&p, testfile_path, true), -1);
+  atomic_store (&refuse_direct, false);
+  assert_true (log_errors_contain ("ssdcache-direct:"));
+  assert_true (log_errors_contain ("does not support direct I/O"));
+  assert_int_equal (p.fd, -1);
+  /* Without direct I/O the same file opens. */
+  assert_int_equal (pool_open (&p, testfile_path, false), 0);
+  pool_close (&p);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_split_span),
+    cmocka_unit_test_setup_teardown (test_direct_flag,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_direct_data,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_direct_entries_concurrent,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_direct_refused,
+                                     testfile_setup, testfile_teardown),
+  };
+
+  testfile_name = "pool";
+  testfile_watchdog_seconds = 120;
+  /* Direct I/O needs a file system that has it: not tmpfs before Linux
+   * 6.6.  The default for the test files is /var/tmp.
+   */
+  if (getenv ("TMPDIR") == NULL)
+    setenv ("TMPDIR", "/var/tmp", 1);
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}

@@ -91,6 +91,19 @@ admit_seq_access (struct admit_seq *as, uint64_t offset, uint64_t len)
   return admitted;
 }
 
+uint64_t
+admit_seq_left (const struct admit_seq *as, uint64_t end)
+{
+  if (as->cutoff == 0)
+    return UINT64_MAX;
+  for (unsigned i = 0; i < as->nstreams; ++i) {
+    const struct stream *t = &as->s[i];
+    if (t->last_use && t->end == end)
+      return t->run >= as->cutoff ? 0 : as->cutoff - t->run;
+  }
+  return UINT64_MAX;
+}
+
 void
 admit_seq_get_stats (const struct admit_seq *as, struct admit_seq_stats *st)
 {

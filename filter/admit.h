@@ -52,6 +52,12 @@ extern void admit_seq_free (struct admit_seq *as);
 extern uint64_t admit_seq_access (struct admit_seq *as, uint64_t offset,
                                   uint64_t len);
 
+/* Bytes a stream whose last request ended at end may still run before
+ * its cutoff (0 once past it); UINT64_MAX with the filter off or if no
+ * tracked stream ends there.
+ */
+extern uint64_t admit_seq_left (const struct admit_seq *as, uint64_t end);
+
 /* Counters for the simulator and stats: requests seen, requests that
  * continued a stream, bytes refused.
  */

@@ -179,7 +179,8 @@ extern bool cache_unseal_reserve_locked (struct cache *c, uint32_t s);
 extern void cache_unseal_unreserve_locked (struct cache *c, uint32_t s);
 extern void cache_unseal_listed_locked (struct cache *c, uint32_t s);
 extern int cache_seal_slot (struct cache *c, uint32_t s, uint64_t epoch);
-extern void cache_seal_epoch (struct cache *c, uint64_t epoch, bool wait);
+extern void cache_seal_epoch (struct cache *c, uint64_t epoch, bool wait,
+                              bool clean_too);
 extern size_t cache_unsealed_count (struct cache *c);
 
 /* cache-write.c */

@@ -720,8 +720,13 @@ cache_close (struct cache *c)
     struct layout_sb sb = c->pool.sb;
     int err;
 
-    if (!cache_degraded (c))
+    /* Every unsealed slot gets its checksum back first (save_hints
+     * writes entries from RAM).
+     */
+    if (!cache_degraded (c)) {
+      cache_seal_epoch (c, CACHE_EPOCH_NOW - 1, true, true);
       save_hints (c);
+    }
     if (!cache_stale_settle_all (c))
       log_error ("cache file %s: the failing device refused to record some "
                  "page-table changes (pages written back or dropped); the "
@@ -736,7 +741,7 @@ cache_close (struct cache *c)
     if (cache_sync (c, &err) == -1 || cache_sync (c, &err) == -1)
       log_error ("cache file %s: fdatasync at close: %m", c->path);
     else if (cache_unsealed_count (c) > 0)
-      log_error ("cache file %s: %zu dirty pages could not be sealed at "
+      log_error ("cache file %s: %zu pages could not be sealed at "
                  "close; the cache stays marked as not closed cleanly, "
                  "so the next start drops them (they were not flushed)",
                  c->path, cache_unsealed_count (c));

@@ -146,13 +146,15 @@ cache_seal_slot (struct cache *c, uint32_t s, uint64_t epoch)
 }
 
 /* Seal every unsealed slot whose unsealing belongs to sync epoch
- * <= epoch (a flush that covers epoch is about to fdatasync).  With
+ * <= epoch (a flush that covers epoch is about to fdatasync); clean
+ * ones only with clean_too (at close: a flush promises nothing about
+ * the cache's copy of clean data).  With
  * wait, wait for pages other requests hold; without (the caller holds
  * range locks itself), skip them: they stay unsealed, which only means
  * a crash loses them, and a later client flush seals them.
  */
 void
-cache_seal_epoch (struct cache *c, uint64_t epoch, bool wait)
+cache_seal_epoch (struct cache *c, uint64_t epoch, bool wait, bool clean_too)
 {
   uint32_t *todo = NULL;
   size_t n = 0;
@@ -178,7 +180,8 @@ cache_seal_epoch (struct cache *c, uint64_t epoch, bool wait)
     pthread_mutex_lock (&c->lock);
     page = c->pt.slots[s].page;
     want = (c->pt.slots[s].flags & PT_UNSEALED) &&
-      c->pt.slots[s].epoch <= epoch;
+      c->pt.slots[s].epoch <= epoch &&
+      (clean_too || c->pt.slots[s].state == LAYOUT_DIRTY);
     pthread_mutex_unlock (&c->lock);
     if (!want)
       continue;

@@ -222,6 +222,7 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
   uint8_t *old = NULL, *span = NULL;
   struct pt_slot upd, before;
   bool wrote = false, unseal = false, unsealed = false, evicted = false;
+  bool dirty_unsealed;
   int ret = -1;
 
   cache_sector_span (c, off, n, &sf, &sl);
@@ -244,7 +245,12 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     pthread_mutex_unlock (&c->lock);
   }
   else {
-    if (kind == W_CLEAN && cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1) {
+    pthread_mutex_lock (&c->lock);
+    dirty_unsealed = (c->pt.slots[s].flags & PT_UNSEALED) &&
+      c->pt.slots[s].state == LAYOUT_DIRTY;
+    pthread_mutex_unlock (&c->lock);
+    if (kind == W_CLEAN && dirty_unsealed &&
+        cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1) {
       /* It could become clean: it needs a checksum again. */
       *err = EIO;
       goto out;
@@ -252,8 +258,14 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     pthread_mutex_lock (&c->lock);
     upd = c->pt.slots[s];
     unsealed = upd.flags & PT_UNSEALED;
-    unseal = !unsealed && kind == W_DIRTY && upd.state == LAYOUT_DIRTY &&
-      (upd.flags & PT_VERIFIED) && !(upd.flags & PT_BAD) &&
+    /* Unflushed dirty data from its second rewrite on; clean data (the
+     * backend has it: writethrough) at once, if whole sectors change.
+     */
+    unseal = !unsealed && (upd.flags & PT_VERIFIED) &&
+      !(upd.flags & PT_BAD) &&
+      ((kind == W_DIRTY && upd.state == LAYOUT_DIRTY) ||
+       (kind == W_CLEAN && upd.state == LAYOUT_CLEAN &&
+        covers_sectors (c, page, off, n))) &&
       cache_unseal_reserve_locked (c, s);
     pthread_mutex_unlock (&c->lock);
     if (upd.flags & PT_BAD) {
@@ -288,7 +300,18 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
      * this slot after a crash), then the data; then readers may see the
      * new maps.  Later rewrites only write data.
      */
-    if (unseal) {
+    if (unseal && before.state == LAYOUT_CLEAN) {
+      /* No entry write: the one on disk keeps the old checksum, which
+       * the new data fails, so after a crash the page is read again
+       * from the backend (which has it).
+       */
+      pthread_mutex_lock (&c->lock);
+      c->pt.slots[s].flags |= PT_UNSEALED;
+      cache_unseal_listed_locked (c, s);
+      pthread_mutex_unlock (&c->lock);
+      unseal = false;
+    }
+    else if (unseal) {
       struct pt_slot mark = before;
 
       mark.flags |= PT_UNSEALED;
@@ -302,6 +325,11 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     pthread_mutex_lock (&c->lock);
     memcpy (c->pt.slots[s].valid, upd.valid, sizeof upd.valid);
     memcpy (c->pt.slots[s].dirty, upd.dirty, sizeof upd.dirty);
+    if (c->pt.slots[s].state != upd.state) {
+      if (c->pt.slots[s].flags & PT_INDEXED)
+        cache_set_state_counts (c, c->pt.slots[s].state, upd.state);
+      c->pt.slots[s].state = upd.state;
+    }
     c->pt.slots[s].seq = ++c->seq;      /* tells writeback it changed */
     pthread_mutex_unlock (&c->lock);
   }

@@ -530,7 +530,7 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, int *err)
      */
     pthread_rwlock_wrlock (&c->inplace);
     pthread_rwlock_unlock (&c->inplace);
-    cache_seal_epoch (c, e, seal_wait);
+    cache_seal_epoch (c, e, seal_wait, false);
   }
 
   if (pool_sync (&c->pool) == -1) {
@@ -1247,6 +1247,7 @@ cache_read_conn (struct cache *c, const struct cache_backend *be,
   const uint64_t end = offset + count;
   uint8_t *dst = buf;
   uint64_t pos = offset, nofill_from = UINT64_MAX, used = 0;
+  uint64_t fill_limit = UINT64_MAX;   /* readahead stops there */
   struct read_opts o = { .promote = true, .used = &used };
 
   STATS_ADD (&c->stats, read_ops, 1);
@@ -1257,6 +1258,10 @@ cache_read_conn (struct cache *c, const struct cache_backend *be,
      */
     pthread_mutex_lock (&c->lock);
     nofill_from = offset + admit_seq_access (c->seqcut, offset, count);
+    fill_limit = admit_seq_left (c->seqcut, end);
+    fill_limit = fill_limit > UINT64_MAX - end ? UINT64_MAX : end + fill_limit;
+    if (nofill_from < end)
+      fill_limit = nofill_from;
     pthread_mutex_unlock (&c->lock);
     /* The page holding the boundary is still admitted. */
     nofill_from = (nofill_from + ps - 1) / ps * ps;
@@ -1305,7 +1310,7 @@ cache_read_conn (struct cache *c, const struct cache_backend *be,
   }
   /* Readahead learns from every read (never waits for its prefetch). */
   if (pc)
-    prefetch_note_read (c, pc, offset, count, used, nofill_from < end);
+    prefetch_note_read (c, pc, offset, count, used, fill_limit);
   return 0;
 }
 

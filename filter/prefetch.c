@@ -268,7 +268,7 @@ enqueue (struct prefetch *pf, struct pf_range r)
 void
 prefetch_note_read (struct cache *c, struct prefetch_conn *pc,
                     uint64_t offset, uint32_t count, uint64_t used,
-                    bool nofill)
+                    uint64_t fill_limit)
 {
   struct readahead_io io;
   uint64_t wasted;
@@ -286,9 +286,9 @@ prefetch_note_read (struct cache *c, struct prefetch_conn *pc,
     pc->wasted_seen = wasted;
   }
   go = readahead_access (pc->ra, offset, count, used, &io);
-  if (go && nofill) {
+  if (go && io.offset + io.len > fill_limit) {
     /* Past the sequential cutoff nothing of this stream is cached:
-     * prefetching into the cache would defeat it.
+     * prefetching there would defeat it.
      */
     readahead_cancel (pc->ra, &io);
     go = false;

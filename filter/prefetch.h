@@ -39,12 +39,12 @@ extern void prefetch_conn_free (struct prefetch_conn *pc);
 
 /* After a client read of [offset, offset+count) on pc's connection:
  * used bytes came from prefetched pages read for the first time;
- * nofill: the read was (partly) past the sequential cutoff of its
- * stream, so nothing is prefetched for it.
+ * fill_limit: where the sequential cutoff of its stream stops caching
+ * (UINT64_MAX: nowhere), so no prefetch reaches past it.
  */
 extern void prefetch_note_read (struct cache *c, struct prefetch_conn *pc,
                                 uint64_t offset, uint32_t count,
-                                uint64_t used, bool nofill);
+                                uint64_t used, uint64_t fill_limit);
 
 /* Wait until nothing is queued or being read (tests). */
 extern void prefetch_drain (struct cache *c);

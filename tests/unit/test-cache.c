@@ -758,6 +758,71 @@ test_fill_entry_lags (void **state)
   rambackend_free (&rb);
 }
 
+
+/* Writethrough: a write of whole sectors into a cached clean page
+ * unseals it (no entry write, no read of the old sectors).  After a
+ * crash the page fails its old checksum and is read again from the
+ * backend (never served stale); a clean close seals it (warm).
+ */
+static void
+test_wt_unsealed_clean (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache *c;
+  uint8_t buf[PS];
+  pid_t pid;
+  int status, err;
+
+  rambackend_init (&rb, 16 * PS, 14);
+  fflush (stdout);
+  fflush (stderr);
+  pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    rambackend_init (&crash_rb, 16 * PS, 14);
+    crash_cache = cache_open (&cfg);
+    if (crash_cache == NULL || cache_attach (crash_cache, crash_rb.size) != 0)
+      _exit (1);
+    if (cache_read (crash_cache, &crash_rb.be, buf, PS, 5 * PS, &err) != 0)
+      _exit (2);
+    fill_pattern (buf, 1024, 77);
+    if (cache_write (crash_cache, &crash_rb.be, buf, 1024, 5 * PS + 1024,
+                     false, &err) != 0 ||
+        cache_write (crash_cache, &crash_rb.be, buf, 512, 5 * PS + 3072,
+                     false, &err) != 0)
+      _exit (3);
+    /* Both writes went to the cache in place, without an entry write. */
+    if (STATS_GET (cache_stats (crash_cache), pages_updated) != 2)
+      _exit (4);
+    _exit (0);                  /* no cache_close: a crash */
+  }
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status));
+  assert_int_equal (WEXITSTATUS (status), 0);
+  /* The backend got the writes (writethrough). */
+  fill_pattern (buf, 1024, 77);
+  rambackend_poke (&rb, buf, 1024, 5 * PS + 1024);
+  rambackend_poke (&rb, buf, 512, 5 * PS + 3072);
+
+  c = open_attach (&cfg, rb.size);
+  assert_int_equal (ST (c, loaded_slots), 1);
+  read_check (c, &rb, 5 * PS, PS);             /* right data */
+  assert_int_equal (ST (c, verify_failures), 1);
+  assert_int_equal (rb.reads, 1);              /* read again */
+  /* Unsealed again, then closed cleanly: sealed, warm. */
+  fill_pattern (buf, 512, 78);
+  assert_int_equal (cache_write (c, &rb.be, buf, 512, 5 * PS, false, &err),
+                    0);
+  cache_close (c);
+  c = open_attach (&cfg, rb.size);
+  read_check (c, &rb, 5 * PS, PS);
+  assert_int_equal (ST (c, verify_failures), 0);
+  assert_int_equal (rb.reads, 1);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
 /* Returns the pool offset of the cache file. */
 static uint64_t
 file_pool_offset (void)
@@ -1607,6 +1672,7 @@ main (void)
     T (test_threads_slow_backend_evicting),
     T (test_threads_readonly_big_pages),
       T (test_fill_entry_lags),
+    T (test_wt_unsealed_clean),
   };
 
   testfile_name = "test-cache";

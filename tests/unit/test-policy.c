@@ -630,8 +630,13 @@ test_seq_two_streams (void **state)
   const uint64_t expect[6] = { 24 * K, 24 * K, 16 * K, 0, 0, 0 };
 
   assert_non_null (as);
+  /* What a stream may still run before its cutoff. */
+  const uint64_t left[6] = { 40 * K, 16 * K, 0, 0, 0, 0 };
+
+  assert_int_equal (admit_seq_left (as, 12345), UINT64_MAX);  /* no stream */
   for (int i = 0; i < 6; ++i) {
     assert_int_equal (admit_seq_access (as, i * 24 * K, 24 * K), expect[i]);
+    assert_int_equal (admit_seq_left (as, (i + 1) * 24 * K), left[i]);
     assert_int_equal (admit_seq_access (as, G + i * 24 * K, 24 * K),
                       expect[i]);
     /* Random, non-contiguous requests: admitted whole. */

@@ -947,10 +947,14 @@ static const uint64_t crash_pages[] = {
   0, 3, 5, 6, 7, 12, 14, 20, 21, 25, 26, 27, 30
 };
 
-/* Run the crash scenario in a child; returns after it exited. */
+/* A crash scenario: in a forked child, open the cache (cfg) over a RAM
+ * backend of size bytes made from seed, run body, and exit without
+ * closing anything (a crash).  body returns 0 or the child's exit
+ * status, which must be 0.  Returns once the child has exited.
+ */
 static void
-crash_child (const struct cache_config *cfg, uint64_t size, unsigned seed,
-             bool second_phase)
+crash_in_child (const struct cache_config *cfg, uint64_t size, unsigned seed,
+                int (*body) (struct cache *c, const struct cache_backend *be))
 {
   pid_t pid;
   int status;
@@ -960,29 +964,51 @@ crash_child (const struct cache_config *cfg, uint64_t size, unsigned seed,
   pid = fork ();
   assert_true (pid >= 0);
   if (pid == 0) {
-    uint8_t *m = malloc (size);
-    int err;
-
     alarm (60);                 /* a hung child must not hang us */
     rambackend_init (&crash_rb, size, seed);
     tbe_init (&crash_tbe, &crash_rb);
     crash_cache = cache_open (cfg);
-    if (crash_cache == NULL || m == NULL)
+    if (crash_cache == NULL || cache_attach (crash_cache, size) != 0)
       _exit (1);
-    if (cache_attach (crash_cache, size) != 0)
-      _exit (2);
-    crash_writes (crash_cache, &crash_tbe.be, m, 0);
-    if (cache_flush (crash_cache, &crash_tbe.be, &err) != 0)
-      _exit (3);
-    if (second_phase)
-      crash_writes (crash_cache, &crash_tbe.be, m, 1);
-    if (atomic_load (&crash_rb.writes) != 0)
-      _exit (4);                /* writeback mode wrote the backend */
-    _exit (0);                  /* no cache_close: a crash */
+    _exit (body (crash_cache, &crash_tbe.be));
   }
   assert_int_equal (waitpid (pid, &status, 0), pid);
   assert_true (WIFEXITED (status));
   assert_int_equal (WEXITSTATUS (status), 0);
+}
+
+static bool crash_second_phase;  /* crash_body: also the unflushed writes */
+
+static int
+crash_body (struct cache *c, const struct cache_backend *be)
+{
+  uint8_t *m = malloc (crash_rb.size);
+  int err;
+
+  int r = 0;
+
+  if (m == NULL)
+    return 2;
+  crash_writes (c, be, m, 0);
+  if (cache_flush (c, be, &err) != 0)
+    r = 3;
+  else {
+    if (crash_second_phase)
+      crash_writes (c, be, m, 1);
+    if (atomic_load (&crash_rb.writes) != 0)
+      r = 4;                    /* writeback mode wrote the backend */
+  }
+  free (m);
+  return r;
+}
+
+/* Run the crash scenario in a child; returns after it exited. */
+static void
+crash_child (const struct cache_config *cfg, uint64_t size, unsigned seed,
+             bool second_phase)
+{
+  crash_second_phase = second_phase;
+  crash_in_child (cfg, size, seed, crash_body);
 }
 
 static void
@@ -1153,44 +1179,28 @@ test_wb_crash_writethrough_serves_dirty (void **state)
  */
 
 /* Child: page 9 v1 (whole), sync, v2 (partial, copied), crash. */
+static int
+two_versions_body (struct cache *c, const struct cache_backend *be)
+{
+  uint8_t buf[PS];
+  int err;
+
+  fill_pattern (buf, PS, 901);
+  if (cache_write (c, be, buf, PS, 9 * PS, false, &err) != 0)
+    return 3;
+  if (cache_sync (c, &err) != 0)
+    return 4;
+  fill_pattern (buf, 700, 902);
+  if (cache_write (c, be, buf, 700, 9 * PS + 1500, false, &err) != 0)
+    return 5;
+  return 0;
+}
+
 static void
 two_versions_child (const struct cache_config *cfg, uint64_t size,
                     unsigned seed)
 {
-  pid_t pid;
-  int status;
-
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
-  if (pid == 0) {
-    uint8_t buf[PS];
-    int err;
-
-    alarm (60);                 /* a hung child must not hang us */
-    rambackend_init (&crash_rb, size, seed);
-    tbe_init (&crash_tbe, &crash_rb);
-    crash_cache = cache_open (cfg);
-    if (crash_cache == NULL)
-      _exit (1);
-    if (cache_attach (crash_cache, size) != 0)
-      _exit (2);
-    fill_pattern (buf, PS, 901);
-    if (cache_write (crash_cache, &crash_tbe.be, buf, PS, 9 * PS, false,
-                     &err) != 0)
-      _exit (3);
-    if (cache_sync (crash_cache, &err) != 0)
-      _exit (4);
-    fill_pattern (buf, 700, 902);
-    if (cache_write (crash_cache, &crash_tbe.be, buf, 700, 9 * PS + 1500,
-                     false, &err) != 0)
-      _exit (5);
-    _exit (0);
-  }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
+  crash_in_child (cfg, size, seed, two_versions_body);
 }
 
 static void
@@ -1966,39 +1976,27 @@ static void *volatile child_keep[4];
 /* Child: page 2 flushed (v1), then rewritten twice (copy, then
  * unsealed); page 5 unsealed; crash.
  */
+static int
+unseal_crash_body (struct cache *c, const struct cache_backend *be)
+{
+  int err;
+
+  mwrite (c, be, NULL, 2 * PS, PS, 21);
+  if (cache_flush (c, be, &err) != 0)
+    return 2;
+  mwrite (c, be, NULL, 2 * PS, PS, 22);
+  mwrite (c, be, NULL, 2 * PS + 512, 1024, 23);
+  mwrite (c, be, NULL, 2 * PS + 2048, 512, 24);
+  unseal_q (c, be, unseal_child_model);
+  if (ST (c, cow_copies) != 1)
+    return 3;
+  return 0;
+}
+
 static void
 unseal_crash_child (const struct cache_config *cfg, uint64_t size)
 {
-  pid_t pid;
-  int status;
-
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
-  if (pid == 0) {
-    int err;
-
-    alarm (60);
-    rambackend_init (&crash_rb, size, 9);
-    tbe_init (&crash_tbe, &crash_rb);
-    crash_cache = cache_open (cfg);
-    if (crash_cache == NULL || cache_attach (crash_cache, size) != 0)
-      _exit (1);
-    mwrite (crash_cache, &crash_tbe.be, NULL, 2 * PS, PS, 21);
-    if (cache_flush (crash_cache, &crash_tbe.be, &err) != 0)
-      _exit (2);
-    mwrite (crash_cache, &crash_tbe.be, NULL, 2 * PS, PS, 22);
-    mwrite (crash_cache, &crash_tbe.be, NULL, 2 * PS + 512, 1024, 23);
-    mwrite (crash_cache, &crash_tbe.be, NULL, 2 * PS + 2048, 512, 24);
-    unseal_q (crash_cache, &crash_tbe.be, unseal_child_model);
-    if (ST (crash_cache, cow_copies) != 1)
-      _exit (3);
-    _exit (0);                  /* no cache_close: a crash */
-  }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
+  crash_in_child (cfg, size, 9, unseal_crash_body);
 }
 
 static void
@@ -2121,47 +2119,35 @@ test_wb_unsealed_sealed (void **state)
  */
 static int backend_newer_fd;    /* the child sends its backend page here */
 
+static int
+backend_newer_body (struct cache *c, const struct cache_backend *be)
+{
+  uint8_t buf[PS];
+  int err;
+
+  if (cache_read (c, be, buf, PS, 3 * PS, &err) != 0)
+    return 2;
+  mwrite (c, be, NULL, 3 * PS, 1024, 31);
+  if (cache_flush (c, be, &err) != 0)
+    return 3;
+  mwrite (c, be, NULL, 3 * PS + 2048, 512, 32);
+  if (cache_writeback_all (c, be, &err) != 0)
+    return 4;
+  mwrite (c, be, NULL, 3 * PS + 3072, 512, 33);
+  mwrite (c, be, NULL, 3 * PS + 3584, 512, 34);
+  if (ST (c, cow_copies) != 1)
+    return 5;
+  /* What the backend got is what the parent's backend must get. */
+  rambackend_peek (&crash_rb, buf, PS, 3 * PS);
+  if (write (backend_newer_fd, buf, PS) != PS)
+    return 6;
+  return 0;
+}
+
 static void
 backend_newer_child (const struct cache_config *cfg, uint64_t size)
 {
-  pid_t pid;
-  int status;
-
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
-  if (pid == 0) {
-    uint8_t buf[PS];
-    int err;
-
-    alarm (60);
-    rambackend_init (&crash_rb, size, 11);
-    tbe_init (&crash_tbe, &crash_rb);
-    crash_cache = cache_open (cfg);
-    if (crash_cache == NULL || cache_attach (crash_cache, size) != 0)
-      _exit (1);
-    if (cache_read (crash_cache, &crash_tbe.be, buf, PS, 3 * PS, &err) != 0)
-      _exit (2);
-    mwrite (crash_cache, &crash_tbe.be, NULL, 3 * PS, 1024, 31);
-    if (cache_flush (crash_cache, &crash_tbe.be, &err) != 0)
-      _exit (3);
-    mwrite (crash_cache, &crash_tbe.be, NULL, 3 * PS + 2048, 512, 32);
-    if (cache_writeback_all (crash_cache, &crash_tbe.be, &err) != 0)
-      _exit (4);
-    mwrite (crash_cache, &crash_tbe.be, NULL, 3 * PS + 3072, 512, 33);
-    mwrite (crash_cache, &crash_tbe.be, NULL, 3 * PS + 3584, 512, 34);
-    if (ST (crash_cache, cow_copies) != 1)
-      _exit (5);
-    /* What the backend got is what the parent's backend must get. */
-    rambackend_peek (&crash_rb, buf, PS, 3 * PS);
-    if (write (backend_newer_fd, buf, PS) != PS)
-      _exit (6);
-    _exit (0);                  /* no cache_close: a crash */
-  }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
+  crash_in_child (cfg, size, 11, backend_newer_body);
 }
 
 /* Recovery falls back to S1 because S2 is unsealed; S1's clean sectors

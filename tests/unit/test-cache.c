@@ -160,21 +160,6 @@ patch_file (uint64_t off, const void *buf, size_t len)
   close (fd);
 }
 
-static void
-xor_file (uint64_t off, size_t len, uint8_t x)
-{
-  uint8_t buf[PS];
-  int fd = open (cache_path, O_RDWR);
-
-  assert_true (len <= sizeof buf);
-  assert_true (fd >= 0);
-  assert_int_equal (pread (fd, buf, len, off), (ssize_t) len);
-  for (size_t i = 0; i < len; ++i)
-    buf[i] ^= x;
-  assert_int_equal (pwrite (fd, buf, len, off), (ssize_t) len);
-  close (fd);
-}
-
 /*----------------------------------------------------------------------
  * Basic reads and hits.
  */
@@ -850,7 +835,7 @@ test_corrupt_data (void **state)
   pool = file_pool_offset ();
   memset (garbage, 0xa5, sizeof garbage);
   patch_file (pool + 0 * PS + 1000, garbage, sizeof garbage);   /* slot 0 */
-  xor_file (pool + 5 * PS + PS - 1, 1, 0x01);                   /* slot 5 */
+  testfile_xor (pool + 5 * PS + PS - 1, 1, 0x01);                   /* slot 5 */
 
   c = open_attach (&cfg, rb.size);
   assert_int_equal (ST (c, loaded_slots), 16);
@@ -866,7 +851,7 @@ test_corrupt_data (void **state)
 
   /* Corruption found with small reads (hit path) too. */
   pool = file_pool_offset ();
-  xor_file (pool + 7 * PS + 17, 1, 0x80);
+  testfile_xor (pool + 7 * PS + 17, 1, 0x80);
   c = open_attach (&cfg, rb.size);
   for (uint64_t p = 0; p < 16; ++p)
     read_check (c, &rb, p * PS + 17, 1);
@@ -890,8 +875,8 @@ test_corrupt_entry (void **state)
   cache_close (c);
 
   read_file_sb (&sb);
-  xor_file (sb.pt_offset + 3 * LAYOUT_ENTRY_SIZE + 10, 1, 0x04);
-  xor_file (sb.pt_offset + 9 * LAYOUT_ENTRY_SIZE + 63, 1, 0x40);
+  testfile_xor (sb.pt_offset + 3 * LAYOUT_ENTRY_SIZE + 10, 1, 0x04);
+  testfile_xor (sb.pt_offset + 9 * LAYOUT_ENTRY_SIZE + 63, 1, 0x40);
 
   c = open_attach (&cfg, rb.size);
   assert_int_equal (ST (c, dropped_entries), 2);

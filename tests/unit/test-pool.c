@@ -235,7 +235,7 @@ test_direct_data (void **state)
   struct pool p;
   size_t total = (size_t) NSLOTS * PS;
   uint8_t *model = calloc (1, total);
-  uint8_t *mem, *chk = malloc (PS);
+  uint8_t *mem = NULL, *chk = malloc (PS);
   int fd;
 
   assert_non_null (model);

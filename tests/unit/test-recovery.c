@@ -150,19 +150,6 @@ slot_of (uint64_t page)
 }
 
 static void
-xor_byte (uint64_t off, uint8_t x)
-{
-  uint8_t b;
-  int fd = open (testfile_path, O_RDWR);
-
-  assert_true (fd >= 0);
-  assert_int_equal (pread (fd, &b, 1, off), 1);
-  b ^= x;
-  assert_int_equal (pwrite (fd, &b, 1, off), 1);
-  close (fd);
-}
-
-static void
 zero_range (uint64_t off, size_t len)
 {
   uint8_t *z = calloc (1, len);
@@ -281,8 +268,8 @@ test_rec_newest_sb_damaged (void **state)
   make_crashed_cache ();
   s12 = slot_of (12);
   assert_true (s12 >= 0);
-  xor_byte (POOL + (uint64_t) s12 * PS + 100, 0x10);
-  xor_byte (newest_sb () * LAYOUT_SB_SIZE + 40, 0x01);   /* nslots */
+  testfile_xor (POOL + (uint64_t) s12 * PS + 100, 1, 0x10);
+  testfile_xor (newest_sb () * LAYOUT_SB_SIZE + 40, 1, 0x01);   /* nslots */
   log_errors_forget ();
   c = try_open ();
   assert_non_null (c);
@@ -355,7 +342,7 @@ test_rec_dirty_entry_bit (void **state)
   make_crashed_cache ();
   s13 = slot_of (13);
   assert_true (s13 >= 0);
-  xor_byte (PT + (uint64_t) s13 * LAYOUT_ENTRY_SIZE + 20, 0x08);
+  testfile_xor (PT + (uint64_t) s13 * LAYOUT_ENTRY_SIZE + 20, 1, 0x08);
   log_errors_forget ();
   c = try_open ();
   assert_non_null (c);
@@ -444,7 +431,7 @@ test_rec_future_version (void **state)
   assert_memory_equal (buf, back, sizeof buf);
 
   /* Now with a wrong checksum: a damaged copy, recovered from. */
-  xor_byte (n * LAYOUT_SB_SIZE + 200, 0x01);
+  testfile_xor (n * LAYOUT_SB_SIZE + 200, 1, 0x01);
   c = try_open ();
   assert_non_null (c);
   check_data (c, 0);
@@ -462,8 +449,8 @@ test_rec_data_bits (void **state)
   s30 = slot_of (30);
   s14 = slot_of (14);
   assert_true (s30 >= 0 && s14 >= 0);
-  xor_byte (POOL + (uint64_t) s30 * PS + 4095, 0x80);
-  xor_byte (POOL + (uint64_t) s14 * PS, 0x01);
+  testfile_xor (POOL + (uint64_t) s30 * PS + 4095, 1, 0x80);
+  testfile_xor (POOL + (uint64_t) s14 * PS, 1, 0x01);
   log_errors_forget ();
   c = try_open ();
   assert_non_null (c);

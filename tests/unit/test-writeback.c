@@ -344,19 +344,6 @@ file_slot_data (uint32_t slot, uint8_t *buf)
   close (fd);
 }
 
-static void
-xor_file (uint64_t off, uint8_t x)
-{
-  uint8_t b;
-  int fd = open (cache_path, O_RDWR);
-
-  assert_true (fd >= 0);
-  assert_int_equal (pread (fd, &b, 1, off), 1);
-  b ^= x;
-  assert_int_equal (pwrite (fd, &b, 1, off), 1);
-  close (fd);
-}
-
 /*----------------------------------------------------------------------
  * 1. Basics: writes stay in the cache until written back.
  */
@@ -1295,7 +1282,7 @@ test_wb_two_versions_torn_newer (void **state)
   old = slots[0];
   new = slots[1];
   read_file_sb (&sb);
-  xor_file (sb.pool_offset + (uint64_t) new * PS + 1600, 0x10);
+  testfile_xor (sb.pool_offset + (uint64_t) new * PS + 1600, 1, 0x10);
 
   c = open_attach (&cfg, size);
   assert_int_equal (ST (c, dirty_dropped), 1);

@@ -97,3 +97,18 @@ testfile_read_sb (struct layout_sb *out)
   close (fd);
   assert_true (found);
 }
+
+void
+testfile_xor (uint64_t off, size_t len, uint8_t x)
+{
+  uint8_t buf[4096];
+  int fd = open (testfile_path, O_RDWR);
+
+  assert_true (len <= sizeof buf);
+  assert_true (fd >= 0);
+  assert_int_equal (pread (fd, buf, len, off), (ssize_t) len);
+  for (size_t i = 0; i < len; ++i)
+    buf[i] ^= x;
+  assert_int_equal (pwrite (fd, buf, len, off), (ssize_t) len);
+  close (fd);
+}

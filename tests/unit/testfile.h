@@ -21,6 +21,8 @@ extern const char *testfile_name;            /* for messages and the file */
 extern unsigned testfile_watchdog_seconds;
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 extern int testfile_setup (void **state);
 extern bool testfile_direct (void);
@@ -31,5 +33,8 @@ struct layout_sb;
  * generation (a cmocka failure if there is none).
  */
 extern void testfile_read_sb (struct layout_sb *out);
+
+/* XOR len (<= 4096) bytes of testfile_path at off with x. */
+extern void testfile_xor (uint64_t off, size_t len, uint8_t x);
 
 #endif /* SSDCACHE_TESTFILE_H */

@@ -45,6 +45,7 @@ extern char log_error_last[512];
 #define setup_file testfile_setup
 #define teardown_file testfile_teardown
 #define read_file_sb testfile_read_sb
+#define open_attach testfile_open_attach
 
 static struct cache_config
 make_cfg (uint64_t size)
@@ -62,17 +63,6 @@ make_cfg (uint64_t size)
   return cfg;
 }
 
-static struct cache *
-open_attach (const struct cache_config *cfg, uint64_t backend_size)
-{
-  struct cache *c = cache_open (cfg);
-
-  if (c == NULL)
-    fail_msg ("cache_open %s failed: %s", cfg->path, log_error_last);
-  if (cache_attach (c, backend_size) != 0)
-    fail_msg ("cache_attach failed: %s", log_error_last);
-  return c;
-}
 
 static void
 read_check (struct cache *c, struct rambackend *rb, uint64_t off,

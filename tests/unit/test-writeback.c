@@ -63,6 +63,7 @@ cache_now_ms_for_tests (void)
 #define setup_file testfile_setup
 #define teardown_file testfile_teardown
 #define read_file_sb testfile_read_sb
+#define open_attach testfile_open_attach
 
 /* The backend the engine sees: the RAM backend plus a flush, both with
  * failures that last until cleared, and an event clock that tells
@@ -149,17 +150,6 @@ make_cfg (uint64_t size, uint32_t page_size)
   return cfg;
 }
 
-static struct cache *
-open_attach (const struct cache_config *cfg, uint64_t backend_size)
-{
-  struct cache *c = cache_open (cfg);
-
-  if (c == NULL)
-    fail_msg ("cache_open %s failed: %s", cfg->path, log_error_last);
-  if (cache_attach (c, backend_size) != 0)
-    fail_msg ("cache_attach failed: %s", log_error_last);
-  return c;
-}
 
 static void
 fill_pattern (uint8_t *buf, uint32_t len, unsigned seed)

@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "cache.h"
 #include "layout.h"
 #include "testfile.h"
 
@@ -111,4 +112,17 @@ testfile_xor (uint64_t off, size_t len, uint8_t x)
     buf[i] ^= x;
   assert_int_equal (pwrite (fd, buf, len, off), (ssize_t) len);
   close (fd);
+}
+
+struct cache *
+testfile_open_attach (const struct cache_config *cfg, uint64_t backend_size)
+{
+  extern char log_error_last[512];
+  struct cache *c = cache_open (cfg);
+
+  if (c == NULL)
+    fail_msg ("cache_open %s failed: %s", cfg->path, log_error_last);
+  if (cache_attach (c, backend_size) != 0)
+    fail_msg ("cache_attach failed: %s", log_error_last);
+  return c;
 }

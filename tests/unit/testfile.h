@@ -37,4 +37,10 @@ extern void testfile_read_sb (struct layout_sb *out);
 /* XOR len (<= 4096) bytes of testfile_path at off with x. */
 extern void testfile_xor (uint64_t off, size_t len, uint8_t x);
 
+struct cache;
+struct cache_config;
+/* cache_open and cache_attach, or fail the test with the logged error. */
+extern struct cache *testfile_open_attach (const struct cache_config *cfg,
+                                           uint64_t backend_size);
+
 #endif /* SSDCACHE_TESTFILE_H */

@@ -27,17 +27,23 @@
 
 #define LOAD_CHUNK 4096          /* entries read at a time */
 
-/* Slots wanted for size bytes: never more than the backend has pages
- * (they would never be used), at least one.
+/* Slots wanted for size bytes, at least one, and never much more than
+ * the backend has pages: one slot per page, plus a quarter (at least
+ * CACHE_SPARE_MIN) for the older versions of rewritten pages, which
+ * stay until a flush makes their successors durable.  Without that
+ * room a cache as large as the backend fills up with them and makes
+ * writers wait for writeback.
  */
+#define CACHE_SPARE_MIN 16
 static uint64_t
 wanted_slots (uint64_t backend_size, uint64_t size, uint32_t ps)
 {
   uint64_t npages = (backend_size + ps - 1) / ps;
+  uint64_t spare = npages / 4 > CACHE_SPARE_MIN ? npages / 4 : CACHE_SPARE_MIN;
   uint64_t nslots = size / ps;
 
-  if (nslots > npages)
-    nslots = npages;
+  if (nslots > npages + spare)
+    nslots = npages + spare;
   return nslots ? nslots : 1;
 }
 

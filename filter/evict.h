@@ -8,7 +8,8 @@
  * Policies:
  *  - EVICT_S3FIFO (the default): S3-FIFO (Yang et al., SOSP 2023).  A
  *    small FIFO (~10% of the slots) on probation for new pages, a main
- *    FIFO with reinsertion and a 2-bit frequency, and a ghost set of the
+ *    queue with reinsertion and a 2-bit frequency (a CLOCK over the
+ *    slots), and a ghost set of the
  *    backend page numbers recently evicted from the small FIFO (16-bit
  *    fingerprints, memory bounded by nslots).  Scan resistant.
  *  - EVICT_CLOCK: CLOCK (second chance), the baseline.
@@ -52,7 +53,6 @@ extern struct evict *evict_new (uint32_t nslots);
 extern struct evict *evict_new_policy (enum evict_policy policy,
                                        uint32_t nslots);
 extern void evict_free (struct evict *ev);
-
 extern enum evict_policy evict_get_policy (const struct evict *ev);
 /* "clock", "s3fifo" (also "s3-fifo", "default").  0, or -1 if unknown. */
 extern int evict_policy_parse (const char *name, enum evict_policy *policy);
@@ -91,7 +91,9 @@ extern void evict_remove (struct evict *ev, uint32_t slot);
  * from the policy.  EVICT_NONE if no resident slot may be taken (and
  * only then).  can_take is only asked about resident slots.  Work is
  * amortised O(1) and at most a small constant times nslots per call
- * (about 14 * nslots list steps for S3-FIFO, 2 * nslots for CLOCK)
+ * (for S3-FIFO at most 6 * nslots steps of the main queue's hand and
+ * two turns of the small queue's ring, about nslots / 4; 2 * nslots
+ * for CLOCK)
  * even when can_take refuses every slot.
  */
 extern uint32_t evict_victim (struct evict *ev, evict_can_take_fn can_take,

@@ -47,7 +47,7 @@
  *   M), so a page is remembered for about one turn of M.  A false ghost
  *   hit (probability ~ 4/65535 per lookup) only puts a page in M early.
  *
- * RAM per slot (exact):
+ * RAM per slot (exact; evict_ram_bytes returns the total):
  *   CLOCK:   2 bits (0.25 byte): resident and reference bitmaps, 8-byte
  *            words, plus at most 128 bytes (the struct and rounding).
  *   S3-FIFO: 1 byte of state + ring 4 * min (nslots, nslots / 8 + 16)
@@ -85,6 +85,7 @@ struct evict {
   uint32_t nslots;
   uint32_t resident_count;
   uint32_t hand;                 /* CLOCK, and S3-FIFO's M */
+  size_t ram;                    /* heap bytes allocated (evict_ram_bytes) */
 
   /* CLOCK */
   uint64_t *resident;
@@ -149,11 +150,18 @@ evict_new (uint32_t nslots)
   return evict_new_policy (EVICT_DEFAULT, nslots);
 }
 
-/* calloc of n (at least 1) elements. */
+/* calloc that adds what it allocated to ev->ram. */
 static void *
 ev_calloc (struct evict *ev, size_t n, size_t size)
 {
-  return calloc (n ? n : 1, size);
+  void *p;
+
+  if (n == 0)
+    n = 1;
+  p = calloc (n, size);
+  if (p)
+    ev->ram += n * size;
+  return p;
 }
 
 struct evict *
@@ -166,6 +174,7 @@ evict_new_policy (enum evict_policy policy, uint32_t nslots)
   ev = calloc (1, sizeof *ev);
   if (ev == NULL)
     return NULL;
+  ev->ram = sizeof *ev;
   ev->policy = policy;
   ev->nslots = nslots;
 
@@ -214,6 +223,12 @@ evict_free (struct evict *ev)
     free (ev->ghost);
     free (ev);
   }
+}
+
+size_t
+evict_ram_bytes (const struct evict *ev)
+{
+  return ev->ram;
 }
 
 enum evict_policy

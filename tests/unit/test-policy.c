@@ -496,6 +496,52 @@ test_random_model (void **state)
 }
 
 /*----------------------------------------------------------------------
+ * S3-FIFO's structure: S a ring of slot numbers (capacity min (n,
+ * n / 8 + 16)), M a CLOCK over the slots.
+ */
+
+/* Memory: at most 4 bytes per slot, with the ghost, plus a constant. */
+static void
+test_ram_bytes (void **state)
+{
+  const uint32_t sizes[] = { 1, 7, 1000, 1 << 20 };
+
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
+    uint32_t n = sizes[i];
+    struct evict *ev = evict_new_policy (EVICT_S3FIFO, n);
+    struct evict *ck = evict_new_policy (EVICT_CLOCK, n);
+    size_t b, c;
+
+    assert_non_null (ev);
+    assert_non_null (ck);
+    b = evict_ram_bytes (ev);
+    c = evict_ram_bytes (ck);
+    print_message ("%u slots: s3fifo %zu bytes (%.3f per slot), "
+                   "clock %zu bytes (%.3f per slot)\n",
+                   n, b, (double) b / n, c, (double) c / n);
+    assert_true (b >= n);                   /* at least the state bytes */
+    assert_true (b <= 4 * (size_t) n + 256);
+    assert_true (c <= (size_t) n / 4 + 256);
+    /* Using it allocates nothing more. */
+    for (uint32_t s = 0; s < n && s < 5000; ++s)
+      evict_insert (ev, s);
+    evict_touch (ev, 0);
+    evict_victim (ev, take_all, NULL);
+    assert_int_equal (evict_ram_bytes (ev), b);
+    evict_free (ev);
+    evict_free (ck);
+  }
+  /* 2^20 slots: 1 MiB of state, a ring of 2^17 + 16 entries, a ghost of
+   * 4 * ceil (943719 / 4) fingerprints: 3.3 bytes per slot.
+   */
+  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 1 << 20);
+  size_t arrays = (1 << 20) + 4 * ((1 << 17) + 16) + 2 * 4 * 235930;
+  assert_true (evict_ram_bytes (ev) >= arrays);
+  assert_true (evict_ram_bytes (ev) < arrays + 256);
+  evict_free (ev);
+}
+
+/*----------------------------------------------------------------------
  * Hints.
  */
 
@@ -738,6 +784,7 @@ main (void)
     cmocka_unit_test (test_random_model),
     cmocka_unit_test (test_hints),
     cmocka_unit_test (test_zombies),
+    cmocka_unit_test (test_ram_bytes),
     cmocka_unit_test (test_seq_two_streams),
     cmocka_unit_test (test_nhit),
   };

@@ -74,6 +74,7 @@
 #define ST_PROB    0x08          /* in M, but still on probation */
 #define ST_FSHIFT  4
 #define ST_FMASK   0x30          /* frequency 0..3 */
+#define ST_MARK    0x80          /* evict_check only, never left set */
 #define FREQ_MAX   3
 
 #define GHOST_WAYS 4
@@ -688,3 +689,84 @@ evict_insert_hint (struct evict *ev, uint32_t slot, uint8_t hint)
   }
 }
 
+/*----------------------------------------------------------------------
+ * Self-check (for tests).
+ */
+
+static int
+clock_check (const struct evict *ev)
+{
+  uint32_t n = 0;
+
+  for (uint32_t s = 0; s < ev->nslots; ++s) {
+    n += bit (ev->resident, s);
+    if (bit (ev->ref, s) && !bit (ev->resident, s))
+      return 1;
+  }
+  if (n != ev->resident_count)
+    return 2;
+  if (ev->nslots > 0 && ev->hand >= ev->nslots)
+    return 3;
+  return 0;
+}
+
+static int
+s3_check (struct evict *ev)
+{
+  uint32_t live = 0, s_res = 0, m_res = 0, i = ev->ring_tail;
+  int err = 0;
+
+  if (ev->ring_len > ev->ring_cap ||
+      (ev->ring_cap > 0 && ev->ring_tail >= ev->ring_cap) ||
+      ev->ring_cap > ev->nslots ||
+      (ev->nslots > 0 && ev->hand >= ev->nslots))
+    return 10;
+  /* Every ring entry: a slot with the ring bit, seen once (marked). */
+  for (uint32_t k = 0; k < ev->ring_len && err == 0; ++k) {
+    uint32_t s = ev->ring[i];
+
+    if (++i == ev->ring_cap)
+      i = 0;
+    if (s >= ev->nslots || !(ev->st[s] & ST_RING))
+      err = 11;
+    else if (ev->st[s] & ST_MARK)
+      err = 12;                 /* twice in the ring */
+    else {
+      ev->st[s] |= ST_MARK;
+      live += (ev->st[s] & (ST_RES | ST_M)) == ST_RES;
+    }
+  }
+  /* Every slot: the ring bit iff in the ring; counts; no stray bits. */
+  for (uint32_t s = 0; s < ev->nslots; ++s) {
+    uint8_t st = ev->st[s];
+
+    if (err == 0 && !(st & ST_RING) != !(st & ST_MARK))
+      err = 13;
+    ev->st[s] = st & ~ST_MARK;
+    if (st & ST_RES) {
+      if (st & ST_M)
+        m_res++;
+      else
+        s_res++;
+      if ((st & ST_PROB) && !(st & ST_M) && err == 0)
+        err = 14;
+    }
+    else if ((st & ~(ST_RING | ST_MARK)) != 0 && err == 0)
+      err = 15;                 /* a free slot keeps only its ring bit */
+  }
+  if (err)
+    return err;
+  if (live != s_res || s_res != ev->s_count)
+    return 16;                  /* every slot of S is in the ring */
+  if (m_res != ev->m_count || s_res + m_res != ev->resident_count)
+    return 17;
+  return 0;
+}
+
+int
+evict_check (struct evict *ev)
+{
+  if (ev->policy == EVICT_CLOCK)
+    return clock_check (ev);
+  return s3_check (ev);
+}

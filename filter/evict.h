@@ -109,6 +109,12 @@ extern uint32_t evict_victim (struct evict *ev, evict_can_take_fn can_take,
 /* Number of resident slots the policy tracks. */
 extern uint32_t evict_resident (const struct evict *ev);
 
+/* Checks the policy's internal invariants (for tests: O(nslots)):
+ * 0 if they hold, else a number > 0 naming the first that does not.
+ * Changes nothing (it marks and unmarks slots as it goes).
+ */
+extern int evict_check (struct evict *ev);
+
 /* Persistence of policy state.  A hint is a policy-neutral hotness
  * level 0..EVICT_HINT_MAX of a resident slot:
  *   0  new, not re-used since it came in (probation, cold)

@@ -8,37 +8,54 @@
  *   as it passes and takes the first unreferenced resident slot the
  *   caller allows.
  *
- * S3-FIFO: two FIFO queues of slots, threaded through one array of
- *   "next" links (singly linked, oldest -> newest), and a ghost set.
- *   - New pages enter the small queue S (probation, target 10% of the
- *     slots) with frequency 0; a hit adds 1 (saturating at 3).
- *   - Evicting from S: the oldest page moves to the main queue M (with
- *     frequency 0) if it was hit while in S, else it is evicted and its
- *     backend page number goes to the ghost.
- *   - Evicting from M: the oldest page is reinserted at the head with
- *     its frequency decreased if it is not 0, else evicted.
+ * S3-FIFO: a state byte per slot, a small FIFO S kept as a ring of slot
+ *   numbers, a main queue M kept as a CLOCK over the slot array, and a
+ *   ghost set.
+ *   - New pages enter S (probation, target 10% of the slots) with
+ *     frequency 0; a hit adds 1 (saturating at 3).
+ *   - Evicting from S: the oldest page moves to M (with frequency 0) if
+ *     it was hit while in S, else it is evicted and its backend page
+ *     number goes to the ghost.
+ *   - Evicting from M: a hand goes round the slot array over the slots
+ *     in M; a slot with a frequency above 0 has it decreased and is
+ *     passed, one with frequency 0 is evicted.  This is FIFO
+ *     reinsertion with the order of the slot array instead of the order
+ *     of arrival (the S3-FIFO paper notes that CLOCK is the same
+ *     algorithm), so M needs no links: moving a slot into M is setting
+ *     a bit.
  *   - S is evicted from while it holds at least its target (or M is
  *     empty), M otherwise.
  *   - A new page whose number is in the ghost goes straight into M.
- *   - A slot the caller refuses (dirty, pinned) goes back to the head of
- *     its queue, unchanged.
- *   evict_remove does not unlink (a singly linked list cannot in O(1)):
- *   the slot stays in its list as a "zombie" and is dropped when it
- *   reaches the tail.  A zombie re-inserted before that keeps its place
- *   in the list; if it now belongs to the other queue it is moved there
- *   when it reaches the tail (counted in the queue it belongs to at
- *   once).  So each slot is in at most one list, at most once, and the
- *   lists never hold more than nslots nodes.
+ *   - A slot the caller refuses (dirty, pinned) stays as it is: back to
+ *     the head of S, or passed by the hand.
+ *   The ring holds ring_cap = min (nslots, nslots / 8 + 16) entries
+ *   (S's target plus room for zombies).  evict_remove does not take a
+ *   slot out of the ring: it stays there as a "zombie" and is dropped
+ *   when it reaches the tail.  A zombie re-inserted for S before that
+ *   keeps its place; re-inserted for M it is in M at once and its ring
+ *   entry is dropped at the tail.  A bit of the state byte says whether
+ *   a slot has a ring entry, so no slot is ever in the ring twice.
+ *   When a page enters S and the ring is full (S over its target: the
+ *   cache filled without evictions, at start or after removals) the
+ *   tail makes room: a zombie is dropped; a page hit while in S is
+ *   promoted; any other page goes to M still on probation (a bit of the
+ *   state byte): the hand evicts it like S would (to the ghost) unless
+ *   it was hit, then it becomes an ordinary page of M (its hint is
+ *   that of a page in S until then).
  *   The ghost is a hash of 16-bit fingerprints: buckets of 4, each a
  *   little FIFO (newest first); about 0.9 * nslots entries (the size of
  *   M), so a page is remembered for about one turn of M.  A false ghost
  *   hit (probability ~ 4/65535 per lookup) only puts a page in M early.
  *
- * RAM per slot (exact):
- *   CLOCK:   2 bits (0.25 byte): resident and reference bitmaps.
- *   S3-FIFO: 1 byte of state + 4 bytes of link + ghost 2 bytes * 4 *
- *            ceil(0.9 * nslots / 4) / nslots (<= 1.8 + 8/nslots bytes):
- *            6.8 bytes per slot, plus a constant < 128 bytes.
+ * RAM per slot (exact; evict_ram_bytes returns the total):
+ *   CLOCK:   2 bits (0.25 byte): resident and reference bitmaps, 8-byte
+ *            words, plus at most 128 bytes (the struct and rounding).
+ *   S3-FIFO: 1 byte of state + ring 4 * min (nslots, nslots / 8 + 16)
+ *            bytes (<= 0.5 byte per slot + 64 bytes) + ghost 2 bytes *
+ *            4 * ceil (0.9 * nslots / 4) (<= 1.8 bytes per slot + 8
+ *            bytes): 3.3 bytes per slot, plus a constant < 256 bytes
+ *            (with the struct, 112 bytes on x86-64): 3,460,480 bytes
+ *            for 2^20 slots, 3,476 for 1000.
  *   Only the chosen policy's arrays are allocated.
  *
  * Locking: none inside; the cache metadata lock is held by callers.
@@ -50,43 +67,39 @@
 #include "evict.h"
 #include "mix.h"
 
-#define NIL UINT32_MAX
-
 /* S3-FIFO per-slot state byte. */
 #define ST_RES     0x01          /* resident (holds a page) */
-#define ST_LQ_M    0x02          /* logically in M (else S) */
-#define ST_LINKED  0x04          /* physically in a list */
-#define ST_PQ_M    0x08          /* physically in M's list (else S's) */
+#define ST_M       0x02          /* in M (else S) */
+#define ST_RING    0x04          /* has an entry in S's ring */
+#define ST_PROB    0x08          /* in M, but still on probation */
 #define ST_FSHIFT  4
 #define ST_FMASK   0x30          /* frequency 0..3 */
+#define ST_MARK    0x80          /* evict_check only, never left set */
 #define FREQ_MAX   3
 
-#define QS 0
-#define QM 1
-
 #define GHOST_WAYS 4
-
-struct fifo {
-  uint32_t head;                 /* newest, NIL if empty */
-  uint32_t tail;                 /* oldest, NIL if empty */
-  uint32_t len;                  /* nodes in the list (with zombies) */
-  uint32_t count;                /* resident slots belonging to it */
-};
+/* Ring entries beyond nslots / 8 (for small caches and zombies). */
+#define RING_EXTRA 16
 
 struct evict {
   enum evict_policy policy;
   uint32_t nslots;
   uint32_t resident_count;
+  uint32_t hand;                 /* CLOCK, and S3-FIFO's M */
+  size_t ram;                    /* heap bytes allocated (evict_ram_bytes) */
 
   /* CLOCK */
-  uint32_t hand;
   uint64_t *resident;
   uint64_t *ref;
 
   /* S3-FIFO */
   uint8_t *st;
-  uint32_t *next;
-  struct fifo q[2];
+  uint32_t *ring;                /* S: ring_cap slot numbers */
+  uint32_t ring_cap;
+  uint32_t ring_tail;            /* oldest entry */
+  uint32_t ring_len;             /* entries (with zombies) */
+  uint32_t s_count;              /* resident slots in S */
+  uint32_t m_count;              /* resident slots in M */
   uint32_t s_target;
   uint16_t *ghost;               /* gbuckets * GHOST_WAYS fingerprints */
   uint32_t gbuckets;
@@ -138,6 +151,20 @@ evict_new (uint32_t nslots)
   return evict_new_policy (EVICT_DEFAULT, nslots);
 }
 
+/* calloc that adds what it allocated to ev->ram. */
+static void *
+ev_calloc (struct evict *ev, size_t n, size_t size)
+{
+  void *p;
+
+  if (n == 0)
+    n = 1;
+  p = calloc (n, size);
+  if (p)
+    ev->ram += n * size;
+  return p;
+}
+
 struct evict *
 evict_new_policy (enum evict_policy policy, uint32_t nslots)
 {
@@ -148,14 +175,15 @@ evict_new_policy (enum evict_policy policy, uint32_t nslots)
   ev = calloc (1, sizeof *ev);
   if (ev == NULL)
     return NULL;
+  ev->ram = sizeof *ev;
   ev->policy = policy;
   ev->nslots = nslots;
 
   if (policy == EVICT_CLOCK) {
     size_t words = (nslots + 63) / 64;
 
-    ev->resident = calloc (words ? words : 1, sizeof (uint64_t));
-    ev->ref = calloc (words ? words : 1, sizeof (uint64_t));
+    ev->resident = ev_calloc (ev, words, sizeof (uint64_t));
+    ev->ref = ev_calloc (ev, words, sizeof (uint64_t));
     if (ev->resident == NULL || ev->ref == NULL)
       goto fail;
   }
@@ -165,13 +193,15 @@ evict_new_policy (enum evict_policy policy, uint32_t nslots)
     ev->gbuckets = (gent + GHOST_WAYS - 1) / GHOST_WAYS;
     if (ev->gbuckets == 0)
       ev->gbuckets = 1;
-    ev->st = calloc (nslots ? nslots : 1, 1);
-    ev->next = malloc ((nslots ? nslots : 1) * sizeof (uint32_t));
-    ev->ghost = calloc ((size_t) ev->gbuckets * GHOST_WAYS, sizeof (uint16_t));
-    if (ev->st == NULL || ev->next == NULL || ev->ghost == NULL)
+    ev->ring_cap = nslots / 8 + RING_EXTRA;
+    if (ev->ring_cap > nslots)
+      ev->ring_cap = nslots;
+    ev->st = ev_calloc (ev, nslots, 1);
+    ev->ring = ev_calloc (ev, ev->ring_cap, sizeof (uint32_t));
+    ev->ghost = ev_calloc (ev, (size_t) ev->gbuckets * GHOST_WAYS,
+                           sizeof (uint16_t));
+    if (ev->st == NULL || ev->ring == NULL || ev->ghost == NULL)
       goto fail;
-    ev->q[QS].head = ev->q[QS].tail = NIL;
-    ev->q[QM].head = ev->q[QM].tail = NIL;
     ev->s_target = (nslots + 5) / 10;
     if (ev->s_target == 0)
       ev->s_target = 1;
@@ -190,10 +220,16 @@ evict_free (struct evict *ev)
     free (ev->resident);
     free (ev->ref);
     free (ev->st);
-    free (ev->next);
+    free (ev->ring);
     free (ev->ghost);
     free (ev);
   }
+}
+
+size_t
+evict_ram_bytes (const struct evict *ev)
+{
+  return ev->ram;
 }
 
 enum evict_policy
@@ -336,7 +372,7 @@ evict_ghost_contains (const struct evict *ev, uint64_t page)
 }
 
 /*----------------------------------------------------------------------
- * S3-FIFO: queues.
+ * S3-FIFO: the state byte, S's ring, M's hand.
  */
 
 static unsigned
@@ -351,47 +387,56 @@ set_freq (struct evict *ev, uint32_t s, unsigned f)
   ev->st[s] = (ev->st[s] & ~ST_FMASK) | (f << ST_FSHIFT);
 }
 
-static unsigned
-lq (const struct evict *ev, uint32_t s)
-{
-  return (ev->st[s] & ST_LQ_M) ? QM : QS;
-}
-
+/* Add s at the head of the ring (there must be room). */
 static void
-push (struct evict *ev, unsigned q, uint32_t s)
+ring_push (struct evict *ev, uint32_t s)
 {
-  struct fifo *f = &ev->q[q];
+  uint64_t i = (uint64_t) ev->ring_tail + ev->ring_len;
 
-  ev->next[s] = NIL;
-  if (f->head != NIL)
-    ev->next[f->head] = s;
-  else
-    f->tail = s;
-  f->head = s;
-  f->len++;
-  ev->st[s] |= ST_LINKED;
-  if (q == QM)
-    ev->st[s] |= ST_PQ_M;
-  else
-    ev->st[s] &= ~ST_PQ_M;
+  if (i >= ev->ring_cap)
+    i -= ev->ring_cap;
+  ev->ring[i] = s;
+  ev->ring_len++;
+  ev->st[s] |= ST_RING;
 }
 
+/* Take the oldest entry of the ring (which must not be empty). */
 static uint32_t
-pop (struct evict *ev, unsigned q)
+ring_pop (struct evict *ev)
 {
-  struct fifo *f = &ev->q[q];
-  uint32_t s = f->tail;
+  uint32_t s = ev->ring[ev->ring_tail];
 
-  f->tail = ev->next[s];
-  if (f->tail == NIL)
-    f->head = NIL;
-  f->len--;
-  ev->st[s] &= ~(ST_LINKED | ST_PQ_M);
+  if (++ev->ring_tail == ev->ring_cap)
+    ev->ring_tail = 0;
+  ev->ring_len--;
+  ev->st[s] &= ~ST_RING;
   return s;
 }
 
+/* Resident slot s leaves S for M: promoted (hit while in S) or, with
+ * prob, still on probation.
+ */
 static void
-s3_insert (struct evict *ev, uint32_t slot, unsigned q, unsigned f)
+to_main (struct evict *ev, uint32_t s, bool prob)
+{
+  ev->st[s] = (ev->st[s] & ~(ST_FMASK | ST_PROB)) | ST_M |
+    (prob ? ST_PROB : 0);
+  ev->s_count--;
+  ev->m_count++;
+}
+
+/* The ring is full: make room for one entry (see the top of the file). */
+static void
+ring_make_room (struct evict *ev)
+{
+  uint32_t s = ring_pop (ev);
+
+  if ((ev->st[s] & (ST_RES | ST_M)) == ST_RES)
+    to_main (ev, s, freq (ev, s) == 0);
+}
+
+static void
+s3_insert (struct evict *ev, uint32_t slot, bool main, unsigned f)
 {
   uint8_t st = ev->st[slot];
 
@@ -401,15 +446,20 @@ s3_insert (struct evict *ev, uint32_t slot, unsigned q, unsigned f)
       set_freq (ev, slot, freq (ev, slot) + 1);
     return;
   }
-  /* Keep the link bits, set the rest. */
-  st &= ST_LINKED | ST_PQ_M;
-  st |= ST_RES | (q == QM ? ST_LQ_M : 0) | (f << ST_FSHIFT);
-  ev->st[slot] = st;
-  ev->q[q].count++;
+  /* Keep the ring bit, set the rest. */
+  ev->st[slot] = (st & ST_RING) | ST_RES | (main ? ST_M : 0) |
+    (f << ST_FSHIFT);
   ev->resident_count++;
-  if (!(st & ST_LINKED))
-    push (ev, q, slot);
-  /* else a zombie coming back: it keeps its place (see the top). */
+  if (main) {
+    ev->m_count++;
+    return;                     /* a ring entry left is dropped later */
+  }
+  ev->s_count++;
+  if (st & ST_RING)
+    return;                     /* a zombie coming back keeps its place */
+  if (ev->ring_len == ev->ring_cap)
+    ring_make_room (ev);
+  ring_push (ev, slot);
 }
 
 static void
@@ -419,66 +469,106 @@ s3_remove (struct evict *ev, uint32_t slot)
 
   if (!(st & ST_RES))
     return;
-  ev->q[lq (ev, slot)].count--;
+  if (st & ST_M)
+    ev->m_count--;
+  else
+    ev->s_count--;
   ev->resident_count--;
-  ev->st[slot] = st & (ST_LINKED | ST_PQ_M);   /* a zombie if linked */
+  ev->st[slot] = st & ST_RING;  /* a zombie if in the ring */
 }
 
-/* Pop at most max nodes from list q and process them (see the top of
- * the file).  Returns the victim, or EVICT_NONE.  *moved is set when a
- * node moved to the other list.
+/* Resident slot s leaves the policy as a victim. */
+static uint32_t
+take (struct evict *ev, uint32_t s, bool ghost)
+{
+  if (ghost && ev->page_fn)
+    ghost_add (ev, ev->page_fn (ev->page_opaque, s));
+  if (ev->st[s] & ST_M)
+    ev->m_count--;
+  else
+    ev->s_count--;
+  ev->resident_count--;
+  ev->st[s] &= ST_RING;         /* 0: the victim left the ring */
+  return s;
+}
+
+/* Pop at most one turn of the ring and process the entries (see the
+ * top of the file).  Returns the victim, or EVICT_NONE.  *promoted is
+ * set when a slot moved to M.
  */
 static uint32_t
-sweep (struct evict *ev, unsigned q, uint64_t max,
-       evict_can_take_fn can_take, void *opaque, bool *moved)
+sweep_small (struct evict *ev, evict_can_take_fn can_take, void *opaque,
+             bool *promoted)
 {
-  /* Consecutive refusals of frequency-0 nodes: once a whole turn of the
-   * list has been refused, another turn would only ask again.
+  /* Refused entries in a row: once a whole turn of the ring has been
+   * refused, another turn would only ask again.
    */
   uint32_t refused = 0;
+  uint32_t max = ev->ring_len;
 
-  while (max-- > 0 && ev->q[q].len > 0 && refused < ev->q[q].len) {
-    uint32_t s = pop (ev, q);
-    unsigned f;
+  while (max-- > 0 && ev->ring_len > 0 && refused < ev->ring_len) {
+    uint32_t s = ring_pop (ev);
 
-    if (!(ev->st[s] & ST_RES)) {
+    if ((ev->st[s] & (ST_RES | ST_M)) != ST_RES) {
       refused = 0;
-      continue;                 /* zombie: dropped */
+      continue;                 /* zombie, or back for M: dropped */
     }
-    if (lq (ev, s) != q) {      /* came back for the other queue */
-      push (ev, !q, s);
-      *moved = true;
-      refused = 0;
-      continue;
-    }
-    f = freq (ev, s);
-    if (q == QS && f > 0) {     /* re-used on probation: promote */
-      ev->st[s] |= ST_LQ_M;
-      set_freq (ev, s, 0);
-      ev->q[QS].count--;
-      ev->q[QM].count++;
-      push (ev, QM, s);
-      *moved = true;
-      refused = 0;
-      continue;
-    }
-    if (q == QM && f > 0) {     /* second chance */
-      set_freq (ev, s, f - 1);
-      push (ev, QM, s);
+    if (freq (ev, s) > 0) {     /* re-used on probation: promote */
+      to_main (ev, s, false);
+      *promoted = true;
       refused = 0;
       continue;
     }
     if (!can_take (opaque, s)) {
-      push (ev, q, s);          /* refused: back to the head, as it is */
+      ring_push (ev, s);        /* refused: back to the head, as it is */
       refused++;
       continue;
     }
-    if (q == QS && ev->page_fn)
-      ghost_add (ev, ev->page_fn (ev->page_opaque, s));
-    ev->q[q].count--;
-    ev->resident_count--;
-    ev->st[s] = 0;
-    return s;
+    return take (ev, s, true);
+  }
+  return EVICT_NONE;
+}
+
+/* Move M's hand until it takes a slot, at most until every slot of M
+ * has frequency 0 and has been refused.  Returns the victim, or
+ * EVICT_NONE.
+ */
+static uint32_t
+sweep_main (struct evict *ev, evict_can_take_fn can_take, void *opaque)
+{
+  /* A slot's frequency is 0 after FREQ_MAX passes (a probation slot's
+   * after one), so FREQ_MAX + 1 turns ask about every slot of M that
+   * was there at the start; a turn without any change since the last
+   * one ends it sooner.
+   */
+  uint64_t max = (uint64_t) ev->nslots * (FREQ_MAX + 2);
+  uint32_t idle = 0;            /* steps since the last change */
+
+  while (max-- > 0 && idle < ev->nslots && ev->m_count > 0) {
+    uint32_t s = ev->hand;
+    uint8_t st = ev->st[s];
+    unsigned f;
+
+    if (++ev->hand == ev->nslots)
+      ev->hand = 0;
+    if ((st & (ST_RES | ST_M)) != (ST_RES | ST_M)) {
+      idle++;
+      continue;
+    }
+    f = freq (ev, s);
+    if (f > 0) {
+      if (st & ST_PROB)         /* hit on probation: an M page now */
+        ev->st[s] = (st & ~(ST_FMASK | ST_PROB));
+      else
+        set_freq (ev, s, f - 1);
+      idle = 0;
+      continue;
+    }
+    if (!can_take (opaque, s)) {
+      idle++;
+      continue;
+    }
+    return take (ev, s, st & ST_PROB);
   }
   return EVICT_NONE;
 }
@@ -486,33 +576,25 @@ sweep (struct evict *ev, unsigned q, uint64_t max,
 static uint32_t
 s3_victim (struct evict *ev, evict_can_take_fn can_take, void *opaque)
 {
-  unsigned first;
-  bool moved = false;
+  bool promoted = false;
+  uint32_t v;
 
-  first = (ev->q[QS].count >= ev->s_target || ev->q[QM].count == 0)
-    ? QS : QM;
-
-  /* Alternate between the queues.  A sweep of S visits each node once;
-   * a sweep of M may need FREQ_MAX + 1 turns for a node's frequency to
-   * reach 0.  Nodes only move S -> M (promotion) or once to the queue
-   * they came back for, so at most 5 sweeps visit every resident slot
-   * with frequency 0: if none is taken, none may be.  After the first
-   * two, a sweep is only needed if the previous one moved nodes into
-   * its queue.
+  /* Sweeps only move slots from S to M, so S then M visits every
+   * resident slot; M first needs M again only if S promoted a slot.
    */
-  for (unsigned i = 0; i < 5; ++i) {
-    unsigned q = (i & 1) ? !first : first;
-    uint64_t max = (uint64_t) ev->q[q].len * (q == QM ? FREQ_MAX + 1 : 1);
-    uint32_t v;
-
-    if (i >= 2 && !moved)
-      break;
-    moved = false;
-    v = sweep (ev, q, max, can_take, opaque, &moved);
-    if (v != EVICT_NONE)
-      return v;
+  if (ev->s_count >= ev->s_target || ev->m_count == 0) {
+    v = sweep_small (ev, can_take, opaque, &promoted);
+    if (v == EVICT_NONE)
+      v = sweep_main (ev, can_take, opaque);
   }
-  return EVICT_NONE;
+  else {
+    v = sweep_main (ev, can_take, opaque);
+    if (v == EVICT_NONE)
+      v = sweep_small (ev, can_take, opaque, &promoted);
+    if (v == EVICT_NONE && promoted)
+      v = sweep_main (ev, can_take, opaque);
+  }
+  return v;
 }
 
 /*----------------------------------------------------------------------
@@ -525,7 +607,7 @@ evict_insert (struct evict *ev, uint32_t slot)
   if (ev->policy == EVICT_CLOCK)
     clock_insert (ev, slot, true);
   else
-    s3_insert (ev, slot, QS, 0);
+    s3_insert (ev, slot, false, 0);
 }
 
 bool
@@ -536,14 +618,14 @@ evict_insert_page (struct evict *ev, uint32_t slot, uint64_t page)
     return false;
   }
   if (ev->st[slot] & ST_RES) {
-    s3_insert (ev, slot, QS, 0);        /* a touch */
+    s3_insert (ev, slot, false, 0);        /* a touch */
     return false;
   }
   if (ghost_find (ev, page, true)) {
-    s3_insert (ev, slot, QM, 0);
+    s3_insert (ev, slot, true, 0);
     return true;
   }
-  s3_insert (ev, slot, QS, 0);
+  s3_insert (ev, slot, false, 0);
   return false;
 }
 
@@ -587,7 +669,7 @@ evict_slot_hint (const struct evict *ev, uint32_t slot)
     return bit (ev->resident, slot) && bit (ev->ref, slot);
   if (!(ev->st[slot] & ST_RES))
     return 0;
-  if (lq (ev, slot) == QS)
+  if ((ev->st[slot] & (ST_M | ST_PROB)) != ST_M)    /* on probation */
     return freq (ev, slot) > 0 ? 1 : 0;
   return freq (ev, slot) >= 2 ? 3 : 2;
 }
@@ -600,9 +682,91 @@ evict_insert_hint (struct evict *ev, uint32_t slot, uint8_t hint)
     return;
   }
   switch (hint) {
-  case 0: s3_insert (ev, slot, QS, 0); break;
-  case 1: s3_insert (ev, slot, QS, 1); break;
-  case 2: s3_insert (ev, slot, QM, 0); break;
-  default: s3_insert (ev, slot, QM, 2); break;
+  case 0: s3_insert (ev, slot, false, 0); break;
+  case 1: s3_insert (ev, slot, false, 1); break;
+  case 2: s3_insert (ev, slot, true, 0); break;
+  default: s3_insert (ev, slot, true, 2); break;
   }
+}
+
+/*----------------------------------------------------------------------
+ * Self-check (for tests).
+ */
+
+static int
+clock_check (const struct evict *ev)
+{
+  uint32_t n = 0;
+
+  for (uint32_t s = 0; s < ev->nslots; ++s) {
+    n += bit (ev->resident, s);
+    if (bit (ev->ref, s) && !bit (ev->resident, s))
+      return 1;
+  }
+  if (n != ev->resident_count)
+    return 2;
+  if (ev->nslots > 0 && ev->hand >= ev->nslots)
+    return 3;
+  return 0;
+}
+
+static int
+s3_check (struct evict *ev)
+{
+  uint32_t live = 0, s_res = 0, m_res = 0, i = ev->ring_tail;
+  int err = 0;
+
+  if (ev->ring_len > ev->ring_cap ||
+      (ev->ring_cap > 0 && ev->ring_tail >= ev->ring_cap) ||
+      ev->ring_cap > ev->nslots ||
+      (ev->nslots > 0 && ev->hand >= ev->nslots))
+    return 10;
+  /* Every ring entry: a slot with the ring bit, seen once (marked). */
+  for (uint32_t k = 0; k < ev->ring_len && err == 0; ++k) {
+    uint32_t s = ev->ring[i];
+
+    if (++i == ev->ring_cap)
+      i = 0;
+    if (s >= ev->nslots || !(ev->st[s] & ST_RING))
+      err = 11;
+    else if (ev->st[s] & ST_MARK)
+      err = 12;                 /* twice in the ring */
+    else {
+      ev->st[s] |= ST_MARK;
+      live += (ev->st[s] & (ST_RES | ST_M)) == ST_RES;
+    }
+  }
+  /* Every slot: the ring bit iff in the ring; counts; no stray bits. */
+  for (uint32_t s = 0; s < ev->nslots; ++s) {
+    uint8_t st = ev->st[s];
+
+    if (err == 0 && !(st & ST_RING) != !(st & ST_MARK))
+      err = 13;
+    ev->st[s] = st & ~ST_MARK;
+    if (st & ST_RES) {
+      if (st & ST_M)
+        m_res++;
+      else
+        s_res++;
+      if ((st & ST_PROB) && !(st & ST_M) && err == 0)
+        err = 14;
+    }
+    else if ((st & ~(ST_RING | ST_MARK)) != 0 && err == 0)
+      err = 15;                 /* a free slot keeps only its ring bit */
+  }
+  if (err)
+    return err;
+  if (live != s_res || s_res != ev->s_count)
+    return 16;                  /* every slot of S is in the ring */
+  if (m_res != ev->m_count || s_res + m_res != ev->resident_count)
+    return 17;
+  return 0;
+}
+
+int
+evict_check (struct evict *ev)
+{
+  if (ev->policy == EVICT_CLOCK)
+    return clock_check (ev);
+  return s3_check (ev);
 }

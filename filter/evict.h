@@ -8,7 +8,8 @@
  * Policies:
  *  - EVICT_S3FIFO (the default): S3-FIFO (Yang et al., SOSP 2023).  A
  *    small FIFO (~10% of the slots) on probation for new pages, a main
- *    FIFO with reinsertion and a 2-bit frequency, and a ghost set of the
+ *    queue with reinsertion and a 2-bit frequency (a CLOCK over the
+ *    slots), and a ghost set of the
  *    backend page numbers recently evicted from the small FIFO (16-bit
  *    fingerprints, memory bounded by nslots).  Scan resistant.
  *  - EVICT_CLOCK: CLOCK (second chance), the baseline.
@@ -27,6 +28,7 @@
 #define SSDCACHE_EVICT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define EVICT_NONE UINT32_MAX
@@ -52,6 +54,11 @@ extern struct evict *evict_new (uint32_t nslots);
 extern struct evict *evict_new_policy (enum evict_policy policy,
                                        uint32_t nslots);
 extern void evict_free (struct evict *ev);
+/* Heap bytes the policy allocated (its struct and arrays, as asked of
+ * calloc), for the memory budget: about 3.3 per slot for S3-FIFO, 0.25
+ * for CLOCK (see evict.c).
+ */
+extern size_t evict_ram_bytes (const struct evict *ev);
 
 extern enum evict_policy evict_get_policy (const struct evict *ev);
 /* "clock", "s3fifo" (also "s3-fifo", "default").  0, or -1 if unknown. */
@@ -91,7 +98,9 @@ extern void evict_remove (struct evict *ev, uint32_t slot);
  * from the policy.  EVICT_NONE if no resident slot may be taken (and
  * only then).  can_take is only asked about resident slots.  Work is
  * amortised O(1) and at most a small constant times nslots per call
- * (about 14 * nslots list steps for S3-FIFO, 2 * nslots for CLOCK)
+ * (for S3-FIFO at most 6 * nslots steps of the main queue's hand and
+ * two turns of the small queue's ring, about nslots / 4; 2 * nslots
+ * for CLOCK)
  * even when can_take refuses every slot.
  */
 extern uint32_t evict_victim (struct evict *ev, evict_can_take_fn can_take,
@@ -99,6 +108,12 @@ extern uint32_t evict_victim (struct evict *ev, evict_can_take_fn can_take,
 
 /* Number of resident slots the policy tracks. */
 extern uint32_t evict_resident (const struct evict *ev);
+
+/* Checks the policy's internal invariants (for tests: O(nslots)):
+ * 0 if they hold, else a number > 0 naming the first that does not.
+ * Changes nothing (it marks and unmarks slots as it goes).
+ */
+extern int evict_check (struct evict *ev);
 
 /* Persistence of policy state.  A hint is a policy-neutral hotness
  * level 0..EVICT_HINT_MAX of a resident slot:

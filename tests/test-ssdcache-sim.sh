@@ -75,14 +75,17 @@ grep -q '^| accesses | 10 |' "$tmpdir/tiny.out" || fail "tiny: accesses"
 # LRU and CLOCK: every access misses (0).  MIN: 1 2 3 miss; 4 evicts 3
 # (furthest); 1 2 hit; 3 evicts 2; 4 hits; 1 hits; 2 evicts 1; 3 hits;
 # 4 hits.  6 hits.
-# S3-FIFO: 1 2 3 into S.  4: S is over target, 1 (unused) goes to the
-# ghost.  1: ghost hit, evicts 2 (to the ghost), 1 goes to M.  2: ghost
-# hit, evicts 3 from S, 2 to M.  3: ghost hit, evicts 4 from S (S is
-# now empty), 3 to M.  4: ghost hit; S is empty: M's tail 1 (never
-# re-used) is evicted; 4 to M.  1: in the ghost? no (M evictions are not
-# remembered): into S, evicting 2 from M.  2: not in the ghost: S holds
-# 1 (target 1): 1 is evicted to the ghost, 2 into S.  3 hits (in M),
-# 4 hits.  2 hits.
+# S3-FIFO (M is a CLOCK over the slots, its hand at slot 0): 1 2 3 into
+# S in slots 0 1 2.  4: S is over target, 1 (unused) goes to the ghost;
+# 4 into slot 0.  1: evicts 2 (slot 1) from S to the ghost; 1 is a
+# ghost hit: slot 1, in M.  2: evicts 3 (slot 2) from S, 2 to M in
+# slot 2.  3: evicts 4 (slot 0) from S (S is now empty), 3 to M in
+# slot 0.  4: S is empty: the hand takes slot 0 (3, never re-used, not
+# remembered: evicted from M); 4 is a ghost hit, to M in slot 0.
+# 1 (slot 1) and 2 (slot 2) hit.  3: not in the ghost: the hand passes
+# slots 1 and 2 (their frequencies 1 -> 0) and takes slot 0 (4); 3 into
+# S.  4: not in the ghost: S holds 3 (target 1): 3 goes to the ghost,
+# 4 into S.  2 hits.
 {
     for i in 0 1 2; do
         for p in 1 2 3 4; do

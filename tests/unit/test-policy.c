@@ -362,6 +362,11 @@ test_bounded_victim (void **state)
     struct evict *ev = evict_new_policy (pol, n);
     struct ask a = { EVICT_NONE, 0, calloc (n, 1) };
     uint32_t v;
+    /* The bounds of evict.h: 2 turns of CLOCK's hand; for S3-FIFO
+     * 6 * n steps of M's hand and two turns of S's ring (n / 8 + 16).
+     */
+    const unsigned bound = pol == EVICT_CLOCK ? 2 * n + 1
+      : 6 * n + n / 4 + 32;
 
     assert_non_null (a.seen);
     srandom (11);
@@ -383,7 +388,7 @@ test_bounded_victim (void **state)
     assert_int_equal (evict_resident (ev), n);
     for (uint32_t s = 0; s < n; ++s)
       assert_true (a.seen[s]);
-    assert_true (a.asked <= 14 * n);
+    assert_true (a.asked <= bound);
     /* Exactly one allowed: found, whatever its place and frequency. */
     for (int k = 0; k < 20; ++k) {
       a.allow = random () % n;
@@ -391,7 +396,7 @@ test_bounded_victim (void **state)
       evict_touch (ev, a.allow);
       v = evict_victim (ev, take_one, &a);
       assert_int_equal (v, a.allow);
-      assert_true (a.asked <= 14 * n);
+      assert_true (a.asked <= bound);
       evict_insert (ev, v);
     }
     free (a.seen);
@@ -489,8 +494,292 @@ test_random_model (void **state)
       }
       }
       assert_int_equal (evict_resident (ev), nres);
+      assert_int_equal (evict_check (ev), 0);
     }
     assert_int_equal (m.asked_nonres, 0);
+    evict_free (ev);
+  }
+}
+
+/*----------------------------------------------------------------------
+ * S3-FIFO's structure: S a ring of slot numbers (capacity min (n,
+ * n / 8 + 16)), M a CLOCK over the slots.
+ */
+
+/* Memory: at most 4 bytes per slot, with the ghost, plus a constant. */
+static void
+test_ram_bytes (void **state)
+{
+  const uint32_t sizes[] = { 1, 7, 1000, 1 << 20 };
+
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
+    uint32_t n = sizes[i];
+    struct evict *ev = evict_new_policy (EVICT_S3FIFO, n);
+    struct evict *ck = evict_new_policy (EVICT_CLOCK, n);
+    size_t b, c;
+
+    assert_non_null (ev);
+    assert_non_null (ck);
+    b = evict_ram_bytes (ev);
+    c = evict_ram_bytes (ck);
+    print_message ("%u slots: s3fifo %zu bytes (%.3f per slot), "
+                   "clock %zu bytes (%.3f per slot)\n",
+                   n, b, (double) b / n, c, (double) c / n);
+    assert_true (b >= n);                   /* at least the state bytes */
+    assert_true (b <= 4 * (size_t) n + 256);
+    assert_true (c <= (size_t) n / 4 + 256);
+    /* Using it allocates nothing more. */
+    for (uint32_t s = 0; s < n && s < 5000; ++s)
+      evict_insert (ev, s);
+    evict_touch (ev, 0);
+    evict_victim (ev, take_all, NULL);
+    assert_int_equal (evict_ram_bytes (ev), b);
+    assert_int_equal (evict_check (ev), 0);
+    evict_free (ev);
+    evict_free (ck);
+  }
+  /* 2^20 slots: 1 MiB of state, a ring of 2^17 + 16 entries, a ghost of
+   * 4 * ceil (943719 / 4) fingerprints: 3.3 bytes per slot.
+   */
+  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 1 << 20);
+  size_t arrays = (1 << 20) + 4 * ((1 << 17) + 16) + 2 * 4 * 235930;
+  assert_true (evict_ram_bytes (ev) >= arrays);
+  assert_true (evict_ram_bytes (ev) < arrays + 256);
+  evict_free (ev);
+}
+
+/* The ring wraps: 100 slots (ring of 28, S target 10) filled in order;
+ * the ring keeps the newest 28 (72..99), the older ones went to M still
+ * on probation.  A scan that re-uses each victim slot goes round the
+ * ring again and again, in FIFO order, and never touches M.
+ */
+static void
+test_s3fifo_ring_wrap (void **state)
+{
+  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 100);
+
+  for (uint32_t s = 0; s < 100; ++s)
+    evict_insert (ev, s);
+  assert_int_equal (evict_check (ev), 0);
+  assert_int_equal (evict_slot_hint (ev, 0), 0);     /* still probation */
+  for (uint32_t i = 0; i < 35 * 28; ++i) {
+    uint32_t v = evict_victim (ev, take_all, NULL);
+    assert_int_equal (v, 72 + i % 28);
+    evict_insert (ev, v);
+    assert_int_equal (evict_check (ev), 0);
+  }
+  /* 35 turns: the ring is 72..99 again.  Without re-insertion, S is
+   * evicted from while it holds at least 10: 19 victims, 72..90.
+   */
+  evict_touch (ev, 5);
+  assert_int_equal (evict_slot_hint (ev, 5), 1);
+  for (uint32_t i = 0; i < 19; ++i)
+    assert_int_equal (evict_victim (ev, take_all, NULL), 72 + i);
+  /* Then M, on probation: a hit slot becomes an M page (hint 2) when
+   * the hand passes, the others are evicted (to the ghost) in slot
+   * order: the hand from slot 0 takes 0..4, promotes 5, takes 6.
+   */
+  for (uint32_t s = 0; s < 5; ++s)
+    assert_int_equal (evict_victim (ev, take_all, NULL), s);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 6);
+  assert_int_equal (evict_slot_hint (ev, 5), 2);
+  assert_int_equal (evict_check (ev), 0);
+  evict_free (ev);
+}
+
+/* Zombies in the ring: a ring full of removed slots makes room for new
+ * ones without pushing anything to M; a slot re-inserted for M leaves
+ * its old ring entry behind, which is dropped at the tail.
+ */
+static void
+test_s3fifo_ring_zombies (void **state)
+{
+  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 100);
+
+  for (uint32_t s = 0; s < 28; ++s)     /* fills the ring */
+    evict_insert (ev, s);
+  for (uint32_t s = 0; s < 28; ++s)
+    evict_remove (ev, s);
+  assert_int_equal (evict_resident (ev), 0);
+  assert_int_equal (evict_check (ev), 0);
+  for (uint32_t s = 28; s < 56; ++s)    /* each drops one zombie */
+    evict_insert (ev, s);
+  assert_int_equal (evict_check (ev), 0);
+  /* All 28 in S (none on probation in M): victims in FIFO order. */
+  for (uint32_t s = 28; s < 38; ++s)
+    assert_int_equal (evict_victim (ev, take_all, NULL), s);
+  /* Ring now 38..55.  Remove 40 and re-insert it for M (a hint): it is
+   * in M at once and its ring entry is dropped, so S is 38 39 41..55
+   * (17 slots).  Remove 45 and re-insert it for S: it keeps its place.
+   * S is evicted from while it holds at least 10: 8 victims, 38 39
+   * 41..46; then M (40, frequency 0), then S again (M is empty).
+   */
+  evict_remove (ev, 40);
+  evict_insert_hint (ev, 40, 2);
+  evict_remove (ev, 45);
+  evict_insert (ev, 45);
+  assert_int_equal (evict_check (ev), 0);
+  assert_int_equal (evict_resident (ev), 18);
+  const uint32_t expect[18] = { 38, 39, 41, 42, 43, 44, 45, 46, 40,
+                                47, 48, 49, 50, 51, 52, 53, 54, 55 };
+  for (uint32_t i = 0; i < 18; ++i) {
+    assert_int_equal (evict_victim (ev, take_all, NULL), expect[i]);
+    assert_int_equal (evict_check (ev), 0);
+  }
+  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  assert_int_equal (evict_check (ev), 0);
+
+  /* A slot removed and re-inserted many times is in the ring once. */
+  for (int k = 0; k < 100; ++k) {
+    evict_insert (ev, 7);
+    evict_remove (ev, 7);
+    evict_insert_hint (ev, 7, k % 4);
+    evict_remove (ev, 7);
+  }
+  evict_insert (ev, 7);
+  assert_int_equal (evict_check (ev), 0);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 7);
+  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  evict_free (ev);
+}
+
+/* Refused slots go back to the head of S, unchanged. */
+static bool
+take_not_01 (void *opaque, uint32_t slot)
+{
+  return slot > 1;
+}
+
+static void
+test_s3fifo_refused (void **state)
+{
+  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 10);
+
+  for (uint32_t s = 0; s < 10; ++s)
+    evict_insert (ev, s);
+  /* 0 and 1 (dirty) are passed over; S is now 3..9 0 1. */
+  assert_int_equal (evict_victim (ev, take_not_01, NULL), 2);
+  assert_int_equal (evict_slot_hint (ev, 0), 0);
+  assert_int_equal (evict_check (ev), 0);
+  for (uint32_t s = 3; s < 10; ++s)
+    assert_int_equal (evict_victim (ev, take_all, NULL), s);
+  /* Only 0 and 1 left, both refused: none, and nothing changed. */
+  assert_int_equal (evict_victim (ev, take_not_01, NULL), EVICT_NONE);
+  assert_int_equal (evict_resident (ev), 2);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  assert_int_equal (evict_victim (ev, take_all, NULL), 1);
+  assert_int_equal (evict_check (ev), 0);
+
+  /* In M, the hand passes a refused slot and takes the next one. */
+  evict_insert_hint (ev, 0, 2);
+  evict_insert_hint (ev, 1, 2);
+  evict_insert_hint (ev, 2, 2);
+  assert_int_equal (evict_victim (ev, take_not_01, NULL), 2);
+  assert_int_equal (evict_victim (ev, take_not_01, NULL), EVICT_NONE);
+  assert_int_equal (evict_resident (ev), 2);
+  assert_int_equal (evict_check (ev), 0);
+  evict_free (ev);
+}
+
+/* Long random sequences against a model of which slots are resident
+ * and which may be taken, several sizes (the ring smaller than the
+ * slots, or all of them): invariants after every operation (each slot
+ * of S in the ring once, counts), a victim whenever one is allowed.
+ */
+struct rmodel {
+  uint32_t n;
+  bool *resident, *dirty;
+  unsigned asked_nonres;
+};
+
+static bool
+take_rmodel (void *opaque, uint32_t slot)
+{
+  struct rmodel *m = opaque;
+  if (slot >= m->n || !m->resident[slot])
+    m->asked_nonres++;
+  return !m->dirty[slot];
+}
+
+static void
+test_s3fifo_random_invariants (void **state)
+{
+  const uint32_t sizes[] = { 1, 2, 7, 10, 64, 300, 2000 };
+
+  for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; ++z) {
+    const uint32_t n = sizes[z];
+    struct evict *ev = evict_new_policy (EVICT_S3FIFO, n);
+    struct rmodel m = { n, calloc (n, 1), calloc (n, 1), 0 };
+    uint32_t nres = 0, nclean = 0, victims = 0;
+    /* dirty slots are rare, or most, depending on the phase */
+    unsigned dirty_pct = 10;
+
+    assert_non_null (m.resident);
+    assert_non_null (m.dirty);
+    evict_set_page_fn (ev, model_page, NULL);
+    srandom (1000 + n);
+    for (int op = 0; op < 200000; ++op) {
+      uint32_t s = random () % n;
+      if (op % 20000 == 0)
+        dirty_pct = (dirty_pct == 10) ? 90 : 10;
+      switch (random () % 10) {
+      case 0: case 1: case 2:
+        if (!m.resident[s]) {
+          switch (random () % 3) {
+          case 0: evict_insert (ev, s); break;
+          case 1: evict_insert_page (ev, s, random () % (2 * n + 1)); break;
+          default: evict_insert_hint (ev, s, random () % 4);
+          }
+          m.resident[s] = true;
+          nres++;
+          nclean += !m.dirty[s];
+        }
+        else
+          evict_touch (ev, s);
+        break;
+      case 3: case 4:
+        evict_touch (ev, s);
+        break;
+      case 5:
+        if (m.resident[s]) {
+          evict_remove (ev, s);
+          m.resident[s] = false;
+          nres--;
+          nclean -= !m.dirty[s];
+        }
+        break;
+      case 6: {
+        bool d = (unsigned) (random () % 100) < dirty_pct;
+        if (m.resident[s] && d != m.dirty[s])
+          nclean += d ? -1 : 1;
+        m.dirty[s] = d;
+        break;
+      }
+      default: {
+        uint32_t v = evict_victim (ev, take_rmodel, &m);
+        if (nclean == 0)
+          assert_int_equal (v, EVICT_NONE);
+        else {
+          assert_true (v < n);
+          assert_true (m.resident[v]);
+          assert_false (m.dirty[v]);
+          assert_int_equal (evict_slot_hint (ev, v), 0);
+          m.resident[v] = false;
+          nres--;
+          nclean--;
+          victims++;
+        }
+      }
+      }
+      assert_int_equal (evict_resident (ev), nres);
+      if (n <= 64 || op % 97 == 0)
+        assert_int_equal (evict_check (ev), 0);
+    }
+    assert_int_equal (evict_check (ev), 0);
+    assert_int_equal (m.asked_nonres, 0);
+    print_message ("%u slots: %u victims\n", n, victims);
+    free (m.resident);
+    free (m.dirty);
     evict_free (ev);
   }
 }
@@ -738,6 +1027,11 @@ main (void)
     cmocka_unit_test (test_random_model),
     cmocka_unit_test (test_hints),
     cmocka_unit_test (test_zombies),
+    cmocka_unit_test (test_ram_bytes),
+    cmocka_unit_test (test_s3fifo_ring_wrap),
+    cmocka_unit_test (test_s3fifo_ring_zombies),
+    cmocka_unit_test (test_s3fifo_refused),
+    cmocka_unit_test (test_s3fifo_random_invariants),
     cmocka_unit_test (test_seq_two_streams),
     cmocka_unit_test (test_nhit),
   };

@@ -152,7 +152,7 @@ extern int cache_read_verified_span (struct cache *c,
                                      const struct cache_backend *be,
                                      uint32_t s, uint8_t *buf, unsigned sf,
                                      unsigned sl);
-extern bool cache_must_cow (const struct cache *c, const struct pt_slot *s);
+extern bool cache_must_cow (const struct cache *c, uint32_t s);
 extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
                              uint64_t page);
 extern int cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,

@@ -174,7 +174,7 @@ static uint64_t
 slot_page (void *opaque, uint32_t s)
 {
   const struct cache *c = opaque;
-  return c->pt.slots[s].page;
+  return pt_page (&c->pt, s);
 }
 
 /* At a clean shutdown, record every cached page's hotness (the policy
@@ -199,9 +199,12 @@ save_hints (struct cache *c)
       uint32_t s = base + k;
       struct layout_entry e;
 
-      if (!(c->pt.slots[s].flags & PT_INDEXED))
+      struct pt_slot v;
+
+      if (!(pt_flags (&c->pt, s) & PT_INDEXED))
         continue;
-      pagetable_to_entry (&c->pt.slots[s], &e);
+      pagetable_get (&c->pt, s, &v);
+      pagetable_to_entry (&v, &e);
       e.hint = evict_slot_hint (c->ev, s);
       layout_entry_encode (&e, raw + k * LAYOUT_ENTRY_SIZE);
       changed = true;
@@ -269,11 +272,12 @@ cmp_cand (const void *a, const void *b)
 static bool
 data_verifies (struct cache *c, uint32_t s, uint8_t *buf)
 {
-  const struct pt_slot *slot = &c->pt.slots[s];
+  uint8_t valid[LAYOUT_MAX_SECTORS / 8];
 
   if (pool_read_data (&c->pool, s, buf, c->page_size, 0) == -1)
     return false;
-  return cache_page_crc (c, buf, slot->valid) == slot->data_crc;
+  pt_maps_get (&c->pt, s, valid, NULL);
+  return cache_page_crc (c, buf, valid) == pt_crc (&c->pt, s);
 }
 
 static void
@@ -298,28 +302,32 @@ write_free (struct cache *c, uint32_t s)
 static bool
 older_after_drop (struct cache *c, uint32_t s, uint8_t *buf)
 {
-  struct pt_slot *slot = &c->pt.slots[s];
+  struct pt_slot v;
   struct layout_entry e;
 
+  pagetable_get (&c->pt, s, &v);
   if (ssdcache_debug_recovery)
     log_debug ("slot %u: page %llu: a newer version was dropped; its clean "
-               "sectors are not trusted", s, (unsigned long long) slot->page);
-  if (slot->state != LAYOUT_DIRTY) {
-    slot->state = LAYOUT_FREE;
+               "sectors are not trusted", s, (unsigned long long) v.page);
+  if (v.state != LAYOUT_DIRTY) {
+    pt_set_state (&c->pt, s, LAYOUT_FREE);
     write_free (c, s);
     return false;
   }
   if (pool_read_data (&c->pool, s, buf, c->page_size, 0) == -1 ||
-      cache_page_crc (c, buf, slot->valid) != slot->data_crc) {
+      cache_page_crc (c, buf, v.valid) != v.data_crc) {
     cache_io_error (c, "reading data at recovery", s);
-    slot->state = LAYOUT_FREE;
+    pt_set_state (&c->pt, s, LAYOUT_FREE);
     write_free (c, s);
     return false;
   }
-  memcpy (slot->valid, slot->dirty, sizeof slot->valid);
-  slot->data_crc = cache_page_crc (c, buf, slot->valid);
-  slot->seq = ++c->seq;
-  pagetable_to_entry (slot, &e);
+  memcpy (v.valid, v.dirty, sizeof v.valid);
+  pt_maps_set (&c->pt, s, v.valid, v.dirty);
+  v.data_crc = cache_page_crc (c, buf, v.valid);
+  pt_set_crc (&c->pt, s, v.data_crc);
+  v.seq = ++c->seq;
+  pt_set_seq (&c->pt, s, v.seq);
+  pagetable_to_entry (&v, &e);
   if (pool_write_entry (&c->pool, s, &e) == -1) {
     cache_io_error (c, "writing entry at recovery", s);
     return false;
@@ -434,7 +442,7 @@ load_entries (struct cache *c, uint32_t data_end)
         write_free (c, s);
         continue;
       }
-      pagetable_from_entry (&c->pt.slots[s], &e);
+      pagetable_from_entry (&c->pt, s, &e);
       cand[ncand].page = e.page;
       cand[ncand].seq = e.seq;
       cand[ncand].slot = s;
@@ -454,30 +462,29 @@ load_entries (struct cache *c, uint32_t data_end)
       j++;
     for (uint64_t k = i; k < j; k++) {
       uint32_t s = cand[k].slot;
-      struct pt_slot *slot = &c->pt.slots[s];
 
       if (cand[k].unsealed) {
         newer_dropped |= !won;
         continue;
       }
-      if (!won && slot->state == LAYOUT_DIRTY && !c->was_clean &&
+      if (!won && pt_state (&c->pt, s) == LAYOUT_DIRTY && !c->was_clean &&
           !data_verifies (c, s, page_buf)) {
         /* Torn by the crash: it was never flushed (flushed dirty data
          * is never rewritten in place).
          */
         lost++;
         newer_dropped = true;
-        log_dirty_lost (c, s, slot->page,
+        log_dirty_lost (c, s, pt_page (&c->pt, s),
                         "fails its data checksum after an unclean "
                         "shutdown: a write torn by the crash (never "
                         "flushed), or damaged data");
-        slot->state = LAYOUT_FREE;
+        pt_set_state (&c->pt, s, LAYOUT_FREE);
         write_free (c, s);
         continue;
       }
       if (won) {
         /* An older version: make sure it can never come back. */
-        slot->state = LAYOUT_FREE;
+        pt_set_state (&c->pt, s, LAYOUT_FREE);
         write_free (c, s);
         dropped++;
         continue;
@@ -490,26 +497,27 @@ load_entries (struct cache *c, uint32_t data_end)
       /* (With c->verify every slot is checked again on first use: its
        * clean sectors against the backend.)
        */
-      slot->flags = slot->state == LAYOUT_DIRTY && !c->was_clean &&
-        !c->verify ? PT_VERIFIED : 0;
-      slot->epoch = 0;
-      pagetable_insert (&c->pt, s, slot->page);
+      pt_set_flags (&c->pt, s,
+                    pt_state (&c->pt, s) == LAYOUT_DIRTY && !c->was_clean &&
+                    !c->verify ? PT_VERIFIED : 0);
+      pt_set_epoch (&c->pt, s, 0);
+      pagetable_insert (&c->pt, s, pt_page (&c->pt, s));
       evict_insert_hint (c->ev, s, cand[k].hint);   /* hot stays hot */
-      if (slot->state == LAYOUT_DIRTY)
+      if (pt_state (&c->pt, s) == LAYOUT_DIRTY)
         ndirty++;
       loaded++;
       if (ssdcache_debug_recovery)
         log_debug ("slot %u: page %llu seq %llu %s", s,
-                   (unsigned long long) slot->page,
-                   (unsigned long long) slot->seq,
-                   slot->state == LAYOUT_DIRTY ? "dirty" : "clean");
+                   (unsigned long long) pt_page (&c->pt, s),
+                   (unsigned long long) pt_seq (&c->pt, s),
+                   pt_state (&c->pt, s) == LAYOUT_DIRTY ? "dirty" : "clean");
     }
     i = j;
   }
 
   for (uint32_t s = c->nslots; s-- > 0;)
-    if (!(c->pt.slots[s].flags & PT_INDEXED)) {
-      c->pt.slots[s].state = LAYOUT_FREE;
+    if (!(pt_flags (&c->pt, s) & PT_INDEXED)) {
+      pt_set_state (&c->pt, s, LAYOUT_FREE);
       pagetable_put_free (&c->pt, s);
     }
   c->ndirty = ndirty;
@@ -767,7 +775,7 @@ cache_close (struct cache *c)
     pool_close (&c->pool);
   if (c->ev)
     evict_free (c->ev);
-  if (c->pt.slots)
+  if (c->pt.recs)
     pagetable_free (&c->pt);
   rangelock_destroy (&c->ranges);
   pthread_cond_destroy (&c->space);

@@ -71,7 +71,7 @@ cache_clean_pages (struct cache *c, const struct cache_backend *be,
     if (s == PT_NONE)
       continue;
     pthread_mutex_lock (&c->lock);
-    bool dirty = c->pt.slots[s].state == LAYOUT_DIRTY;
+    bool dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY;
     pthread_mutex_unlock (&c->lock);
     if (dirty)
       r = writeback_page_locked (c, be, page, s, err);
@@ -194,7 +194,7 @@ covers_sectors (struct cache *c, uint64_t page, uint32_t off, uint32_t n)
   return off % ss == 0 && off + n >= end_sector;
 }
 
-/* Are sectors [sf, sl] all invalid in slot? */
+/* Are sectors [sf, sl] all invalid in slot (a value)? */
 static bool
 span_invalid (const struct pt_slot *slot, unsigned sf, unsigned sl)
 {
@@ -241,13 +241,13 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     upd.data_crc = c->zero_page_crc;
     memset (old, 0, span_len);
     pthread_mutex_lock (&c->lock);
-    evicted = c->pt.slots[s].flags & PT_EVICTED;
+    evicted = pt_flags (&c->pt, s) & PT_EVICTED;
     pthread_mutex_unlock (&c->lock);
   }
   else {
     pthread_mutex_lock (&c->lock);
-    dirty_unsealed = (c->pt.slots[s].flags & PT_UNSEALED) &&
-      c->pt.slots[s].state == LAYOUT_DIRTY;
+    dirty_unsealed = (pt_flags (&c->pt, s) & PT_UNSEALED) &&
+      pt_state (&c->pt, s) == LAYOUT_DIRTY;
     pthread_mutex_unlock (&c->lock);
     if (kind == W_CLEAN && dirty_unsealed &&
         cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1) {
@@ -256,7 +256,7 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
       goto out;
     }
     pthread_mutex_lock (&c->lock);
-    upd = c->pt.slots[s];
+    pagetable_get (&c->pt, s, &upd);
     unsealed = upd.flags & PT_UNSEALED;
     /* Unflushed dirty data from its second rewrite on; clean data (the
      * backend has it: writethrough) at once, if whole sectors change.
@@ -306,7 +306,7 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
        * from the backend (which has it).
        */
       pthread_mutex_lock (&c->lock);
-      c->pt.slots[s].flags |= PT_UNSEALED;
+      pt_flags_on (&c->pt, s, PT_UNSEALED);
       cache_unseal_listed_locked (c, s);
       pthread_mutex_unlock (&c->lock);
       unseal = false;
@@ -323,14 +323,13 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     if (pool_write_data (&c->pool, s, span, span_len, span_off) == -1)
       goto io_error;
     pthread_mutex_lock (&c->lock);
-    memcpy (c->pt.slots[s].valid, upd.valid, sizeof upd.valid);
-    memcpy (c->pt.slots[s].dirty, upd.dirty, sizeof upd.dirty);
-    if (c->pt.slots[s].state != upd.state) {
-      if (c->pt.slots[s].flags & PT_INDEXED)
-        cache_set_state_counts (c, c->pt.slots[s].state, upd.state);
-      c->pt.slots[s].state = upd.state;
+    pt_maps_set (&c->pt, s, upd.valid, upd.dirty);
+    if (pt_state (&c->pt, s) != upd.state) {
+      if (pt_flags (&c->pt, s) & PT_INDEXED)
+        cache_set_state_counts (c, pt_state (&c->pt, s), upd.state);
+      pt_set_state (&c->pt, s, upd.state);
     }
-    c->pt.slots[s].seq = ++c->seq;      /* tells writeback it changed */
+    pt_set_seq (&c->pt, s, ++c->seq);   /* tells writeback it changed */
     pthread_mutex_unlock (&c->lock);
   }
   else if (evicted) {
@@ -358,9 +357,13 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     if (pool_write_data (&c->pool, s, span, span_len, span_off) == -1)
       goto io_error;
     pthread_mutex_lock (&c->lock);
-    memcpy (c->pt.slots[s].valid, upd.valid, sizeof upd.valid);
-    c->pt.slots[s].data_crc = upd.data_crc;
-    c->pt.slots[s].seq = ++c->seq;
+    {
+      uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
+      pt_maps_get (&c->pt, s, NULL, dirty);
+      pt_maps_set (&c->pt, s, upd.valid, dirty);
+    }
+    pt_set_crc (&c->pt, s, upd.data_crc);
+    pt_set_seq (&c->pt, s, ++c->seq);
     pthread_mutex_unlock (&c->lock);
   }
   else {
@@ -375,7 +378,7 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
   ret = 0;
   if (fresh) {
     pthread_mutex_lock (&c->lock);
-    c->pt.slots[s].flags |= PT_VERIFIED;
+    pt_flags_on (&c->pt, s, PT_VERIFIED);
     pagetable_insert (&c->pt, s, page);
     cache_policy_insert (c, s, page);
     cache_set_state_counts (c, LAYOUT_FREE, upd.state);
@@ -438,7 +441,7 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
     return -1;                  /* bad dirty data: pin consumed */
   }
   pthread_mutex_lock (&c->lock);
-  snap = c->pt.slots[s];
+  pagetable_get (&c->pt, s, &snap);
   pthread_mutex_unlock (&c->lock);
   for (unsigned i = 0; i < c->nsectors; i++)
     if (!layout_bit_test (snap.valid, i))
@@ -487,7 +490,7 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
       return -1;
     }
     pthread_mutex_lock (&c->lock);
-    c->pt.slots[ns].flags |= PT_VERIFIED;
+    pt_flags_on (&c->pt, ns, PT_VERIFIED);
     pthread_mutex_unlock (&c->lock);
     cache_supersede (c, s, ns, page);
     r = 0;
@@ -523,7 +526,7 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
 
   if (s != PT_NONE) {
     pthread_mutex_lock (&c->lock);
-    bad = c->pt.slots[s].flags & PT_BAD;
+    bad = pt_flags (&c->pt, s) & PT_BAD;
     pthread_mutex_unlock (&c->lock);
   }
 
@@ -576,7 +579,7 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
   /* Decide and rewrite in place under c->inplace (see cache-int.h). */
   pthread_rwlock_rdlock (&c->inplace);
   pthread_mutex_lock (&c->lock);
-  cow = cache_must_cow (c, &c->pt.slots[s]);
+  cow = cache_must_cow (c, s);
   pthread_mutex_unlock (&c->lock);
   if (cow) {
     pthread_rwlock_unlock (&c->inplace);

@@ -106,12 +106,8 @@ release_slot_locked (struct cache *c, uint32_t s)
 void
 cache_unpin (struct cache *c, uint32_t s)
 {
-  struct pt_slot *slot;
-
   pthread_mutex_lock (&c->lock);
-  slot = &c->pt.slots[s];
-  slot->pins--;
-  if (slot->pins == 0 && (slot->flags & PT_ORPHAN))
+  if (pt_unpin (&c->pt, s) == 0 && (pt_flags (&c->pt, s) & PT_ORPHAN))
     release_slot_locked (c, s);
   pthread_mutex_unlock (&c->lock);
 }
@@ -124,7 +120,7 @@ cache_lookup_pin (struct cache *c, uint64_t page)
   pthread_mutex_lock (&c->lock);
   s = pagetable_lookup (&c->pt, page);
   if (s != PT_NONE)
-    c->pt.slots[s].pins++;
+    pt_pin (&c->pt, s);
   pthread_mutex_unlock (&c->lock);
   return s;
 }
@@ -167,7 +163,7 @@ cache_page_dirty (struct cache *c, uint64_t page)
 
   pthread_mutex_lock (&c->lock);
   s = pagetable_lookup (&c->pt, page);
-  r = s != PT_NONE && c->pt.slots[s].state == LAYOUT_DIRTY;
+  r = s != PT_NONE && pt_state (&c->pt, s) == LAYOUT_DIRTY;
   pthread_mutex_unlock (&c->lock);
   return r;
 }
@@ -197,33 +193,35 @@ cache_commit_entry_at (struct cache *c, uint32_t s, const struct pt_slot *upd,
                        uint64_t epoch)
 {
   struct layout_entry e;
-  struct pt_slot *slot;
+  struct pt_slot v;
+  uint16_t flags;
   int r;
 
   pthread_mutex_lock (&c->lock);
-  slot = &c->pt.slots[s];
-  if (slot->flags & PT_INDEXED)
-    cache_set_state_counts (c, slot->state, upd->state);
-  if ((upd->flags & PT_UNSEALED) && !(slot->flags & PT_UNSEALED))
+  flags = pt_flags (&c->pt, s);
+  if (flags & PT_INDEXED)
+    cache_set_state_counts (c, pt_state (&c->pt, s), upd->state);
+  if ((upd->flags & PT_UNSEALED) && !(flags & PT_UNSEALED))
     cache_unseal_listed_locked (c, s);
-  slot->flags = (slot->flags & ~(PT_UNSEALED | PT_EVICTED)) |
-    (upd->flags & PT_UNSEALED);
-  slot->page = upd->page;
-  slot->state = upd->state;
-  slot->data_crc = upd->data_crc;
-  memcpy (slot->valid, upd->valid, sizeof slot->valid);
-  memcpy (slot->dirty, upd->dirty, sizeof slot->dirty);
-  slot->seq = ++c->seq;
-  slot->epoch = PT_EPOCH_PENDING;
-  pagetable_to_entry (slot, &e);
-  if (slot->flags & PT_INDEXED)
+  pt_set_flags (&c->pt, s, (flags & ~(PT_UNSEALED | PT_EVICTED)) |
+                (upd->flags & PT_UNSEALED));
+  if (!(flags & PT_INDEXED))
+    pt_set_page (&c->pt, s, upd->page);
+  pt_set_state (&c->pt, s, upd->state);
+  pt_set_crc (&c->pt, s, upd->data_crc);
+  pt_maps_set (&c->pt, s, upd->valid, upd->dirty);
+  pt_set_seq (&c->pt, s, ++c->seq);
+  pt_set_epoch (&c->pt, s, PT_EPOCH_PENDING);
+  pagetable_get (&c->pt, s, &v);
+  pagetable_to_entry (&v, &e);
+  if (flags & PT_INDEXED)
     e.hint = evict_slot_hint (c->ev, s);
   pthread_mutex_unlock (&c->lock);
 
   r = pool_write_entry (&c->pool, s, &e);
 
   pthread_mutex_lock (&c->lock);
-  c->pt.slots[s].epoch = c->epoch < epoch ? c->epoch : epoch;
+  pt_set_epoch (&c->pt, s, c->epoch < epoch ? c->epoch : epoch);
   pthread_mutex_unlock (&c->lock);
   return r;
 }
@@ -238,12 +236,13 @@ cache_commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
  * holds dirty data a client flushed: a torn rewrite would lose it.
  */
 bool
-cache_must_cow (const struct cache *c, const struct pt_slot *s)
+cache_must_cow (const struct cache *c, uint32_t s)
 {
   /* flushing_epoch, not flushed_epoch: data a flush in progress covers
    * is already off limits.
    */
-  return s->state == LAYOUT_DIRTY && s->epoch <= c->flushing_epoch;
+  return pt_state (&c->pt, s) == LAYOUT_DIRTY &&
+    pt_epoch (&c->pt, s) <= c->flushing_epoch;
 }
 
 /* Under c->lock: must the cache file be synced before slot s may stop
@@ -251,9 +250,9 @@ cache_must_cow (const struct cache *c, const struct pt_slot *s)
  * on disk (not yet freed): losing s could bring it back after a crash.
  */
 static bool
-needs_settling (const struct cache *c, const struct pt_slot *s)
+needs_settling (const struct cache *c, uint32_t s)
 {
-  return s->flags & PT_HASPRED;
+  return pt_flags (&c->pt, s) & PT_HASPRED;
 }
 
 static int sync_epoch (struct cache *c, bool client, bool seal_wait,
@@ -271,7 +270,7 @@ settle (struct cache *c, uint32_t s)
     int err;
 
     pthread_mutex_lock (&c->lock);
-    pending = needs_settling (c, &c->pt.slots[s]);
+    pending = needs_settling (c, s);
     pthread_mutex_unlock (&c->lock);
     if (!pending || cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1 ||
         sync_epoch (c, true, false, &err) == -1)
@@ -286,32 +285,32 @@ settle (struct cache *c, uint32_t s)
 int
 cache_drop_slot (struct cache *c, uint32_t s)
 {
+  static const uint8_t none[LAYOUT_MAX_SECTORS / 8];
   struct layout_entry e;
-  struct pt_slot *slot;
+  struct pt_slot v;
   uint64_t page;
   bool was_dirty;
   int r;
 
   settle (c, s);
   pthread_mutex_lock (&c->lock);
-  slot = &c->pt.slots[s];
-  page = slot->page;
-  was_dirty = slot->state == LAYOUT_DIRTY;
-  if (slot->flags & PT_INDEXED) {
-    cache_set_state_counts (c, slot->state, LAYOUT_FREE);
+  page = pt_page (&c->pt, s);
+  was_dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY;
+  if (pt_flags (&c->pt, s) & PT_INDEXED) {
+    cache_set_state_counts (c, pt_state (&c->pt, s), LAYOUT_FREE);
     pagetable_remove (&c->pt, s);
     evict_remove (c->ev, s);
   }
-  if (slot->flags & PT_PREFETCHED)
+  if (pt_flags (&c->pt, s) & PT_PREFETCHED)
     STATS_ADD (&c->stats, prefetch_wasted, 1);   /* never read */
-  slot->flags |= PT_ORPHAN;
-  slot->flags &= ~(PT_VERIFIED | PT_BAD | PT_HASPRED | PT_UNSEALED |
-                   PT_PREFETCHED);
-  slot->state = LAYOUT_FREE;
-  memset (slot->valid, 0, sizeof slot->valid);
-  memset (slot->dirty, 0, sizeof slot->dirty);
-  slot->seq = ++c->seq;
-  pagetable_to_entry (slot, &e);
+  pt_flags_on (&c->pt, s, PT_ORPHAN);
+  pt_flags_off (&c->pt, s, PT_VERIFIED | PT_BAD | PT_HASPRED | PT_UNSEALED |
+                PT_PREFETCHED);
+  pt_set_state (&c->pt, s, LAYOUT_FREE);
+  pt_maps_set (&c->pt, s, none, none);
+  pt_set_seq (&c->pt, s, ++c->seq);
+  pagetable_get (&c->pt, s, &v);
+  pagetable_to_entry (&v, &e);
   pthread_mutex_unlock (&c->lock);
 
   r = pool_write_entry (&c->pool, s, &e);
@@ -328,10 +327,9 @@ static bool
 can_take (void *opaque, uint32_t s)
 {
   const struct cache *c = opaque;
-  const struct pt_slot *slot = &c->pt.slots[s];
 
-  return slot->pins == 0 && slot->state == LAYOUT_CLEAN &&
-    (slot->flags & PT_INDEXED) && !needs_settling (c, slot);
+  return pt_pins (&c->pt, s) == 0 && pt_state (&c->pt, s) == LAYOUT_CLEAN &&
+    (pt_flags (&c->pt, s) & PT_INDEXED) && !needs_settling (c, s);
 }
 
 /* Under c->lock. */
@@ -346,13 +344,13 @@ alloc_locked (struct cache *c)
   if (s == EVICT_NONE)
     return PT_NONE;
   pagetable_remove (&c->pt, s);
-  if (c->pt.slots[s].flags & PT_PREFETCHED)
+  if (pt_flags (&c->pt, s) & PT_PREFETCHED)
     STATS_ADD (&c->stats, prefetch_wasted, 1);   /* never read */
-  c->pt.slots[s].flags = PT_EVICTED;
+  pt_set_flags (&c->pt, s, PT_EVICTED);
   STATS_ADD (&c->stats, evictions, 1);
   if (ssdcache_debug_verbose)
     log_debug ("evict slot %u (page %llu)", s,
-               (unsigned long long) c->pt.slots[s].page);
+               (unsigned long long) pt_page (&c->pt, s));
   return s;
 }
 
@@ -423,21 +421,20 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
       c->sup[i].succ = succ;
  out:
   {
-    struct pt_slot *o = &c->pt.slots[old];
-    if (o->flags & PT_INDEXED) {
+    if (pt_flags (&c->pt, old) & PT_INDEXED) {
       /* The new version inherits the old one's hotness. */
       hint = evict_slot_hint (c->ev, old);
-      cache_set_state_counts (c, o->state, LAYOUT_FREE);
+      cache_set_state_counts (c, pt_state (&c->pt, old), LAYOUT_FREE);
       pagetable_remove (&c->pt, old);
       evict_remove (c->ev, old);
     }
-    o->flags |= PT_SUPERSEDED;
-    o->pins--;
+    pt_flags_on (&c->pt, old, PT_SUPERSEDED);
+    pt_unpin (&c->pt, old);
   }
-  c->pt.slots[succ].flags |= PT_HASPRED;
+  pt_flags_on (&c->pt, succ, PT_HASPRED);
   pagetable_insert (&c->pt, succ, page);
   evict_insert_hint (c->ev, succ, hint);
-  cache_set_state_counts (c, LAYOUT_FREE, c->pt.slots[succ].state);
+  cache_set_state_counts (c, LAYOUT_FREE, pt_state (&c->pt, succ));
   STATS_ADD (&c->stats, cow_copies, 1);
   pthread_mutex_unlock (&c->lock);
 }
@@ -458,8 +455,9 @@ free_superseded (struct cache *c)
   if (c->nsup > 0)
     done = malloc (c->nsup * sizeof *done);
   for (size_t i = 0; done && i < c->nsup;) {
-    const struct pt_slot *succ = &c->pt.slots[c->sup[i].succ];
-    if (succ->epoch > c->flushed_epoch || (succ->flags & PT_UNSEALED)) {
+    uint32_t succ = c->sup[i].succ;
+    if (pt_epoch (&c->pt, succ) > c->flushed_epoch ||
+        (pt_flags (&c->pt, succ) & PT_UNSEALED)) {
       i++;
       continue;
     }
@@ -498,11 +496,11 @@ free_superseded (struct cache *c)
       /* Keep both out of harm's way for good: a failing device. */
       continue;
     }
-    c->pt.slots[done[i].succ].flags &= ~PT_HASPRED;
-    c->pt.slots[old].flags &= ~PT_SUPERSEDED;
-    c->pt.slots[old].flags |= PT_ORPHAN;
-    c->pt.slots[old].state = LAYOUT_FREE;
-    if (c->pt.slots[old].pins == 0)
+    pt_flags_off (&c->pt, done[i].succ, PT_HASPRED);
+    pt_flags_off (&c->pt, old, PT_SUPERSEDED);
+    pt_flags_on (&c->pt, old, PT_ORPHAN);
+    pt_set_state (&c->pt, old, LAYOUT_FREE);
+    if (pt_pins (&c->pt, old) == 0)
       release_slot_locked (c, old);
   }
   pthread_mutex_unlock (&c->lock);
@@ -586,7 +584,7 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
   if (s != PT_NONE) {
     pthread_rwlock_rdlock (&c->inplace);
     pthread_mutex_lock (&c->lock);
-    cow = cache_must_cow (c, &c->pt.slots[s]);
+    cow = cache_must_cow (c, s);
     pthread_mutex_unlock (&c->lock);
     if (cow)
       pthread_rwlock_unlock (&c->inplace);
@@ -620,8 +618,8 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
   if (inplace)
     pthread_rwlock_unlock (&c->inplace);
   pthread_mutex_lock (&c->lock);
-  c->pt.slots[target].flags |= PT_VERIFIED;
-  c->pt.slots[target].flags &= ~PT_BAD;     /* wholly rewritten */
+  pt_flags_on (&c->pt, target, PT_VERIFIED);
+  pt_flags_off (&c->pt, target, PT_BAD);    /* wholly rewritten */
   if (target != s && s == PT_NONE) {
     pagetable_insert (&c->pt, target, page);
     cache_policy_insert (c, target, page);
@@ -662,15 +660,15 @@ static void
 mark_bad (struct cache *c, uint32_t s)
 {
   pthread_mutex_lock (&c->lock);
-  if (!(c->pt.slots[s].flags & PT_BAD)) {
-    c->pt.slots[s].flags |= PT_BAD;
+  if (!(pt_flags (&c->pt, s) & PT_BAD)) {
+    pt_flags_on (&c->pt, s, PT_BAD);
     STATS_ADD (&c->stats, dirty_lost, 1);
     log_error ("cache file %s: DIRTY DATA LOST: slot %u (page %llu, "
                "bytes %llu-%llu) fails its data checksum; reads of it "
                "will fail with EIO until it is overwritten",
-               c->path, s, (unsigned long long) c->pt.slots[s].page,
-               (unsigned long long) c->pt.slots[s].page * c->page_size,
-               (unsigned long long) (c->pt.slots[s].page + 1) *
+               c->path, s, (unsigned long long) pt_page (&c->pt, s),
+               (unsigned long long) pt_page (&c->pt, s) * c->page_size,
+               (unsigned long long) (pt_page (&c->pt, s) + 1) *
                c->page_size - 1);
   }
   pthread_mutex_unlock (&c->lock);
@@ -731,15 +729,18 @@ check_backend (struct cache *c, const struct cache_backend *be, uint32_t s,
    */
   {
     struct layout_entry e;
-    struct pt_slot *slot;
+    struct pt_slot v;
 
     pthread_mutex_lock (&c->lock);
-    slot = &c->pt.slots[s];
+    pagetable_get (&c->pt, s, &v);
     for (unsigned b = 0; b < sizeof stale; b++)
-      slot->valid[b] &= ~stale[b];
-    slot->data_crc = cache_page_crc (c, buf, slot->valid);
-    slot->seq = ++c->seq;
-    pagetable_to_entry (slot, &e);
+      v.valid[b] &= ~stale[b];
+    pt_maps_set (&c->pt, s, v.valid, v.dirty);
+    v.data_crc = cache_page_crc (c, buf, v.valid);
+    pt_set_crc (&c->pt, s, v.data_crc);
+    v.seq = ++c->seq;
+    pt_set_seq (&c->pt, s, v.seq);
+    pagetable_to_entry (&v, &e);
     e.hint = evict_slot_hint (c->ev, s);
     pthread_mutex_unlock (&c->lock);
     if (pool_write_entry (&c->pool, s, &e) == -1)
@@ -772,7 +773,7 @@ cache_read_verified_span (struct cache *c, const struct cache_backend *be,
   struct pt_slot snap;
 
   pthread_mutex_lock (&c->lock);
-  snap = c->pt.slots[s];
+  pagetable_get (&c->pt, s, &snap);
   pthread_mutex_unlock (&c->lock);
   if (snap.flags & PT_BAD) {
     cache_unpin (c, s);
@@ -812,7 +813,7 @@ cache_read_verified_span (struct cache *c, const struct cache_backend *be,
     return -1;
   }
   pthread_mutex_lock (&c->lock);
-  c->pt.slots[s].flags |= PT_VERIFIED;
+  pt_flags_on (&c->pt, s, PT_VERIFIED);
   pthread_mutex_unlock (&c->lock);
   return 0;
 
@@ -841,8 +842,8 @@ cache_read_verified_span (struct cache *c, const struct cache_backend *be,
 static void
 note_use_locked (struct cache *c, uint32_t s, uint32_t n, uint64_t *used)
 {
-  if (c->pt.slots[s].flags & PT_PREFETCHED) {
-    c->pt.slots[s].flags &= ~PT_PREFETCHED;
+  if (pt_flags (&c->pt, s) & PT_PREFETCHED) {
+    pt_flags_off (&c->pt, s, PT_PREFETCHED);
     STATS_ADD (&c->stats, prefetch_hits, 1);
     if (used)
       *used += n;
@@ -857,7 +858,6 @@ try_hit (struct cache *c, uint64_t page, uint8_t *dst, uint32_t off,
 {
   unsigned first, last;
   uint32_t s;
-  struct pt_slot *slot;
   int r;
 
   cache_sector_span (c, off, n, &first, &last);
@@ -867,13 +867,12 @@ try_hit (struct cache *c, uint64_t page, uint8_t *dst, uint32_t off,
     pthread_mutex_unlock (&c->lock);
     return false;
   }
-  slot = &c->pt.slots[s];
-  if ((slot->flags & (PT_VERIFIED | PT_BAD)) != PT_VERIFIED ||
-      !pagetable_range_valid (slot, first, last)) {
+  if ((pt_flags (&c->pt, s) & (PT_VERIFIED | PT_BAD)) != PT_VERIFIED ||
+      !pagetable_range_valid (&c->pt, s, first, last)) {
     pthread_mutex_unlock (&c->lock);
     return false;
   }
-  slot->pins++;
+  pt_pin (&c->pt, s);
   note_use_locked (c, s, n, used);
   pthread_mutex_unlock (&c->lock);
 
@@ -898,8 +897,8 @@ peek_hit (struct cache *c, uint64_t page, uint32_t off, uint32_t n)
   pthread_mutex_lock (&c->lock);
   s = pagetable_lookup (&c->pt, page);
   if (s != PT_NONE)
-    r = (c->pt.slots[s].flags & (PT_VERIFIED | PT_BAD)) == PT_VERIFIED &&
-      pagetable_range_valid (&c->pt.slots[s], first, last);
+    r = (pt_flags (&c->pt, s) & (PT_VERIFIED | PT_BAD)) == PT_VERIFIED &&
+      pagetable_range_valid (&c->pt, s, first, last);
   pthread_mutex_unlock (&c->lock);
   return r;
 }
@@ -921,7 +920,7 @@ complete_partial (struct cache *c, const struct cache_backend *be,
   uint32_t n;
 
   pthread_mutex_lock (&c->lock);
-  snap = c->pt.slots[s];
+  pagetable_get (&c->pt, s, &snap);
   pthread_mutex_unlock (&c->lock);
   for (unsigned i = 0; i < c->nsectors; i++)
     if (!layout_bit_test (snap.valid, i)) {
@@ -977,8 +976,8 @@ fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
 
   pthread_rwlock_rdlock (&c->inplace);
   pthread_mutex_lock (&c->lock);
-  snap = c->pt.slots[s];
-  cow = cache_must_cow (c, &snap);
+  pagetable_get (&c->pt, s, &snap);
+  cow = cache_must_cow (c, s);
   pthread_mutex_unlock (&c->lock);
   if (cow) {
     pthread_rwlock_unlock (&c->inplace);
@@ -1061,7 +1060,7 @@ mark_prefetched (struct cache *c, uint64_t page)
   pthread_mutex_lock (&c->lock);
   s = pagetable_lookup (&c->pt, page);
   if (s != PT_NONE) {
-    c->pt.slots[s].flags |= PT_PREFETCHED;
+    pt_flags_on (&c->pt, s, PT_PREFETCHED);
     STATS_ADD (&c->stats, prefetch_pages, 1);
   }
   pthread_mutex_unlock (&c->lock);
@@ -1111,7 +1110,7 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
     if (cache_read_verified_span (c, be, s, page_buf, sf, sl) == -1) {
       pthread_mutex_lock (&c->lock);
       bad = pagetable_lookup (&c->pt, page) == s &&
-        (c->pt.slots[s].flags & PT_BAD);
+        (pt_flags (&c->pt, s) & PT_BAD);
       pthread_mutex_unlock (&c->lock);
       if (bad) {
         *err = EIO;
@@ -1122,7 +1121,7 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
       continue;                 /* dropped */
     }
     pthread_mutex_lock (&c->lock);
-    ok = pagetable_range_valid (&c->pt.slots[s], sf, sl);
+    ok = pagetable_range_valid (&c->pt, s, sf, sl);
     if (ok && !o->readahead)
       note_use_locked (c, s, b - a, o->used);
     pthread_mutex_unlock (&c->lock);
@@ -1385,7 +1384,7 @@ cache_range_dirty (struct cache *c, uint64_t offset, uint64_t count,
   pthread_mutex_lock (&c->lock);
   for (uint64_t pos = offset; pos < end; page++) {
     uint32_t s = c->ndirty ? pagetable_lookup (&c->pt, page) : PT_NONE;
-    bool d = s != PT_NONE && c->pt.slots[s].state == LAYOUT_DIRTY;
+    bool d = s != PT_NONE && pt_state (&c->pt, s) == LAYOUT_DIRTY;
 
     if (pos == offset)
       first_dirty = d;

@@ -30,10 +30,10 @@ pagetable_init (struct pagetable *pt, uint32_t nslots)
   while (nbuckets < nslots && nbuckets < (UINT32_C (1) << 31))
     nbuckets <<= 1;
 
-  pt->slots = calloc (nslots, sizeof *pt->slots);
+  pt->recs = calloc (nslots, sizeof *pt->recs);
   pt->buckets = malloc ((size_t) nbuckets * sizeof *pt->buckets);
-  if (pt->slots == NULL || pt->buckets == NULL) {
-    free (pt->slots);
+  if (pt->recs == NULL || pt->buckets == NULL) {
+    free (pt->recs);
     free (pt->buckets);
     memset (pt, 0, sizeof *pt);
     errno = ENOMEM;
@@ -47,7 +47,7 @@ pagetable_init (struct pagetable *pt, uint32_t nslots)
   /* Free list in slot order, so a new cache fills the file front to back. */
   pt->free_head = PT_NONE;
   for (uint32_t i = nslots; i-- > 0;) {
-    pt->slots[i].next = pt->free_head;
+    pt->recs[i].next = pt->free_head;
     pt->free_head = i;
   }
   pt->nfree = nslots;
@@ -57,7 +57,7 @@ pagetable_init (struct pagetable *pt, uint32_t nslots)
 void
 pagetable_free (struct pagetable *pt)
 {
-  free (pt->slots);
+  free (pt->recs);
   free (pt->buckets);
   memset (pt, 0, sizeof *pt);
 }
@@ -68,9 +68,9 @@ pagetable_lookup (const struct pagetable *pt, uint64_t page)
   uint32_t i = pt->buckets[hash_page (pt, page)];
 
   while (i != PT_NONE) {
-    if (pt->slots[i].page == page)
+    if (pt->recs[i].page == page)
       return i;
-    i = pt->slots[i].next;
+    i = pt->recs[i].next;
   }
   return PT_NONE;
 }
@@ -78,7 +78,7 @@ pagetable_lookup (const struct pagetable *pt, uint64_t page)
 void
 pagetable_insert (struct pagetable *pt, uint32_t slot, uint64_t page)
 {
-  struct pt_slot *s = &pt->slots[slot];
+  struct pt_rec *s = &pt->recs[slot];
   uint32_t b = hash_page (pt, page);
 
   s->page = page;
@@ -92,7 +92,7 @@ pagetable_insert (struct pagetable *pt, uint32_t slot, uint64_t page)
 void
 pagetable_remove (struct pagetable *pt, uint32_t slot)
 {
-  struct pt_slot *s = &pt->slots[slot];
+  struct pt_rec *s = &pt->recs[slot];
   uint32_t *link = &pt->buckets[hash_page (pt, s->page)];
 
   if (!(s->flags & PT_INDEXED))
@@ -102,7 +102,7 @@ pagetable_remove (struct pagetable *pt, uint32_t slot)
       *link = s->next;
       break;
     }
-    link = &pt->slots[*link].next;
+    link = &pt->recs[*link].next;
   }
   s->next = PT_NONE;
   s->flags &= ~PT_INDEXED;
@@ -116,8 +116,8 @@ pagetable_take_free (struct pagetable *pt)
 
   if (slot == PT_NONE)
     return PT_NONE;
-  pt->free_head = pt->slots[slot].next;
-  pt->slots[slot].next = PT_NONE;
+  pt->free_head = pt->recs[slot].next;
+  pt->recs[slot].next = PT_NONE;
   pt->nfree--;
   return slot;
 }
@@ -132,7 +132,7 @@ pagetable_clear_free (struct pagetable *pt)
 void
 pagetable_put_free (struct pagetable *pt, uint32_t slot)
 {
-  struct pt_slot *s = &pt->slots[slot];
+  struct pt_rec *s = &pt->recs[slot];
   uint64_t seq = s->seq;
 
   memset (s, 0, sizeof *s);
@@ -141,6 +141,40 @@ pagetable_put_free (struct pagetable *pt, uint32_t slot)
   s->next = pt->free_head;
   pt->free_head = slot;
   pt->nfree++;
+}
+
+void
+pt_maps_get (const struct pagetable *pt, uint32_t s, uint8_t *valid,
+             uint8_t *dirty)
+{
+  if (valid)
+    memcpy (valid, pt->recs[s].valid, sizeof pt->recs[s].valid);
+  if (dirty)
+    memcpy (dirty, pt->recs[s].dirty, sizeof pt->recs[s].dirty);
+}
+
+bool
+pt_maps_set (struct pagetable *pt, uint32_t s, const uint8_t *valid,
+             const uint8_t *dirty)
+{
+  memcpy (pt->recs[s].valid, valid, sizeof pt->recs[s].valid);
+  memcpy (pt->recs[s].dirty, dirty, sizeof pt->recs[s].dirty);
+  return true;
+}
+
+void
+pagetable_get (const struct pagetable *pt, uint32_t s, struct pt_slot *v)
+{
+  const struct pt_rec *r = &pt->recs[s];
+
+  v->page = r->page;
+  v->seq = r->seq;
+  v->epoch = r->epoch;
+  v->data_crc = r->data_crc;
+  v->pins = r->pins;
+  v->flags = r->flags;
+  v->state = r->state;
+  pt_maps_get (pt, s, v->valid, v->dirty);
 }
 
 void
@@ -162,22 +196,34 @@ pagetable_to_entry (const struct pt_slot *s, struct layout_entry *e)
   }
 }
 
-void
-pagetable_from_entry (struct pt_slot *s, const struct layout_entry *e)
+bool
+pagetable_from_entry (struct pagetable *pt, uint32_t s,
+                      const struct layout_entry *e)
 {
-  s->page = e->page;
-  s->seq = e->seq;
-  s->data_crc = e->data_crc;
-  s->state = e->state;
-  memcpy (s->valid, e->valid, sizeof s->valid);
-  memcpy (s->dirty, e->dirty, sizeof s->dirty);
+  struct pt_rec *r = &pt->recs[s];
+
+  r->page = e->page;
+  r->seq = e->seq;
+  r->data_crc = e->data_crc;
+  r->state = e->state;
+  return pt_maps_set (pt, s, e->valid, e->dirty);
 }
 
 bool
-pagetable_range_valid (const struct pt_slot *s, unsigned first, unsigned last)
+pt_view_range_valid (const struct pt_slot *v, unsigned first, unsigned last)
 {
   for (unsigned i = first; i <= last; i++)
-    if (!layout_bit_test (s->valid, i))
+    if (!layout_bit_test (v->valid, i))
+      return false;
+  return true;
+}
+
+bool
+pagetable_range_valid (const struct pagetable *pt, uint32_t s,
+                       unsigned first, unsigned last)
+{
+  for (unsigned i = first; i <= last; i++)
+    if (!pt_valid_test (pt, s, i))
       return false;
   return true;
 }

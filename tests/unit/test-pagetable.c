@@ -31,7 +31,7 @@ static void
 check_empty (struct pagetable *pt, uint32_t nslots)
 {
   assert_int_equal (pt->nslots, nslots);
-  assert_non_null (pt->slots);
+  assert_non_null (pt->recs);
   assert_non_null (pt->buckets);
   assert_int_equal (pt->nfree, nslots);
   assert_int_equal (pt->nindexed, 0);
@@ -39,9 +39,9 @@ check_empty (struct pagetable *pt, uint32_t nslots)
   assert_int_equal ((pt->bucket_mask + 1) & pt->bucket_mask, 0);
   assert_true ((uint64_t) pt->bucket_mask + 1 <= 8 * (uint64_t) nslots + 64);
   for (uint32_t i = 0; i < nslots; ++i) {
-    assert_int_equal (pt->slots[i].state, LAYOUT_FREE);
-    assert_int_equal (pt->slots[i].pins, 0);
-    assert_int_equal (pt->slots[i].flags & PT_INDEXED, 0);
+    assert_int_equal (pt_state (pt, i), LAYOUT_FREE);
+    assert_int_equal (pt_pins (pt, i), 0);
+    assert_int_equal (pt_flags (pt, i) & PT_INDEXED, 0);
   }
   assert_int_equal (pagetable_lookup (pt, 0), PT_NONE);
   assert_int_equal (pagetable_lookup (pt, 1), PT_NONE);
@@ -105,29 +105,33 @@ static void
 test_put_free_resets (void **state)
 {
   struct pagetable pt;
+  struct pt_slot v;
   uint32_t s;
 
   assert_int_equal (pagetable_init (&pt, 4), 0);
   s = pagetable_take_free (&pt);
   pagetable_insert (&pt, s, 777);
-  pt.slots[s].state = LAYOUT_CLEAN;
-  pt.slots[s].seq = 9;
-  pt.slots[s].data_crc = 1234;
-  memset (pt.slots[s].valid, 0xff, sizeof pt.slots[s].valid);
-  pt.slots[s].flags |= PT_VERIFIED;
+  pt_set_state (&pt, s, LAYOUT_CLEAN);
+  pt_set_seq (&pt, s, 9);
+  pt_set_crc (&pt, s, 1234);
+  memset (v.valid, 0xff, sizeof v.valid);
+  memset (v.dirty, 0, sizeof v.dirty);
+  assert_true (pt_maps_set (&pt, s, v.valid, v.dirty));
+  pt_flags_on (&pt, s, PT_VERIFIED);
   pagetable_remove (&pt, s);
   assert_int_equal (pagetable_lookup (&pt, 777), PT_NONE);
   /* remove keeps the metadata */
-  assert_int_equal (pt.slots[s].page, 777);
-  assert_int_equal (pt.slots[s].state, LAYOUT_CLEAN);
-  assert_int_equal (pt.slots[s].flags & PT_INDEXED, 0);
+  assert_int_equal (pt_page (&pt, s), 777);
+  assert_int_equal (pt_state (&pt, s), LAYOUT_CLEAN);
+  assert_int_equal (pt_flags (&pt, s) & PT_INDEXED, 0);
   pagetable_put_free (&pt, s);
-  assert_int_equal (pt.slots[s].state, LAYOUT_FREE);
-  for (size_t i = 0; i < sizeof pt.slots[s].valid; ++i) {
-    assert_int_equal (pt.slots[s].valid[i], 0);
-    assert_int_equal (pt.slots[s].dirty[i], 0);
+  assert_int_equal (pt_state (&pt, s), LAYOUT_FREE);
+  pagetable_get (&pt, s, &v);
+  for (size_t i = 0; i < sizeof v.valid; ++i) {
+    assert_int_equal (v.valid[i], 0);
+    assert_int_equal (v.dirty[i], 0);
   }
-  assert_int_equal (pt.slots[s].flags & (PT_INDEXED | PT_VERIFIED), 0);
+  assert_int_equal (pt_flags (&pt, s) & (PT_INDEXED | PT_VERIFIED), 0);
   assert_int_equal (pt.nfree, 4);
   pagetable_free (&pt);
 }
@@ -147,8 +151,8 @@ test_insert_lookup_remove (void **state)
     slots[i] = pagetable_take_free (&pt);
     pagetable_insert (&pt, slots[i], pages[i]);
     assert_int_equal (pt.nindexed, i + 1);
-    assert_true (pt.slots[slots[i]].flags & PT_INDEXED);
-    assert_int_equal (pt.slots[slots[i]].page, pages[i]);
+    assert_true (pt_flags (&pt, slots[i]) & PT_INDEXED);
+    assert_int_equal (pt_page (&pt, slots[i]), pages[i]);
   }
   for (uint32_t i = 0; i < n; ++i)
     assert_int_equal (pagetable_lookup (&pt, pages[i]), slots[i]);
@@ -248,10 +252,10 @@ full_check (struct pagetable *pt, const struct model *m)
   assert_int_equal (pt->nindexed, m->n);
   for (uint32_t i = 0; i < m->n; ++i) {
     assert_int_equal (pagetable_lookup (pt, m->page[i]), m->slot[i]);
-    assert_int_equal (pt->slots[m->slot[i]].page, m->page[i]);
+    assert_int_equal (pt_page (pt, m->slot[i]), m->page[i]);
   }
   for (uint32_t s = 0; s < pt->nslots; ++s)
-    if (pt->slots[s].flags & PT_INDEXED)
+    if (pt_flags (pt, s) & PT_INDEXED)
       indexed++;
   assert_int_equal (indexed, m->n);
 }
@@ -292,10 +296,10 @@ churn (uint32_t nslots, unsigned ops, uint64_t seed)
           continue;
         }
         assert_int_not_equal (s, PT_NONE);
-        assert_int_equal (pt.slots[s].flags & PT_INDEXED, 0);
+        assert_int_equal (pt_flags (&pt, s) & PT_INDEXED, 0);
       }
       pagetable_insert (&pt, s, page);
-      pt.slots[s].state = LAYOUT_CLEAN;
+      pt_set_state (&pt, s, LAYOUT_CLEAN);
       m.page[m.n] = page;
       m.slot[m.n] = s;
       m.n++;
@@ -384,13 +388,13 @@ test_entry_roundtrip (void **state)
 
   for (size_t k = 0; k < 2; ++k) {
     struct pt_slot s, s2;
+    struct pagetable pt;
     struct layout_entry e, e2;
     uint8_t buf[LAYOUT_ENTRY_SIZE];
 
     fill_slot (&s, states[k]);
     s.pins = 3;                         /* RAM-only fields */
     s.flags = PT_INDEXED | PT_VERIFIED;
-    s.next = 42;
     memset (&e, 0xee, sizeof e);
     pagetable_to_entry (&s, &e);
     assert_int_equal (e.page, s.page);
@@ -404,8 +408,10 @@ test_entry_roundtrip (void **state)
     layout_entry_encode (&e, buf);
     assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &e2), 0);
 
-    memset (&s2, 0, sizeof s2);
-    pagetable_from_entry (&s2, &e2);
+    assert_int_equal (pagetable_init (&pt, 3), 0);
+    assert_true (pagetable_from_entry (&pt, 1, &e2));
+    pagetable_get (&pt, 1, &s2);
+    pagetable_free (&pt);
     assert_int_equal (s2.page, s.page);
     assert_int_equal (s2.seq, s.seq);
     assert_int_equal (s2.data_crc, s.data_crc);
@@ -416,36 +422,50 @@ test_entry_roundtrip (void **state)
   }
 }
 
+/* Both range checks, on a value and on the stored slot 1. */
+static struct pagetable rv_pt;
+
+static bool
+range_valid (const struct pt_slot *s, unsigned first, unsigned last)
+{
+  bool a = pt_view_range_valid (s, first, last);
+
+  assert_true (pt_maps_set (&rv_pt, 1, s->valid, s->dirty));
+  assert_int_equal (pagetable_range_valid (&rv_pt, 1, first, last), a);
+  return a;
+}
+
 static void
 test_range_valid (void **state)
 {
   struct pt_slot s;
 
+  assert_int_equal (pagetable_init (&rv_pt, 2), 0);
   memset (&s, 0, sizeof s);
   for (unsigned i = 3; i <= 10; ++i)
     layout_bit_set (s.valid, i);
   layout_bit_set (s.valid, 127);
 
-  assert_true (pagetable_range_valid (&s, 3, 10));
-  assert_true (pagetable_range_valid (&s, 3, 3));
-  assert_true (pagetable_range_valid (&s, 10, 10));
-  assert_true (pagetable_range_valid (&s, 5, 8));
-  assert_true (pagetable_range_valid (&s, 127, 127));
-  assert_false (pagetable_range_valid (&s, 2, 10));
-  assert_false (pagetable_range_valid (&s, 3, 11));
-  assert_false (pagetable_range_valid (&s, 0, 0));
-  assert_false (pagetable_range_valid (&s, 0, 127));
-  assert_false (pagetable_range_valid (&s, 11, 126));
-  assert_false (pagetable_range_valid (&s, 126, 127));
+  assert_true (range_valid (&s, 3, 10));
+  assert_true (range_valid (&s, 3, 3));
+  assert_true (range_valid (&s, 10, 10));
+  assert_true (range_valid (&s, 5, 8));
+  assert_true (range_valid (&s, 127, 127));
+  assert_false (range_valid (&s, 2, 10));
+  assert_false (range_valid (&s, 3, 11));
+  assert_false (range_valid (&s, 0, 0));
+  assert_false (range_valid (&s, 0, 127));
+  assert_false (range_valid (&s, 11, 126));
+  assert_false (range_valid (&s, 126, 127));
 
   memset (s.valid, 0xff, sizeof s.valid);
-  assert_true (pagetable_range_valid (&s, 0, 127));
-  assert_true (pagetable_range_valid (&s, 0, 7));
+  assert_true (range_valid (&s, 0, 127));
+  assert_true (range_valid (&s, 0, 7));
   layout_bit_clear (s.valid, 64);
-  assert_false (pagetable_range_valid (&s, 0, 127));
-  assert_true (pagetable_range_valid (&s, 0, 63));
-  assert_true (pagetable_range_valid (&s, 65, 127));
-  assert_false (pagetable_range_valid (&s, 60, 70));
+  assert_false (range_valid (&s, 0, 127));
+  assert_true (range_valid (&s, 0, 63));
+  assert_true (range_valid (&s, 65, 127));
+  assert_false (range_valid (&s, 60, 70));
 
   /* every single-sector range against a random map */
   rng_state = 99;
@@ -457,8 +477,9 @@ test_range_valid (void **state)
       for (unsigned i = a; i <= b; ++i)
         if (!layout_bit_test (s.valid, i))
           want = false;
-      assert_int_equal (pagetable_range_valid (&s, a, b), want);
+      assert_int_equal (range_valid (&s, a, b), want);
     }
+  pagetable_free (&rv_pt);
 }
 
 int

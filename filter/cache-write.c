@@ -623,6 +623,14 @@ cache_write (struct cache *c, const struct cache_backend *be,
     return -1;
   }
 
+  /* Pages still dirty from an earlier writeback run are written back
+   * first: once the backend has the new data, writing back their older
+   * dirty sectors (to make room for a copy, or to simplify their maps)
+   * would bring the old data back, and dropping them (writearound)
+   * would lose the rest of their dirty sectors.
+   */
+  if (through && cache_clean_pages (c, be, first, last, err) == -1)
+    goto out;
   if (through) {
     if (be->pwrite (be->h, buf, count, offset, fua, err) == -1) {
       /* The backend may hold some of the new data now.  Clean copies

@@ -97,6 +97,8 @@ cache_open (const struct cache_config *cfg)
   c->policy = cfg->policy;
   c->verify = cfg->verify;
   c->promote = cfg->promote;
+  c->partial_pages = cfg->partial_pages == 0 ? PT_SIDE_DEFAULT
+    : cfg->partial_pages == CACHE_PARTIAL_NONE ? 0 : cfg->partial_pages;
   c->ra_mode = cfg->readahead_mode;
   c->ra_window = cfg->readahead_window;
   c->ra_max = cfg->readahead_max;
@@ -204,6 +206,10 @@ save_hints (struct cache *c)
       if (!(pt_flags (&c->pt, s) & PT_INDEXED))
         continue;
       pagetable_get (&c->pt, s, &v);
+      /* A fresh number: RAM keeps only a change stamp (pagetable.h),
+       * and an indexed slot is its page's newest version.
+       */
+      v.seq = ++c->seq;
       pagetable_to_entry (&v, &e);
       e.hint = evict_slot_hint (c->ev, s);
       layout_entry_encode (&e, raw + k * LAYOUT_ENTRY_SIZE);
@@ -442,7 +448,18 @@ load_entries (struct cache *c, uint32_t data_end)
         write_free (c, s);
         continue;
       }
-      pagetable_from_entry (&c->pt, s, &e);
+      if (!pagetable_from_entry (&c->pt, s, &e)) {
+        /* Maps beyond the side table, and no memory to grow it. */
+        if (e.state == LAYOUT_DIRTY) {
+          log_error ("cache file %s: slot %u: no memory for the sector "
+                     "maps of dirty page %llu: not opening the cache",
+                     c->path, s, (unsigned long long) e.page);
+          goto out;
+        }
+        dropped++;
+        write_free (c, s);
+        continue;
+      }
       cand[ncand].page = e.page;
       cand[ncand].seq = e.seq;
       cand[ncand].slot = s;
@@ -520,6 +537,29 @@ load_entries (struct cache *c, uint32_t data_end)
       pt_set_state (&c->pt, s, LAYOUT_FREE);
       pagetable_put_free (&c->pt, s);
     }
+  /* Loading may take more side-table entries than its limit (a smaller
+   * ssdcache-partial-pages than before, or entries behind RAM): clean
+   * pages holding them go until it is back under it.  Dirty ones stay;
+   * they leave the table as writeback cleans them.
+   */
+  for (uint32_t s = 0;
+       s < c->nslots && c->pt.side_used > c->pt.side_limit; s++)
+    if ((pt_flags (&c->pt, s) & PT_INDEXED) &&
+        pt_state (&c->pt, s) == LAYOUT_CLEAN && pt_maps_side (&c->pt, s)) {
+      pagetable_remove (&c->pt, s);
+      evict_remove (c->ev, s);
+      write_free (c, s);
+      pagetable_put_free (&c->pt, s);
+      loaded--;
+      dropped++;
+    }
+  if (c->pt.side_used > c->pt.side_limit)
+    log_error ("cache file %s: %u dirty pages with partial sector maps, "
+               "more than ssdcache-partial-pages=%u: kept (writeback "
+               "cleans them)", c->path, c->pt.side_used, c->pt.side_limit);
+  /* RAM keeps sequence numbers as change stamps from here on. */
+  pagetable_seq_rebase (&c->pt, c->seq);
+  atomic_store (&c->stats.partial_maps, c->pt.side_used);
   c->ndirty = ndirty;
   atomic_store (&c->stats.dirty_pages, ndirty);
   STATS_ADD (&c->stats, loaded_slots, loaded);
@@ -649,6 +689,16 @@ cache_attach (struct cache *c, uint64_t backend_size)
   }
 
   c->page_size = c->pool.sb.page_size;
+  if ((backend_size + c->page_size - 1) / c->page_size >
+      (uint64_t) PT_MAX_PAGES + 1) {
+    log_error ("the backend has %llu pages of %u bytes; the cache handles "
+               "at most %llu pages (16 TiB at 4 KiB pages, 256 TiB at "
+               "64 KiB): use a larger ssdcache-page-size",
+               (unsigned long long) ((backend_size + c->page_size - 1) /
+                                     c->page_size), c->page_size,
+               (unsigned long long) PT_MAX_PAGES + 1);
+    return -1;
+  }
   c->sector_size = c->pool.sb.sector_size;
   c->nsectors = c->page_size / c->sector_size;
   c->nslots = c->pool.sb.nslots;
@@ -668,6 +718,8 @@ cache_attach (struct cache *c, uint64_t backend_size)
     log_error ("cannot allocate the page table for %u slots", c->nslots);
     return -1;
   }
+  pagetable_set_side_limit (&c->pt, c->partial_pages < c->nslots
+                            ? c->partial_pages : c->nslots);
   evict_set_page_fn (c->ev, slot_page, c);
   if (c->promote > 1) {
     /* Two 8-bit counters per slot: a page must miss promote times

@@ -179,7 +179,7 @@ cache_seal_epoch (struct cache *c, uint64_t epoch, bool wait, bool clean_too)
     pthread_mutex_lock (&c->lock);
     page = pt_page (&c->pt, s);
     want = (pt_flags (&c->pt, s) & PT_UNSEALED) &&
-      pt_epoch (&c->pt, s) <= epoch &&
+      pt_epoch_may_be_at_most (&c->pt, s, epoch) &&
       (clean_too || pt_state (&c->pt, s) == LAYOUT_DIRTY);
     pthread_mutex_unlock (&c->lock);
     if (!want)
@@ -194,7 +194,7 @@ cache_seal_epoch (struct cache *c, uint64_t epoch, bool wait, bool clean_too)
     pthread_mutex_lock (&c->lock);
     want = pagetable_lookup (&c->pt, page) == s &&
       (pt_flags (&c->pt, s) & PT_UNSEALED) &&
-      pt_epoch (&c->pt, s) <= epoch;
+      pt_epoch_may_be_at_most (&c->pt, s, epoch);
     pthread_mutex_unlock (&c->lock);
     if (want)
       cache_seal_slot (c, s, epoch);

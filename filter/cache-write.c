@@ -209,7 +209,9 @@ span_invalid (const struct pt_slot *slot, unsigned sf, unsigned sl)
  * the data CRC is patched, not recomputed.  An unflushed dirty slot
  * rewritten in place a second time is unsealed instead (cache-seal.c):
  * no checksum, no read, no entry write.  Consumes the pin (or, for
- * fresh, indexes the slot).  Returns 0, or -1 with *err set.
+ * fresh, indexes the slot).  Returns 0, -1 with *err set, or 2 if
+ * the new maps need a side-table entry and none is free (nothing
+ * changed; the pin is consumed, a fresh slot freed).
  */
 int
 cache_patch_slot (struct cache *c, const struct cache_backend *be,
@@ -294,6 +296,25 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
                   upd.valid, upd.dirty, err) == -1)
     goto out;
   upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
+
+  /* Maps that are not runs need a side-table entry (pagetable.c): with
+   * none to be had, nothing is written and the caller makes the page
+   * simple first.
+   */
+  pthread_mutex_lock (&c->lock);
+  if (!pt_maps_reserve_for (&c->pt, s, upd.valid, upd.dirty) &&
+      !(kind == W_CLEAN && before.state == LAYOUT_DIRTY &&
+        pt_maps_reserve_force (&c->pt, s))) {
+    /* (A W_CLEAN write never meets a dirty page: cache_write writes
+     * such pages back first.  Were it to, the limit is passed rather
+     * than stale sectors kept.)
+     */
+    pthread_mutex_unlock (&c->lock);
+    STATS_ADD (&c->stats, partial_maps_full, 1);
+    ret = 2;
+    goto out;
+  }
+  pthread_mutex_unlock (&c->lock);
 
   if (unseal || unsealed) {
     /* Entry first, with the maps as they are (it says: do not trust
@@ -411,6 +432,15 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     else
       cache_unpin (c, s);
   }
+  else if (ret == 2) {
+    if (fresh) {
+      pthread_mutex_lock (&c->lock);
+      pagetable_put_free (&c->pt, s);
+      pthread_mutex_unlock (&c->lock);
+    }
+    else
+      cache_unpin (c, s);
+  }
   free (old);
   free (span);
   return ret;
@@ -418,7 +448,8 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
 
 /* Apply a write to a copy of pinned slot s in a new slot, which then
  * replaces it (if no slot can be had, the page is written back first
- * and changed in place).  Returns 0 or -1 (*err).  Consumes the pin.
+ * and changed in place).  Returns 0, -1 (*err) or 2 (the maps do not
+ * fit: see cache_patch_slot).  Consumes the pin.
  */
 static int
 cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
@@ -478,6 +509,21 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
     upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
     upd.data_crc = cache_page_crc (c, buf, upd.valid);
     upd.flags &= ~PT_UNSEALED;  /* a fresh checksum */
+    pthread_mutex_lock (&c->lock);
+    if (!pt_maps_reserve_for (&c->pt, ns, upd.valid, upd.dirty) &&
+        !(kind == W_CLEAN && snap.state == LAYOUT_DIRTY &&
+          pt_maps_reserve_force (&c->pt, ns))) {
+      /* (W_CLEAN on a dirty page, not reached either: see
+       * cache_patch_slot.)
+       */
+      pagetable_put_free (&c->pt, ns);
+      pthread_mutex_unlock (&c->lock);
+      STATS_ADD (&c->stats, partial_maps_full, 1);
+      cache_unpin (c, s);
+      free (buf);
+      return 2;
+    }
+    pthread_mutex_unlock (&c->lock);
     if (pool_write_data (&c->pool, ns, buf, c->page_size, 0) == -1 ||
         cache_commit_entry (c, ns, &upd) == -1) {
       cache_io_error (c, "writing", ns);
@@ -507,6 +553,53 @@ write_around (struct cache *c, const struct cache_backend *be,
   STATS_ADD (&c->stats, write_through_full, 1);
   atomic_store (&c->backend_unflushed, true);
   return be->pwrite (be->h, src, n, offset, false, err);
+}
+
+/* The write [off, off+n) of page would leave maps that need a
+ * side-table entry, and the table is full: make the page simple.  Its
+ * dirty data (W_DIRTY only: cache_write writes dirty pages back before
+ * a W_CLEAN write) is written back, the cached copy is dropped, and the
+ * write goes into a fresh slot, where its maps are one run.  W_CLEAN
+ * (the backend has the data) just drops the cached copy.
+ */
+static int
+write_page_simple (struct cache *c, const struct cache_backend *be,
+                   uint64_t page, const uint8_t *src, uint32_t off,
+                   uint32_t n, enum wkind kind, int *err)
+{
+  uint32_t s = cache_lookup_pin (c, page);
+  int r;
+
+  if (s != PT_NONE) {
+    bool dirty;
+
+    pthread_mutex_lock (&c->lock);
+    dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY;
+    pthread_mutex_unlock (&c->lock);
+    if (dirty && kind == W_CLEAN) {
+      /* Not reached (see above); keep the slot rather than lose data. */
+      log_error ("cache file %s: page %llu: dirty page written through "
+                 "without room for its maps", c->path,
+                 (unsigned long long) page);
+      cache_unpin (c, s);
+      *err = EIO;
+      return -1;
+    }
+    if (dirty && writeback_page_locked (c, be, page, s, err) == -1) {
+      cache_unpin (c, s);
+      return -1;
+    }
+    cache_drop_slot (c, s);
+  }
+  if (kind != W_DIRTY)
+    return 0;
+  s = cache_alloc_slot (c, true);
+  if (s == PT_NONE)
+    return write_around (c, be, src, n, page * c->page_size + off, err);
+  r = cache_patch_slot (c, be, page, s, true, src, off, n, kind, err);
+  if (r == 2)                   /* one run: not reached */
+    return write_around (c, be, src, n, page * c->page_size + off, err);
+  return r;
 }
 
 /* Put bytes [off, off+n) of page (from src) into the cache as kind.
@@ -574,7 +667,10 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
     ns = cache_alloc_slot (c, true);
     if (ns == PT_NONE)
       return write_around (c, be, src, n, page * c->page_size + off, err);
-    return cache_patch_slot (c, be, page, ns, true, src, off, n, kind, err);
+    r = cache_patch_slot (c, be, page, ns, true, src, off, n, kind, err);
+    if (r == 2)                 /* one run: not reached */
+      return write_around (c, be, src, n, page * c->page_size + off, err);
+    return r;
   }
   /* Decide and rewrite in place under c->inplace (see cache-int.h). */
   pthread_rwlock_rdlock (&c->inplace);
@@ -583,10 +679,14 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
   pthread_mutex_unlock (&c->lock);
   if (cow) {
     pthread_rwlock_unlock (&c->inplace);
-    return cow_slot (c, be, page, s, src, off, n, kind, err);
+    r = cow_slot (c, be, page, s, src, off, n, kind, err);
   }
-  r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
-  pthread_rwlock_unlock (&c->inplace);
+  else {
+    r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
+    pthread_rwlock_unlock (&c->inplace);
+  }
+  if (r == 2)
+    r = write_page_simple (c, be, page, src, off, n, kind, err);
   return r;
 }
 

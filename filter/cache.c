@@ -109,6 +109,8 @@ cache_unpin (struct cache *c, uint32_t s)
   pthread_mutex_lock (&c->lock);
   if (pt_unpin (&c->pt, s) == 0 && (pt_flags (&c->pt, s) & PT_ORPHAN))
     release_slot_locked (c, s);
+  atomic_store_explicit (&c->stats.partial_maps, c->pt.side_used,
+                         memory_order_relaxed);
   pthread_mutex_unlock (&c->lock);
 }
 
@@ -209,7 +211,15 @@ cache_commit_entry_at (struct cache *c, uint32_t s, const struct pt_slot *upd,
     pt_set_page (&c->pt, s, upd->page);
   pt_set_state (&c->pt, s, upd->state);
   pt_set_crc (&c->pt, s, upd->data_crc);
-  pt_maps_set (&c->pt, s, upd->valid, upd->dirty);
+  if (!pt_maps_set (&c->pt, s, upd->valid, upd->dirty)) {
+    /* Callers reserve room for maps that need it before they write
+     * (pt_maps_reserve_for): not reached.  Never lose the maps.
+     */
+    log_error ("cache file %s: slot %u: partial-map table full at an "
+               "entry write; going past its limit", c->path, s);
+    if (!pt_maps_set_force (&c->pt, s, upd->valid, upd->dirty))
+      abort ();
+  }
   pt_set_seq (&c->pt, s, ++c->seq);
   pt_set_epoch (&c->pt, s, PT_EPOCH_PENDING);
   pagetable_get (&c->pt, s, &v);
@@ -242,7 +252,7 @@ cache_must_cow (const struct cache *c, uint32_t s)
    * is already off limits.
    */
   return pt_state (&c->pt, s) == LAYOUT_DIRTY &&
-    pt_epoch (&c->pt, s) <= c->flushing_epoch;
+    pt_epoch_may_be_at_most (&c->pt, s, c->flushing_epoch);
 }
 
 /* Under c->lock: must the cache file be synced before slot s may stop
@@ -456,7 +466,7 @@ free_superseded (struct cache *c)
     done = malloc (c->nsup * sizeof *done);
   for (size_t i = 0; done && i < c->nsup;) {
     uint32_t succ = c->sup[i].succ;
-    if (pt_epoch (&c->pt, succ) > c->flushed_epoch ||
+    if (!pt_epoch_surely_at_most (&c->pt, succ, c->flushed_epoch) ||
         (pt_flags (&c->pt, succ) & PT_UNSEALED)) {
       i++;
       continue;
@@ -512,15 +522,55 @@ free_superseded (struct cache *c)
  * sealed first (seal_wait: waiting for pages other requests hold; the
  * caller holds no range lock).
  */
+/* Under c->lock: a client sync (epoch node->e) ends.  Slot epochs are
+ * kept relative to a base (pagetable.h), which must stay at or below
+ * c->flushed_epoch and the epoch of every client sync still in flight
+ * (they compare slot epochs with these); move it up when it lags far.
+ */
+static void
+client_sync_done_locked (struct cache *c, struct cache_sync_node *node)
+{
+  uint64_t low;
+
+  if (node->prev)
+    node->prev->next = node->next;
+  else
+    c->syncs_head = node->next;
+  if (node->next)
+    node->next->prev = node->prev;
+  else
+    c->syncs_tail = node->prev;
+
+  low = c->flushed_epoch;
+  if (c->syncs_head && c->syncs_head->e < low)
+    low = c->syncs_head->e;    /* in start order: the oldest first */
+  if (c->epoch - c->pt.epoch_base >= c->pt.epoch_span / 2 &&
+      low > c->pt.epoch_base) {
+    pagetable_epoch_rebase (&c->pt, low);
+    STATS_ADD (&c->stats, pt_rebases, 1);
+  }
+}
+
 static int
 sync_epoch (struct cache *c, bool client, bool seal_wait, int *err)
 {
+  struct cache_sync_node node = { 0 };
   uint64_t e;
+  int r = 0;
 
   pthread_mutex_lock (&c->lock);
   e = c->epoch++;
   if (client && e > c->flushing_epoch)
     c->flushing_epoch = e;
+  if (client) {
+    node.e = e;
+    node.prev = c->syncs_tail;
+    if (c->syncs_tail)
+      c->syncs_tail->next = &node;
+    else
+      c->syncs_head = &node;
+    c->syncs_tail = &node;
+  }
   pthread_mutex_unlock (&c->lock);
   if (client) {
     /* Rewrites in place that decided before flushing_epoch moved must
@@ -534,15 +584,19 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, int *err)
   if (pool_sync (&c->pool) == -1) {
     *err = errno;
     cache_io_error (c, "fdatasync", 0);
-    return -1;
+    r = -1;
   }
 
   pthread_mutex_lock (&c->lock);
-  if (e > c->durable_epoch)
+  if (r == 0 && e > c->durable_epoch)
     c->durable_epoch = e;
-  if (client && e > c->flushed_epoch)
+  if (r == 0 && client && e > c->flushed_epoch)
     c->flushed_epoch = e;
+  if (client)
+    client_sync_done_locked (c, &node);
   pthread_mutex_unlock (&c->lock);
+  if (r == -1)
+    return -1;
   if (client)
     free_superseded (c);
   STATS_ADD (&c->stats, cache_syncs, 1);
@@ -606,6 +660,24 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
     upd.state = LAYOUT_DIRTY;
   }
   upd.data_crc = cache_page_crc (c, buf, upd.valid);
+
+  /* Dirty sectors that are not one run need a side-table entry: with
+   * none to be had, nothing is stored (like having no slot).
+   */
+  pthread_mutex_lock (&c->lock);
+  if (!pt_maps_reserve_for (&c->pt, target, upd.valid, upd.dirty)) {
+    STATS_ADD (&c->stats, partial_maps_full, 1);
+    if (target != s)
+      release_slot_locked (c, target);
+    pthread_mutex_unlock (&c->lock);
+    if (inplace)
+      pthread_rwlock_unlock (&c->inplace);
+    if (s != PT_NONE)
+      cache_unpin (c, s);
+    STATS_ADD (&c->stats, bypassed, 1);
+    return 1;
+  }
+  pthread_mutex_unlock (&c->lock);
 
   if (pool_write_data (&c->pool, target, buf, c->page_size, 0) == -1) {
     cache_io_error (c, "writing data", target);
@@ -735,7 +807,15 @@ check_backend (struct cache *c, const struct cache_backend *be, uint32_t s,
     pagetable_get (&c->pt, s, &v);
     for (unsigned b = 0; b < sizeof stale; b++)
       v.valid[b] &= ~stale[b];
-    pt_maps_set (&c->pt, s, v.valid, v.dirty);
+    if (!pt_maps_set (&c->pt, s, v.valid, v.dirty)) {
+      /* No room for the maps: drop all the clean sectors (dirty ones
+       * are a run, or the slot would own a side entry already).
+       */
+      STATS_ADD (&c->stats, partial_maps_full, 1);
+      memcpy (v.valid, v.dirty, sizeof v.valid);
+      if (!pt_maps_set (&c->pt, s, v.valid, v.dirty))
+        abort ();
+    }
     v.data_crc = cache_page_crc (c, buf, v.valid);
     pt_set_crc (&c->pt, s, v.data_crc);
     v.seq = ++c->seq;
@@ -1014,6 +1094,21 @@ fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
   r = cache_patch_slot (c, be, page, s, false, buf + lo, lo, hi - lo,
                         W_FILL, err);
   pthread_rwlock_unlock (&c->inplace);
+  if (r == 2) {
+    /* The valid sectors would not be one run and the side table is
+     * full: round out to the whole page instead (one more backend read
+     * of the sectors still missing), which needs no entry.  The answer
+     * in buf stays as it is.
+     */
+    uint8_t *whole = malloc (c->page_size);
+    uint32_t s2 = whole ? cache_lookup_pin (c, page) : PT_NONE;
+    int e2;
+
+    if (s2 != PT_NONE && cache_read_verified (c, be, s2, whole) == 0)
+      complete_partial (c, be, page, s2, whole, &e2);
+    free (whole);
+    return 0;
+  }
   return r == -1 && *err == EIO ? 0 : r;   /* the answer is in buf */
  out:
   cache_unpin (c, s);

@@ -658,6 +658,21 @@ cache_attach (struct cache *c, uint64_t backend_size)
   uint32_t data_end = 0;
 
   c->backend_size = backend_size;
+  {
+    /* The page table numbers pages with 32 bits (pagetable.h). */
+    uint32_t ps = c->have_sb ? c->pool.sb.page_size
+      : c->cfg_page_size ? c->cfg_page_size : CACHE_DEFAULT_PAGE;
+    uint64_t npages = backend_size / ps + (backend_size % ps != 0);
+
+    if (npages > (uint64_t) PT_MAX_PAGES + 1) {
+      log_error ("the backend has %llu pages of %u bytes; the cache handles "
+                 "at most %llu pages (16 TiB with 4 KiB pages, 256 TiB with "
+                 "64 KiB pages): use a larger ssdcache-page-size",
+                 (unsigned long long) npages, ps,
+                 (unsigned long long) PT_MAX_PAGES + 1);
+      return -1;
+    }
+  }
   if (c->have_sb && c->pool.sb.backend_size != backend_size) {
     if (!c->reset || (c->pool.sb.flags & LAYOUT_SB_DIRTY)) {
       log_error ("cache file %s was built for a backend size of %llu "
@@ -689,16 +704,6 @@ cache_attach (struct cache *c, uint64_t backend_size)
   }
 
   c->page_size = c->pool.sb.page_size;
-  if ((backend_size + c->page_size - 1) / c->page_size >
-      (uint64_t) PT_MAX_PAGES + 1) {
-    log_error ("the backend has %llu pages of %u bytes; the cache handles "
-               "at most %llu pages (16 TiB at 4 KiB pages, 256 TiB at "
-               "64 KiB): use a larger ssdcache-page-size",
-               (unsigned long long) ((backend_size + c->page_size - 1) /
-                                     c->page_size), c->page_size,
-               (unsigned long long) PT_MAX_PAGES + 1);
-    return -1;
-  }
   c->sector_size = c->pool.sb.sector_size;
   c->nsectors = c->page_size / c->sector_size;
   c->nslots = c->pool.sb.nslots;

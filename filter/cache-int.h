@@ -2,9 +2,10 @@
  * cache-write.c, cache-open.c and writeback.c.  Not a public header.
  *
  * Locking (see also cache.h):
- *  - c->lock protects the page table, the policy, pins, c->seq,
- *    c->epoch, c->durable_epoch, c->sup and c->ndirty.  Never held
- *    across I/O.  c->space is signalled (with c->lock) whenever a slot
+ *  - c->lock protects the page table (with its side table of partial
+ *    maps and its seq/epoch bases), the policy, pins, c->seq, c->epoch,
+ *    c->durable_epoch, the list of client syncs in flight
+ *    (c->syncs_head), c->sup and c->ndirty.  Never held across I/O.  c->space is signalled (with c->lock) whenever a slot
  *    becomes free or clean.
  *  - c->ranges: a request that changes what is cached for a page holds
  *    that page's range across its backend and cache-file I/O.
@@ -20,6 +21,19 @@
  * From its second such rewrite on, a slot is "unsealed" (cache-seal.c):
  * its data checksum is no longer kept, so the rewrites cost one data
  * write each; the next client flush, writeback or close seals it again.
+ *
+ * The page table keeps slot epochs as 32 bits above a base (pagetable.h),
+ * which sync_epoch moves up to at most c->flushed_epoch and the oldest
+ * client sync in flight: every epoch the cache compares a slot's with
+ * is at or above it, so the comparisons stay exact.
+ *
+ * Sector maps that are not one run each need a side-table entry
+ * (ssdcache-partial-pages of them): a change that needs one reserves it
+ * (pt_maps_reserve_for) under the page's range lock before any I/O, so
+ * the entry write cannot fail for want of one; with none left the
+ * change is made another way (cache-write.c: write_page_simple; cache.c:
+ * fill_sectors rounds out to the whole page, cache_fill_slot stores
+ * nothing).
  */
 #ifndef SSDCACHE_CACHE_INT_H
 #define SSDCACHE_CACHE_INT_H
@@ -52,6 +66,11 @@ struct cache_stale {             /* a slot whose entry on disk is stale */
   uint64_t page;
 };
 
+struct cache_sync_node {         /* a client sync in flight */
+  uint64_t e;
+  struct cache_sync_node *prev, *next;
+};
+
 struct cache {
   pthread_mutex_t lock;
   pthread_cond_t space;
@@ -81,6 +100,7 @@ struct cache {
   bool verify;                   /* ssdcache-verify=lazy */
   struct admit_seq *seqcut;      /* sequential cutoff, or NULL (c->lock) */
   unsigned promote;              /* n-miss promotion: misses needed */
+  uint32_t partial_pages;        /* side-table bound */
   struct admit_nhit *nhit;       /* its counters, or NULL (c->lock) */
   unsigned ra_mode;              /* enum readahead_mode */
   uint64_t ra_window, ra_max;
@@ -98,6 +118,8 @@ struct cache {
   uint64_t durable_epoch;        /* writes of epochs <= this are durable */
   uint64_t flushing_epoch;       /* a client flush covers epochs <= this */
   uint64_t flushed_epoch;        /* ... and covered by a client flush */
+  struct cache_sync_node *syncs_head, *syncs_tail; /* client syncs in
+                                    flight, oldest first (on their stacks) */
   struct cache_sup *sup;
   size_t nsup, capsup;
   uint64_t ndirty;               /* slots in state DIRTY (indexed) */
@@ -152,7 +174,7 @@ extern int cache_read_verified_span (struct cache *c,
                                      const struct cache_backend *be,
                                      uint32_t s, uint8_t *buf, unsigned sf,
                                      unsigned sl);
-extern bool cache_must_cow (const struct cache *c, const struct pt_slot *s);
+extern bool cache_must_cow (const struct cache *c, uint32_t s);
 extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
                              uint64_t page);
 extern int cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,

@@ -97,6 +97,8 @@ cache_open (const struct cache_config *cfg)
   c->policy = cfg->policy;
   c->verify = cfg->verify;
   c->promote = cfg->promote;
+  c->partial_pages = cfg->partial_pages == 0 ? PT_SIDE_DEFAULT
+    : cfg->partial_pages == CACHE_PARTIAL_NONE ? 0 : cfg->partial_pages;
   c->ra_mode = cfg->readahead_mode;
   c->ra_window = cfg->readahead_window;
   c->ra_max = cfg->readahead_max;
@@ -174,7 +176,7 @@ static uint64_t
 slot_page (void *opaque, uint32_t s)
 {
   const struct cache *c = opaque;
-  return c->pt.slots[s].page;
+  return pt_page (&c->pt, s);
 }
 
 /* At a clean shutdown, record every cached page's hotness (the policy
@@ -199,9 +201,16 @@ save_hints (struct cache *c)
       uint32_t s = base + k;
       struct layout_entry e;
 
-      if (!(c->pt.slots[s].flags & PT_INDEXED))
+      struct pt_slot v;
+
+      if (!(pt_flags (&c->pt, s) & PT_INDEXED))
         continue;
-      pagetable_to_entry (&c->pt.slots[s], &e);
+      pagetable_get (&c->pt, s, &v);
+      /* A fresh number: RAM keeps only a change stamp (pagetable.h),
+       * and an indexed slot is its page's newest version.
+       */
+      v.seq = ++c->seq;
+      pagetable_to_entry (&v, &e);
       e.hint = evict_slot_hint (c->ev, s);
       layout_entry_encode (&e, raw + k * LAYOUT_ENTRY_SIZE);
       changed = true;
@@ -269,11 +278,12 @@ cmp_cand (const void *a, const void *b)
 static bool
 data_verifies (struct cache *c, uint32_t s, uint8_t *buf)
 {
-  const struct pt_slot *slot = &c->pt.slots[s];
+  uint8_t valid[LAYOUT_MAX_SECTORS / 8];
 
   if (pool_read_data (&c->pool, s, buf, c->page_size, 0) == -1)
     return false;
-  return cache_page_crc (c, buf, slot->valid) == slot->data_crc;
+  pt_maps_get (&c->pt, s, valid, NULL);
+  return cache_page_crc (c, buf, valid) == pt_crc (&c->pt, s);
 }
 
 static void
@@ -298,28 +308,32 @@ write_free (struct cache *c, uint32_t s)
 static bool
 older_after_drop (struct cache *c, uint32_t s, uint8_t *buf)
 {
-  struct pt_slot *slot = &c->pt.slots[s];
+  struct pt_slot v;
   struct layout_entry e;
 
+  pagetable_get (&c->pt, s, &v);
   if (ssdcache_debug_recovery)
     log_debug ("slot %u: page %llu: a newer version was dropped; its clean "
-               "sectors are not trusted", s, (unsigned long long) slot->page);
-  if (slot->state != LAYOUT_DIRTY) {
-    slot->state = LAYOUT_FREE;
+               "sectors are not trusted", s, (unsigned long long) v.page);
+  if (v.state != LAYOUT_DIRTY) {
+    pt_set_state (&c->pt, s, LAYOUT_FREE);
     write_free (c, s);
     return false;
   }
   if (pool_read_data (&c->pool, s, buf, c->page_size, 0) == -1 ||
-      cache_page_crc (c, buf, slot->valid) != slot->data_crc) {
+      cache_page_crc (c, buf, v.valid) != v.data_crc) {
     cache_io_error (c, "reading data at recovery", s);
-    slot->state = LAYOUT_FREE;
+    pt_set_state (&c->pt, s, LAYOUT_FREE);
     write_free (c, s);
     return false;
   }
-  memcpy (slot->valid, slot->dirty, sizeof slot->valid);
-  slot->data_crc = cache_page_crc (c, buf, slot->valid);
-  slot->seq = ++c->seq;
-  pagetable_to_entry (slot, &e);
+  memcpy (v.valid, v.dirty, sizeof v.valid);
+  pt_maps_set (&c->pt, s, v.valid, v.dirty);
+  v.data_crc = cache_page_crc (c, buf, v.valid);
+  pt_set_crc (&c->pt, s, v.data_crc);
+  v.seq = ++c->seq;
+  pt_set_seq (&c->pt, s, v.seq);
+  pagetable_to_entry (&v, &e);
   if (pool_write_entry (&c->pool, s, &e) == -1) {
     cache_io_error (c, "writing entry at recovery", s);
     return false;
@@ -434,7 +448,18 @@ load_entries (struct cache *c, uint32_t data_end)
         write_free (c, s);
         continue;
       }
-      pagetable_from_entry (&c->pt.slots[s], &e);
+      if (!pagetable_from_entry (&c->pt, s, &e)) {
+        /* Maps beyond the side table, and no memory to grow it. */
+        if (e.state == LAYOUT_DIRTY) {
+          log_error ("cache file %s: slot %u: no memory for the sector "
+                     "maps of dirty page %llu: not opening the cache",
+                     c->path, s, (unsigned long long) e.page);
+          goto out;
+        }
+        dropped++;
+        write_free (c, s);
+        continue;
+      }
       cand[ncand].page = e.page;
       cand[ncand].seq = e.seq;
       cand[ncand].slot = s;
@@ -454,30 +479,29 @@ load_entries (struct cache *c, uint32_t data_end)
       j++;
     for (uint64_t k = i; k < j; k++) {
       uint32_t s = cand[k].slot;
-      struct pt_slot *slot = &c->pt.slots[s];
 
       if (cand[k].unsealed) {
         newer_dropped |= !won;
         continue;
       }
-      if (!won && slot->state == LAYOUT_DIRTY && !c->was_clean &&
+      if (!won && pt_state (&c->pt, s) == LAYOUT_DIRTY && !c->was_clean &&
           !data_verifies (c, s, page_buf)) {
         /* Torn by the crash: it was never flushed (flushed dirty data
          * is never rewritten in place).
          */
         lost++;
         newer_dropped = true;
-        log_dirty_lost (c, s, slot->page,
+        log_dirty_lost (c, s, pt_page (&c->pt, s),
                         "fails its data checksum after an unclean "
                         "shutdown: a write torn by the crash (never "
                         "flushed), or damaged data");
-        slot->state = LAYOUT_FREE;
+        pt_set_state (&c->pt, s, LAYOUT_FREE);
         write_free (c, s);
         continue;
       }
       if (won) {
         /* An older version: make sure it can never come back. */
-        slot->state = LAYOUT_FREE;
+        pt_set_state (&c->pt, s, LAYOUT_FREE);
         write_free (c, s);
         dropped++;
         continue;
@@ -490,28 +514,52 @@ load_entries (struct cache *c, uint32_t data_end)
       /* (With c->verify every slot is checked again on first use: its
        * clean sectors against the backend.)
        */
-      slot->flags = slot->state == LAYOUT_DIRTY && !c->was_clean &&
-        !c->verify ? PT_VERIFIED : 0;
-      slot->epoch = 0;
-      pagetable_insert (&c->pt, s, slot->page);
+      pt_set_flags (&c->pt, s,
+                    pt_state (&c->pt, s) == LAYOUT_DIRTY && !c->was_clean &&
+                    !c->verify ? PT_VERIFIED : 0);
+      pt_set_epoch (&c->pt, s, 0);
+      pagetable_insert (&c->pt, s, pt_page (&c->pt, s));
       evict_insert_hint (c->ev, s, cand[k].hint);   /* hot stays hot */
-      if (slot->state == LAYOUT_DIRTY)
+      if (pt_state (&c->pt, s) == LAYOUT_DIRTY)
         ndirty++;
       loaded++;
       if (ssdcache_debug_recovery)
         log_debug ("slot %u: page %llu seq %llu %s", s,
-                   (unsigned long long) slot->page,
-                   (unsigned long long) slot->seq,
-                   slot->state == LAYOUT_DIRTY ? "dirty" : "clean");
+                   (unsigned long long) pt_page (&c->pt, s),
+                   (unsigned long long) pt_seq (&c->pt, s),
+                   pt_state (&c->pt, s) == LAYOUT_DIRTY ? "dirty" : "clean");
     }
     i = j;
   }
 
   for (uint32_t s = c->nslots; s-- > 0;)
-    if (!(c->pt.slots[s].flags & PT_INDEXED)) {
-      c->pt.slots[s].state = LAYOUT_FREE;
+    if (!(pt_flags (&c->pt, s) & PT_INDEXED)) {
+      pt_set_state (&c->pt, s, LAYOUT_FREE);
       pagetable_put_free (&c->pt, s);
     }
+  /* Loading may take more side-table entries than its limit (a smaller
+   * ssdcache-partial-pages than before, or entries behind RAM): clean
+   * pages holding them go until it is back under it.  Dirty ones stay;
+   * they leave the table as writeback cleans them.
+   */
+  for (uint32_t s = 0;
+       s < c->nslots && c->pt.side_used > c->pt.side_limit; s++)
+    if ((pt_flags (&c->pt, s) & PT_INDEXED) &&
+        pt_state (&c->pt, s) == LAYOUT_CLEAN && pt_maps_side (&c->pt, s)) {
+      pagetable_remove (&c->pt, s);
+      evict_remove (c->ev, s);
+      write_free (c, s);
+      pagetable_put_free (&c->pt, s);
+      loaded--;
+      dropped++;
+    }
+  if (c->pt.side_used > c->pt.side_limit)
+    log_error ("cache file %s: %u dirty pages with partial sector maps, "
+               "more than ssdcache-partial-pages=%u: kept (writeback "
+               "cleans them)", c->path, c->pt.side_used, c->pt.side_limit);
+  /* RAM keeps sequence numbers as change stamps from here on. */
+  pagetable_seq_rebase (&c->pt, c->seq);
+  atomic_store (&c->stats.partial_maps, c->pt.side_used);
   c->ndirty = ndirty;
   atomic_store (&c->stats.dirty_pages, ndirty);
   STATS_ADD (&c->stats, loaded_slots, loaded);
@@ -610,6 +658,21 @@ cache_attach (struct cache *c, uint64_t backend_size)
   uint32_t data_end = 0;
 
   c->backend_size = backend_size;
+  {
+    /* The page table numbers pages with 32 bits (pagetable.h). */
+    uint32_t ps = c->have_sb ? c->pool.sb.page_size
+      : c->cfg_page_size ? c->cfg_page_size : CACHE_DEFAULT_PAGE;
+    uint64_t npages = backend_size / ps + (backend_size % ps != 0);
+
+    if (npages > (uint64_t) PT_MAX_PAGES + 1) {
+      log_error ("the backend has %llu pages of %u bytes; the cache handles "
+                 "at most %llu pages (16 TiB with 4 KiB pages, 256 TiB with "
+                 "64 KiB pages): use a larger ssdcache-page-size",
+                 (unsigned long long) npages, ps,
+                 (unsigned long long) PT_MAX_PAGES + 1);
+      return -1;
+    }
+  }
   if (c->have_sb && c->pool.sb.backend_size != backend_size) {
     if (!c->reset || (c->pool.sb.flags & LAYOUT_SB_DIRTY)) {
       log_error ("cache file %s was built for a backend size of %llu "
@@ -660,6 +723,8 @@ cache_attach (struct cache *c, uint64_t backend_size)
     log_error ("cannot allocate the page table for %u slots", c->nslots);
     return -1;
   }
+  pagetable_set_side_limit (&c->pt, c->partial_pages < c->nslots
+                            ? c->partial_pages : c->nslots);
   evict_set_page_fn (c->ev, slot_page, c);
   if (c->promote > 1) {
     /* Two 8-bit counters per slot: a page must miss promote times
@@ -767,7 +832,7 @@ cache_close (struct cache *c)
     pool_close (&c->pool);
   if (c->ev)
     evict_free (c->ev);
-  if (c->pt.slots)
+  if (c->pt.recs)
     pagetable_free (&c->pt);
   rangelock_destroy (&c->ranges);
   pthread_cond_destroy (&c->space);

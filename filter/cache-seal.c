@@ -39,14 +39,13 @@ compact_locked (struct cache *c)
   size_t k = 0;
 
   for (size_t i = 0; i < c->nunsealed; i++)
-    c->pt.slots[c->unsealed[i]].flags &= ~PT_LISTED;
+    pt_flags_off (&c->pt, c->unsealed[i], PT_LISTED);
   for (size_t i = 0; i < c->nunsealed; i++) {
     uint32_t s = c->unsealed[i];
-    struct pt_slot *slot = &c->pt.slots[s];
 
-    if ((slot->flags & (PT_UNSEALED | PT_INDEXED | PT_LISTED)) ==
+    if ((pt_flags (&c->pt, s) & (PT_UNSEALED | PT_INDEXED | PT_LISTED)) ==
         (PT_UNSEALED | PT_INDEXED)) {
-      slot->flags |= PT_LISTED;
+      pt_flags_on (&c->pt, s, PT_LISTED);
       c->unsealed[k++] = s;
     }
   }
@@ -99,9 +98,9 @@ cache_unseal_listed_locked (struct cache *c, uint32_t s)
 {
   if (c->unseal_reserved > 0)
     c->unseal_reserved--;
-  if (c->pt.slots[s].flags & PT_LISTED)
+  if (pt_flags (&c->pt, s) & PT_LISTED)
     return;
-  c->pt.slots[s].flags |= PT_LISTED;
+  pt_flags_on (&c->pt, s, PT_LISTED);
   c->unsealed[c->nunsealed++] = s;
 }
 
@@ -118,7 +117,7 @@ cache_seal_slot (struct cache *c, uint32_t s, uint64_t epoch)
   int r;
 
   pthread_mutex_lock (&c->lock);
-  upd = c->pt.slots[s];
+  pagetable_get (&c->pt, s, &upd);
   pthread_mutex_unlock (&c->lock);
   if (!(upd.flags & PT_UNSEALED))
     return 0;
@@ -178,10 +177,10 @@ cache_seal_epoch (struct cache *c, uint64_t epoch, bool wait, bool clean_too)
     bool want;
 
     pthread_mutex_lock (&c->lock);
-    page = c->pt.slots[s].page;
-    want = (c->pt.slots[s].flags & PT_UNSEALED) &&
-      c->pt.slots[s].epoch <= epoch &&
-      (clean_too || c->pt.slots[s].state == LAYOUT_DIRTY);
+    page = pt_page (&c->pt, s);
+    want = (pt_flags (&c->pt, s) & PT_UNSEALED) &&
+      pt_epoch_may_be_at_most (&c->pt, s, epoch) &&
+      (clean_too || pt_state (&c->pt, s) == LAYOUT_DIRTY);
     pthread_mutex_unlock (&c->lock);
     if (!want)
       continue;
@@ -194,8 +193,8 @@ cache_seal_epoch (struct cache *c, uint64_t epoch, bool wait, bool clean_too)
     }
     pthread_mutex_lock (&c->lock);
     want = pagetable_lookup (&c->pt, page) == s &&
-      (c->pt.slots[s].flags & PT_UNSEALED) &&
-      c->pt.slots[s].epoch <= epoch;
+      (pt_flags (&c->pt, s) & PT_UNSEALED) &&
+      pt_epoch_may_be_at_most (&c->pt, s, epoch);
     pthread_mutex_unlock (&c->lock);
     if (want)
       cache_seal_slot (c, s, epoch);

@@ -86,7 +86,9 @@ settle (struct cache *c, uint64_t first, uint64_t last, bool dirty_only)
     if (st->page < first || st->page > last)
       continue;
     /* What RAM says now is the truth for this slot. */
-    pagetable_to_entry (&c->pt.slots[st->slot], &e[n]);
+    struct pt_slot v;
+    pagetable_get (&c->pt, st->slot, &v);
+    pagetable_to_entry (&v, &e[n]);
     e[n].seq = ++c->seq;
     slots[n++] = st->slot;
   }

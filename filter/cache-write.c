@@ -71,7 +71,7 @@ cache_clean_pages (struct cache *c, const struct cache_backend *be,
     if (s == PT_NONE)
       continue;
     pthread_mutex_lock (&c->lock);
-    bool dirty = c->pt.slots[s].state == LAYOUT_DIRTY;
+    bool dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY;
     pthread_mutex_unlock (&c->lock);
     if (dirty)
       r = writeback_page_locked (c, be, page, s, err);
@@ -194,7 +194,7 @@ covers_sectors (struct cache *c, uint64_t page, uint32_t off, uint32_t n)
   return off % ss == 0 && off + n >= end_sector;
 }
 
-/* Are sectors [sf, sl] all invalid in slot? */
+/* Are sectors [sf, sl] all invalid in slot (a value)? */
 static bool
 span_invalid (const struct pt_slot *slot, unsigned sf, unsigned sl)
 {
@@ -209,7 +209,9 @@ span_invalid (const struct pt_slot *slot, unsigned sf, unsigned sl)
  * the data CRC is patched, not recomputed.  An unflushed dirty slot
  * rewritten in place a second time is unsealed instead (cache-seal.c):
  * no checksum, no read, no entry write.  Consumes the pin (or, for
- * fresh, indexes the slot).  Returns 0, or -1 with *err set.
+ * fresh, indexes the slot).  Returns 0, -1 with *err set, or 2 if
+ * the new maps need a side-table entry and none is free (nothing
+ * changed; the pin is consumed, a fresh slot freed).
  */
 int
 cache_patch_slot (struct cache *c, const struct cache_backend *be,
@@ -241,13 +243,13 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     upd.data_crc = c->zero_page_crc;
     memset (old, 0, span_len);
     pthread_mutex_lock (&c->lock);
-    evicted = c->pt.slots[s].flags & PT_EVICTED;
+    evicted = pt_flags (&c->pt, s) & PT_EVICTED;
     pthread_mutex_unlock (&c->lock);
   }
   else {
     pthread_mutex_lock (&c->lock);
-    dirty_unsealed = (c->pt.slots[s].flags & PT_UNSEALED) &&
-      c->pt.slots[s].state == LAYOUT_DIRTY;
+    dirty_unsealed = (pt_flags (&c->pt, s) & PT_UNSEALED) &&
+      pt_state (&c->pt, s) == LAYOUT_DIRTY;
     pthread_mutex_unlock (&c->lock);
     if (kind == W_CLEAN && dirty_unsealed &&
         cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1) {
@@ -256,7 +258,7 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
       goto out;
     }
     pthread_mutex_lock (&c->lock);
-    upd = c->pt.slots[s];
+    pagetable_get (&c->pt, s, &upd);
     unsealed = upd.flags & PT_UNSEALED;
     /* Unflushed dirty data from its second rewrite on; clean data (the
      * backend has it: writethrough) at once, if whole sectors change.
@@ -295,6 +297,25 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     goto out;
   upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
 
+  /* Maps that are not runs need a side-table entry (pagetable.c): with
+   * none to be had, nothing is written and the caller makes the page
+   * simple first.
+   */
+  pthread_mutex_lock (&c->lock);
+  if (!pt_maps_reserve_for (&c->pt, s, upd.valid, upd.dirty) &&
+      !(kind == W_CLEAN && before.state == LAYOUT_DIRTY &&
+        pt_maps_reserve_force (&c->pt, s))) {
+    /* (A W_CLEAN write never meets a dirty page: cache_write writes
+     * such pages back first.  Were it to, the limit is passed rather
+     * than stale sectors kept.)
+     */
+    pthread_mutex_unlock (&c->lock);
+    STATS_ADD (&c->stats, partial_maps_full, 1);
+    ret = 2;
+    goto out;
+  }
+  pthread_mutex_unlock (&c->lock);
+
   if (unseal || unsealed) {
     /* Entry first, with the maps as they are (it says: do not trust
      * this slot after a crash), then the data; then readers may see the
@@ -306,7 +327,7 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
        * from the backend (which has it).
        */
       pthread_mutex_lock (&c->lock);
-      c->pt.slots[s].flags |= PT_UNSEALED;
+      pt_flags_on (&c->pt, s, PT_UNSEALED);
       cache_unseal_listed_locked (c, s);
       pthread_mutex_unlock (&c->lock);
       unseal = false;
@@ -323,14 +344,13 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     if (pool_write_data (&c->pool, s, span, span_len, span_off) == -1)
       goto io_error;
     pthread_mutex_lock (&c->lock);
-    memcpy (c->pt.slots[s].valid, upd.valid, sizeof upd.valid);
-    memcpy (c->pt.slots[s].dirty, upd.dirty, sizeof upd.dirty);
-    if (c->pt.slots[s].state != upd.state) {
-      if (c->pt.slots[s].flags & PT_INDEXED)
-        cache_set_state_counts (c, c->pt.slots[s].state, upd.state);
-      c->pt.slots[s].state = upd.state;
+    pt_maps_set (&c->pt, s, upd.valid, upd.dirty);
+    if (pt_state (&c->pt, s) != upd.state) {
+      if (pt_flags (&c->pt, s) & PT_INDEXED)
+        cache_set_state_counts (c, pt_state (&c->pt, s), upd.state);
+      pt_set_state (&c->pt, s, upd.state);
     }
-    c->pt.slots[s].seq = ++c->seq;      /* tells writeback it changed */
+    pt_set_seq (&c->pt, s, ++c->seq);   /* tells writeback it changed */
     pthread_mutex_unlock (&c->lock);
   }
   else if (evicted) {
@@ -358,9 +378,13 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     if (pool_write_data (&c->pool, s, span, span_len, span_off) == -1)
       goto io_error;
     pthread_mutex_lock (&c->lock);
-    memcpy (c->pt.slots[s].valid, upd.valid, sizeof upd.valid);
-    c->pt.slots[s].data_crc = upd.data_crc;
-    c->pt.slots[s].seq = ++c->seq;
+    {
+      uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
+      pt_maps_get (&c->pt, s, NULL, dirty);
+      pt_maps_set (&c->pt, s, upd.valid, dirty);
+    }
+    pt_set_crc (&c->pt, s, upd.data_crc);
+    pt_set_seq (&c->pt, s, ++c->seq);
     pthread_mutex_unlock (&c->lock);
   }
   else {
@@ -375,7 +399,7 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
   ret = 0;
   if (fresh) {
     pthread_mutex_lock (&c->lock);
-    c->pt.slots[s].flags |= PT_VERIFIED;
+    pt_flags_on (&c->pt, s, PT_VERIFIED);
     pagetable_insert (&c->pt, s, page);
     cache_policy_insert (c, s, page);
     cache_set_state_counts (c, LAYOUT_FREE, upd.state);
@@ -408,6 +432,15 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     else
       cache_unpin (c, s);
   }
+  else if (ret == 2) {
+    if (fresh) {
+      pthread_mutex_lock (&c->lock);
+      pagetable_put_free (&c->pt, s);
+      pthread_mutex_unlock (&c->lock);
+    }
+    else
+      cache_unpin (c, s);
+  }
   free (old);
   free (span);
   return ret;
@@ -415,7 +448,8 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
 
 /* Apply a write to a copy of pinned slot s in a new slot, which then
  * replaces it (if no slot can be had, the page is written back first
- * and changed in place).  Returns 0 or -1 (*err).  Consumes the pin.
+ * and changed in place).  Returns 0, -1 (*err) or 2 (the maps do not
+ * fit: see cache_patch_slot).  Consumes the pin.
  */
 static int
 cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
@@ -438,7 +472,7 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
     return -1;                  /* bad dirty data: pin consumed */
   }
   pthread_mutex_lock (&c->lock);
-  snap = c->pt.slots[s];
+  pagetable_get (&c->pt, s, &snap);
   pthread_mutex_unlock (&c->lock);
   for (unsigned i = 0; i < c->nsectors; i++)
     if (!layout_bit_test (snap.valid, i))
@@ -475,6 +509,21 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
     upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
     upd.data_crc = cache_page_crc (c, buf, upd.valid);
     upd.flags &= ~PT_UNSEALED;  /* a fresh checksum */
+    pthread_mutex_lock (&c->lock);
+    if (!pt_maps_reserve_for (&c->pt, ns, upd.valid, upd.dirty) &&
+        !(kind == W_CLEAN && snap.state == LAYOUT_DIRTY &&
+          pt_maps_reserve_force (&c->pt, ns))) {
+      /* (W_CLEAN on a dirty page, not reached either: see
+       * cache_patch_slot.)
+       */
+      pagetable_put_free (&c->pt, ns);
+      pthread_mutex_unlock (&c->lock);
+      STATS_ADD (&c->stats, partial_maps_full, 1);
+      cache_unpin (c, s);
+      free (buf);
+      return 2;
+    }
+    pthread_mutex_unlock (&c->lock);
     if (pool_write_data (&c->pool, ns, buf, c->page_size, 0) == -1 ||
         cache_commit_entry (c, ns, &upd) == -1) {
       cache_io_error (c, "writing", ns);
@@ -487,7 +536,7 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
       return -1;
     }
     pthread_mutex_lock (&c->lock);
-    c->pt.slots[ns].flags |= PT_VERIFIED;
+    pt_flags_on (&c->pt, ns, PT_VERIFIED);
     pthread_mutex_unlock (&c->lock);
     cache_supersede (c, s, ns, page);
     r = 0;
@@ -504,6 +553,53 @@ write_around (struct cache *c, const struct cache_backend *be,
   STATS_ADD (&c->stats, write_through_full, 1);
   atomic_store (&c->backend_unflushed, true);
   return be->pwrite (be->h, src, n, offset, false, err);
+}
+
+/* The write [off, off+n) of page would leave maps that need a
+ * side-table entry, and the table is full: make the page simple.  Its
+ * dirty data (W_DIRTY only: cache_write writes dirty pages back before
+ * a W_CLEAN write) is written back, the cached copy is dropped, and the
+ * write goes into a fresh slot, where its maps are one run.  W_CLEAN
+ * (the backend has the data) just drops the cached copy.
+ */
+static int
+write_page_simple (struct cache *c, const struct cache_backend *be,
+                   uint64_t page, const uint8_t *src, uint32_t off,
+                   uint32_t n, enum wkind kind, int *err)
+{
+  uint32_t s = cache_lookup_pin (c, page);
+  int r;
+
+  if (s != PT_NONE) {
+    bool dirty;
+
+    pthread_mutex_lock (&c->lock);
+    dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY;
+    pthread_mutex_unlock (&c->lock);
+    if (dirty && kind == W_CLEAN) {
+      /* Not reached (see above); keep the slot rather than lose data. */
+      log_error ("cache file %s: page %llu: dirty page written through "
+                 "without room for its maps", c->path,
+                 (unsigned long long) page);
+      cache_unpin (c, s);
+      *err = EIO;
+      return -1;
+    }
+    if (dirty && writeback_page_locked (c, be, page, s, err) == -1) {
+      cache_unpin (c, s);
+      return -1;
+    }
+    cache_drop_slot (c, s);
+  }
+  if (kind != W_DIRTY)
+    return 0;
+  s = cache_alloc_slot (c, true);
+  if (s == PT_NONE)
+    return write_around (c, be, src, n, page * c->page_size + off, err);
+  r = cache_patch_slot (c, be, page, s, true, src, off, n, kind, err);
+  if (r == 2)                   /* one run: not reached */
+    return write_around (c, be, src, n, page * c->page_size + off, err);
+  return r;
 }
 
 /* Put bytes [off, off+n) of page (from src) into the cache as kind.
@@ -523,7 +619,7 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
 
   if (s != PT_NONE) {
     pthread_mutex_lock (&c->lock);
-    bad = c->pt.slots[s].flags & PT_BAD;
+    bad = pt_flags (&c->pt, s) & PT_BAD;
     pthread_mutex_unlock (&c->lock);
   }
 
@@ -571,19 +667,26 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
     ns = cache_alloc_slot (c, true);
     if (ns == PT_NONE)
       return write_around (c, be, src, n, page * c->page_size + off, err);
-    return cache_patch_slot (c, be, page, ns, true, src, off, n, kind, err);
+    r = cache_patch_slot (c, be, page, ns, true, src, off, n, kind, err);
+    if (r == 2)                 /* one run: not reached */
+      return write_around (c, be, src, n, page * c->page_size + off, err);
+    return r;
   }
   /* Decide and rewrite in place under c->inplace (see cache-int.h). */
   pthread_rwlock_rdlock (&c->inplace);
   pthread_mutex_lock (&c->lock);
-  cow = cache_must_cow (c, &c->pt.slots[s]);
+  cow = cache_must_cow (c, s);
   pthread_mutex_unlock (&c->lock);
   if (cow) {
     pthread_rwlock_unlock (&c->inplace);
-    return cow_slot (c, be, page, s, src, off, n, kind, err);
+    r = cow_slot (c, be, page, s, src, off, n, kind, err);
   }
-  r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
-  pthread_rwlock_unlock (&c->inplace);
+  else {
+    r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
+    pthread_rwlock_unlock (&c->inplace);
+  }
+  if (r == 2)
+    r = write_page_simple (c, be, page, src, off, n, kind, err);
   return r;
 }
 
@@ -620,6 +723,14 @@ cache_write (struct cache *c, const struct cache_backend *be,
     return -1;
   }
 
+  /* Pages still dirty from an earlier writeback run are written back
+   * first: once the backend has the new data, writing back their older
+   * dirty sectors (to make room for a copy, or to simplify their maps)
+   * would bring the old data back, and dropping them (writearound)
+   * would lose the rest of their dirty sectors.
+   */
+  if (through && cache_clean_pages (c, be, first, last, err) == -1)
+    goto out;
   if (through) {
     if (be->pwrite (be->h, buf, count, offset, fua, err) == -1) {
       /* The backend may hold some of the new data now.  Clean copies

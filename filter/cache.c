@@ -106,13 +106,11 @@ release_slot_locked (struct cache *c, uint32_t s)
 void
 cache_unpin (struct cache *c, uint32_t s)
 {
-  struct pt_slot *slot;
-
   pthread_mutex_lock (&c->lock);
-  slot = &c->pt.slots[s];
-  slot->pins--;
-  if (slot->pins == 0 && (slot->flags & PT_ORPHAN))
+  if (pt_unpin (&c->pt, s) == 0 && (pt_flags (&c->pt, s) & PT_ORPHAN))
     release_slot_locked (c, s);
+  atomic_store_explicit (&c->stats.partial_maps, c->pt.side_used,
+                         memory_order_relaxed);
   pthread_mutex_unlock (&c->lock);
 }
 
@@ -124,7 +122,7 @@ cache_lookup_pin (struct cache *c, uint64_t page)
   pthread_mutex_lock (&c->lock);
   s = pagetable_lookup (&c->pt, page);
   if (s != PT_NONE)
-    c->pt.slots[s].pins++;
+    pt_pin (&c->pt, s);
   pthread_mutex_unlock (&c->lock);
   return s;
 }
@@ -167,7 +165,7 @@ cache_page_dirty (struct cache *c, uint64_t page)
 
   pthread_mutex_lock (&c->lock);
   s = pagetable_lookup (&c->pt, page);
-  r = s != PT_NONE && c->pt.slots[s].state == LAYOUT_DIRTY;
+  r = s != PT_NONE && pt_state (&c->pt, s) == LAYOUT_DIRTY;
   pthread_mutex_unlock (&c->lock);
   return r;
 }
@@ -197,33 +195,43 @@ cache_commit_entry_at (struct cache *c, uint32_t s, const struct pt_slot *upd,
                        uint64_t epoch)
 {
   struct layout_entry e;
-  struct pt_slot *slot;
+  struct pt_slot v;
+  uint16_t flags;
   int r;
 
   pthread_mutex_lock (&c->lock);
-  slot = &c->pt.slots[s];
-  if (slot->flags & PT_INDEXED)
-    cache_set_state_counts (c, slot->state, upd->state);
-  if ((upd->flags & PT_UNSEALED) && !(slot->flags & PT_UNSEALED))
+  flags = pt_flags (&c->pt, s);
+  if (flags & PT_INDEXED)
+    cache_set_state_counts (c, pt_state (&c->pt, s), upd->state);
+  if ((upd->flags & PT_UNSEALED) && !(flags & PT_UNSEALED))
     cache_unseal_listed_locked (c, s);
-  slot->flags = (slot->flags & ~(PT_UNSEALED | PT_EVICTED)) |
-    (upd->flags & PT_UNSEALED);
-  slot->page = upd->page;
-  slot->state = upd->state;
-  slot->data_crc = upd->data_crc;
-  memcpy (slot->valid, upd->valid, sizeof slot->valid);
-  memcpy (slot->dirty, upd->dirty, sizeof slot->dirty);
-  slot->seq = ++c->seq;
-  slot->epoch = PT_EPOCH_PENDING;
-  pagetable_to_entry (slot, &e);
-  if (slot->flags & PT_INDEXED)
+  pt_set_flags (&c->pt, s, (flags & ~(PT_UNSEALED | PT_EVICTED)) |
+                (upd->flags & PT_UNSEALED));
+  if (!(flags & PT_INDEXED))
+    pt_set_page (&c->pt, s, upd->page);
+  pt_set_state (&c->pt, s, upd->state);
+  pt_set_crc (&c->pt, s, upd->data_crc);
+  if (!pt_maps_set (&c->pt, s, upd->valid, upd->dirty)) {
+    /* Callers reserve room for maps that need it before they write
+     * (pt_maps_reserve_for): not reached.  Never lose the maps.
+     */
+    log_error ("cache file %s: slot %u: partial-map table full at an "
+               "entry write; going past its limit", c->path, s);
+    if (!pt_maps_set_force (&c->pt, s, upd->valid, upd->dirty))
+      abort ();
+  }
+  pt_set_seq (&c->pt, s, ++c->seq);
+  pt_set_epoch (&c->pt, s, PT_EPOCH_PENDING);
+  pagetable_get (&c->pt, s, &v);
+  pagetable_to_entry (&v, &e);
+  if (flags & PT_INDEXED)
     e.hint = evict_slot_hint (c->ev, s);
   pthread_mutex_unlock (&c->lock);
 
   r = pool_write_entry (&c->pool, s, &e);
 
   pthread_mutex_lock (&c->lock);
-  c->pt.slots[s].epoch = c->epoch < epoch ? c->epoch : epoch;
+  pt_set_epoch (&c->pt, s, c->epoch < epoch ? c->epoch : epoch);
   pthread_mutex_unlock (&c->lock);
   return r;
 }
@@ -238,12 +246,13 @@ cache_commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
  * holds dirty data a client flushed: a torn rewrite would lose it.
  */
 bool
-cache_must_cow (const struct cache *c, const struct pt_slot *s)
+cache_must_cow (const struct cache *c, uint32_t s)
 {
   /* flushing_epoch, not flushed_epoch: data a flush in progress covers
    * is already off limits.
    */
-  return s->state == LAYOUT_DIRTY && s->epoch <= c->flushing_epoch;
+  return pt_state (&c->pt, s) == LAYOUT_DIRTY &&
+    pt_epoch_may_be_at_most (&c->pt, s, c->flushing_epoch);
 }
 
 /* Under c->lock: must the cache file be synced before slot s may stop
@@ -251,9 +260,9 @@ cache_must_cow (const struct cache *c, const struct pt_slot *s)
  * on disk (not yet freed): losing s could bring it back after a crash.
  */
 static bool
-needs_settling (const struct cache *c, const struct pt_slot *s)
+needs_settling (const struct cache *c, uint32_t s)
 {
-  return s->flags & PT_HASPRED;
+  return pt_flags (&c->pt, s) & PT_HASPRED;
 }
 
 static int sync_epoch (struct cache *c, bool client, bool seal_wait,
@@ -271,7 +280,7 @@ settle (struct cache *c, uint32_t s)
     int err;
 
     pthread_mutex_lock (&c->lock);
-    pending = needs_settling (c, &c->pt.slots[s]);
+    pending = needs_settling (c, s);
     pthread_mutex_unlock (&c->lock);
     if (!pending || cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1 ||
         sync_epoch (c, true, false, &err) == -1)
@@ -286,32 +295,32 @@ settle (struct cache *c, uint32_t s)
 int
 cache_drop_slot (struct cache *c, uint32_t s)
 {
+  static const uint8_t none[LAYOUT_MAX_SECTORS / 8];
   struct layout_entry e;
-  struct pt_slot *slot;
+  struct pt_slot v;
   uint64_t page;
   bool was_dirty;
   int r;
 
   settle (c, s);
   pthread_mutex_lock (&c->lock);
-  slot = &c->pt.slots[s];
-  page = slot->page;
-  was_dirty = slot->state == LAYOUT_DIRTY;
-  if (slot->flags & PT_INDEXED) {
-    cache_set_state_counts (c, slot->state, LAYOUT_FREE);
+  page = pt_page (&c->pt, s);
+  was_dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY;
+  if (pt_flags (&c->pt, s) & PT_INDEXED) {
+    cache_set_state_counts (c, pt_state (&c->pt, s), LAYOUT_FREE);
     pagetable_remove (&c->pt, s);
     evict_remove (c->ev, s);
   }
-  if (slot->flags & PT_PREFETCHED)
+  if (pt_flags (&c->pt, s) & PT_PREFETCHED)
     STATS_ADD (&c->stats, prefetch_wasted, 1);   /* never read */
-  slot->flags |= PT_ORPHAN;
-  slot->flags &= ~(PT_VERIFIED | PT_BAD | PT_HASPRED | PT_UNSEALED |
-                   PT_PREFETCHED);
-  slot->state = LAYOUT_FREE;
-  memset (slot->valid, 0, sizeof slot->valid);
-  memset (slot->dirty, 0, sizeof slot->dirty);
-  slot->seq = ++c->seq;
-  pagetable_to_entry (slot, &e);
+  pt_flags_on (&c->pt, s, PT_ORPHAN);
+  pt_flags_off (&c->pt, s, PT_VERIFIED | PT_BAD | PT_HASPRED | PT_UNSEALED |
+                PT_PREFETCHED);
+  pt_set_state (&c->pt, s, LAYOUT_FREE);
+  pt_maps_set (&c->pt, s, none, none);
+  pt_set_seq (&c->pt, s, ++c->seq);
+  pagetable_get (&c->pt, s, &v);
+  pagetable_to_entry (&v, &e);
   pthread_mutex_unlock (&c->lock);
 
   r = pool_write_entry (&c->pool, s, &e);
@@ -328,10 +337,9 @@ static bool
 can_take (void *opaque, uint32_t s)
 {
   const struct cache *c = opaque;
-  const struct pt_slot *slot = &c->pt.slots[s];
 
-  return slot->pins == 0 && slot->state == LAYOUT_CLEAN &&
-    (slot->flags & PT_INDEXED) && !needs_settling (c, slot);
+  return pt_pins (&c->pt, s) == 0 && pt_state (&c->pt, s) == LAYOUT_CLEAN &&
+    (pt_flags (&c->pt, s) & PT_INDEXED) && !needs_settling (c, s);
 }
 
 /* Under c->lock. */
@@ -346,13 +354,13 @@ alloc_locked (struct cache *c)
   if (s == EVICT_NONE)
     return PT_NONE;
   pagetable_remove (&c->pt, s);
-  if (c->pt.slots[s].flags & PT_PREFETCHED)
+  if (pt_flags (&c->pt, s) & PT_PREFETCHED)
     STATS_ADD (&c->stats, prefetch_wasted, 1);   /* never read */
-  c->pt.slots[s].flags = PT_EVICTED;
+  pt_set_flags (&c->pt, s, PT_EVICTED);
   STATS_ADD (&c->stats, evictions, 1);
   if (ssdcache_debug_verbose)
     log_debug ("evict slot %u (page %llu)", s,
-               (unsigned long long) c->pt.slots[s].page);
+               (unsigned long long) pt_page (&c->pt, s));
   return s;
 }
 
@@ -423,21 +431,20 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
       c->sup[i].succ = succ;
  out:
   {
-    struct pt_slot *o = &c->pt.slots[old];
-    if (o->flags & PT_INDEXED) {
+    if (pt_flags (&c->pt, old) & PT_INDEXED) {
       /* The new version inherits the old one's hotness. */
       hint = evict_slot_hint (c->ev, old);
-      cache_set_state_counts (c, o->state, LAYOUT_FREE);
+      cache_set_state_counts (c, pt_state (&c->pt, old), LAYOUT_FREE);
       pagetable_remove (&c->pt, old);
       evict_remove (c->ev, old);
     }
-    o->flags |= PT_SUPERSEDED;
-    o->pins--;
+    pt_flags_on (&c->pt, old, PT_SUPERSEDED);
+    pt_unpin (&c->pt, old);
   }
-  c->pt.slots[succ].flags |= PT_HASPRED;
+  pt_flags_on (&c->pt, succ, PT_HASPRED);
   pagetable_insert (&c->pt, succ, page);
   evict_insert_hint (c->ev, succ, hint);
-  cache_set_state_counts (c, LAYOUT_FREE, c->pt.slots[succ].state);
+  cache_set_state_counts (c, LAYOUT_FREE, pt_state (&c->pt, succ));
   STATS_ADD (&c->stats, cow_copies, 1);
   pthread_mutex_unlock (&c->lock);
 }
@@ -458,8 +465,9 @@ free_superseded (struct cache *c)
   if (c->nsup > 0)
     done = malloc (c->nsup * sizeof *done);
   for (size_t i = 0; done && i < c->nsup;) {
-    const struct pt_slot *succ = &c->pt.slots[c->sup[i].succ];
-    if (succ->epoch > c->flushed_epoch || (succ->flags & PT_UNSEALED)) {
+    uint32_t succ = c->sup[i].succ;
+    if (!pt_epoch_surely_at_most (&c->pt, succ, c->flushed_epoch) ||
+        (pt_flags (&c->pt, succ) & PT_UNSEALED)) {
       i++;
       continue;
     }
@@ -498,11 +506,11 @@ free_superseded (struct cache *c)
       /* Keep both out of harm's way for good: a failing device. */
       continue;
     }
-    c->pt.slots[done[i].succ].flags &= ~PT_HASPRED;
-    c->pt.slots[old].flags &= ~PT_SUPERSEDED;
-    c->pt.slots[old].flags |= PT_ORPHAN;
-    c->pt.slots[old].state = LAYOUT_FREE;
-    if (c->pt.slots[old].pins == 0)
+    pt_flags_off (&c->pt, done[i].succ, PT_HASPRED);
+    pt_flags_off (&c->pt, old, PT_SUPERSEDED);
+    pt_flags_on (&c->pt, old, PT_ORPHAN);
+    pt_set_state (&c->pt, old, LAYOUT_FREE);
+    if (pt_pins (&c->pt, old) == 0)
       release_slot_locked (c, old);
   }
   pthread_mutex_unlock (&c->lock);
@@ -514,15 +522,55 @@ free_superseded (struct cache *c)
  * sealed first (seal_wait: waiting for pages other requests hold; the
  * caller holds no range lock).
  */
+/* Under c->lock: a client sync (epoch node->e) ends.  Slot epochs are
+ * kept relative to a base (pagetable.h), which must stay at or below
+ * c->flushed_epoch and the epoch of every client sync still in flight
+ * (they compare slot epochs with these); move it up when it lags far.
+ */
+static void
+client_sync_done_locked (struct cache *c, struct cache_sync_node *node)
+{
+  uint64_t low;
+
+  if (node->prev)
+    node->prev->next = node->next;
+  else
+    c->syncs_head = node->next;
+  if (node->next)
+    node->next->prev = node->prev;
+  else
+    c->syncs_tail = node->prev;
+
+  low = c->flushed_epoch;
+  if (c->syncs_head && c->syncs_head->e < low)
+    low = c->syncs_head->e;    /* in start order: the oldest first */
+  if (c->epoch - c->pt.epoch_base >= c->pt.epoch_span / 2 &&
+      low > c->pt.epoch_base) {
+    pagetable_epoch_rebase (&c->pt, low);
+    STATS_ADD (&c->stats, pt_rebases, 1);
+  }
+}
+
 static int
 sync_epoch (struct cache *c, bool client, bool seal_wait, int *err)
 {
+  struct cache_sync_node node = { 0 };
   uint64_t e;
+  int r = 0;
 
   pthread_mutex_lock (&c->lock);
   e = c->epoch++;
   if (client && e > c->flushing_epoch)
     c->flushing_epoch = e;
+  if (client) {
+    node.e = e;
+    node.prev = c->syncs_tail;
+    if (c->syncs_tail)
+      c->syncs_tail->next = &node;
+    else
+      c->syncs_head = &node;
+    c->syncs_tail = &node;
+  }
   pthread_mutex_unlock (&c->lock);
   if (client) {
     /* Rewrites in place that decided before flushing_epoch moved must
@@ -536,15 +584,19 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, int *err)
   if (pool_sync (&c->pool) == -1) {
     *err = errno;
     cache_io_error (c, "fdatasync", 0);
-    return -1;
+    r = -1;
   }
 
   pthread_mutex_lock (&c->lock);
-  if (e > c->durable_epoch)
+  if (r == 0 && e > c->durable_epoch)
     c->durable_epoch = e;
-  if (client && e > c->flushed_epoch)
+  if (r == 0 && client && e > c->flushed_epoch)
     c->flushed_epoch = e;
+  if (client)
+    client_sync_done_locked (c, &node);
   pthread_mutex_unlock (&c->lock);
+  if (r == -1)
+    return -1;
   if (client)
     free_superseded (c);
   STATS_ADD (&c->stats, cache_syncs, 1);
@@ -586,7 +638,7 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
   if (s != PT_NONE) {
     pthread_rwlock_rdlock (&c->inplace);
     pthread_mutex_lock (&c->lock);
-    cow = cache_must_cow (c, &c->pt.slots[s]);
+    cow = cache_must_cow (c, s);
     pthread_mutex_unlock (&c->lock);
     if (cow)
       pthread_rwlock_unlock (&c->inplace);
@@ -609,6 +661,24 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
   }
   upd.data_crc = cache_page_crc (c, buf, upd.valid);
 
+  /* Dirty sectors that are not one run need a side-table entry: with
+   * none to be had, nothing is stored (like having no slot).
+   */
+  pthread_mutex_lock (&c->lock);
+  if (!pt_maps_reserve_for (&c->pt, target, upd.valid, upd.dirty)) {
+    STATS_ADD (&c->stats, partial_maps_full, 1);
+    if (target != s)
+      release_slot_locked (c, target);
+    pthread_mutex_unlock (&c->lock);
+    if (inplace)
+      pthread_rwlock_unlock (&c->inplace);
+    if (s != PT_NONE)
+      cache_unpin (c, s);
+    STATS_ADD (&c->stats, bypassed, 1);
+    return 1;
+  }
+  pthread_mutex_unlock (&c->lock);
+
   if (pool_write_data (&c->pool, target, buf, c->page_size, 0) == -1) {
     cache_io_error (c, "writing data", target);
     goto fail;
@@ -620,8 +690,8 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
   if (inplace)
     pthread_rwlock_unlock (&c->inplace);
   pthread_mutex_lock (&c->lock);
-  c->pt.slots[target].flags |= PT_VERIFIED;
-  c->pt.slots[target].flags &= ~PT_BAD;     /* wholly rewritten */
+  pt_flags_on (&c->pt, target, PT_VERIFIED);
+  pt_flags_off (&c->pt, target, PT_BAD);    /* wholly rewritten */
   if (target != s && s == PT_NONE) {
     pagetable_insert (&c->pt, target, page);
     cache_policy_insert (c, target, page);
@@ -662,15 +732,15 @@ static void
 mark_bad (struct cache *c, uint32_t s)
 {
   pthread_mutex_lock (&c->lock);
-  if (!(c->pt.slots[s].flags & PT_BAD)) {
-    c->pt.slots[s].flags |= PT_BAD;
+  if (!(pt_flags (&c->pt, s) & PT_BAD)) {
+    pt_flags_on (&c->pt, s, PT_BAD);
     STATS_ADD (&c->stats, dirty_lost, 1);
     log_error ("cache file %s: DIRTY DATA LOST: slot %u (page %llu, "
                "bytes %llu-%llu) fails its data checksum; reads of it "
                "will fail with EIO until it is overwritten",
-               c->path, s, (unsigned long long) c->pt.slots[s].page,
-               (unsigned long long) c->pt.slots[s].page * c->page_size,
-               (unsigned long long) (c->pt.slots[s].page + 1) *
+               c->path, s, (unsigned long long) pt_page (&c->pt, s),
+               (unsigned long long) pt_page (&c->pt, s) * c->page_size,
+               (unsigned long long) (pt_page (&c->pt, s) + 1) *
                c->page_size - 1);
   }
   pthread_mutex_unlock (&c->lock);
@@ -731,15 +801,26 @@ check_backend (struct cache *c, const struct cache_backend *be, uint32_t s,
    */
   {
     struct layout_entry e;
-    struct pt_slot *slot;
+    struct pt_slot v;
 
     pthread_mutex_lock (&c->lock);
-    slot = &c->pt.slots[s];
+    pagetable_get (&c->pt, s, &v);
     for (unsigned b = 0; b < sizeof stale; b++)
-      slot->valid[b] &= ~stale[b];
-    slot->data_crc = cache_page_crc (c, buf, slot->valid);
-    slot->seq = ++c->seq;
-    pagetable_to_entry (slot, &e);
+      v.valid[b] &= ~stale[b];
+    if (!pt_maps_set (&c->pt, s, v.valid, v.dirty)) {
+      /* No room for the maps: drop all the clean sectors (dirty ones
+       * are a run, or the slot would own a side entry already).
+       */
+      STATS_ADD (&c->stats, partial_maps_full, 1);
+      memcpy (v.valid, v.dirty, sizeof v.valid);
+      if (!pt_maps_set (&c->pt, s, v.valid, v.dirty))
+        abort ();
+    }
+    v.data_crc = cache_page_crc (c, buf, v.valid);
+    pt_set_crc (&c->pt, s, v.data_crc);
+    v.seq = ++c->seq;
+    pt_set_seq (&c->pt, s, v.seq);
+    pagetable_to_entry (&v, &e);
     e.hint = evict_slot_hint (c->ev, s);
     pthread_mutex_unlock (&c->lock);
     if (pool_write_entry (&c->pool, s, &e) == -1)
@@ -772,7 +853,7 @@ cache_read_verified_span (struct cache *c, const struct cache_backend *be,
   struct pt_slot snap;
 
   pthread_mutex_lock (&c->lock);
-  snap = c->pt.slots[s];
+  pagetable_get (&c->pt, s, &snap);
   pthread_mutex_unlock (&c->lock);
   if (snap.flags & PT_BAD) {
     cache_unpin (c, s);
@@ -812,7 +893,7 @@ cache_read_verified_span (struct cache *c, const struct cache_backend *be,
     return -1;
   }
   pthread_mutex_lock (&c->lock);
-  c->pt.slots[s].flags |= PT_VERIFIED;
+  pt_flags_on (&c->pt, s, PT_VERIFIED);
   pthread_mutex_unlock (&c->lock);
   return 0;
 
@@ -841,8 +922,8 @@ cache_read_verified_span (struct cache *c, const struct cache_backend *be,
 static void
 note_use_locked (struct cache *c, uint32_t s, uint32_t n, uint64_t *used)
 {
-  if (c->pt.slots[s].flags & PT_PREFETCHED) {
-    c->pt.slots[s].flags &= ~PT_PREFETCHED;
+  if (pt_flags (&c->pt, s) & PT_PREFETCHED) {
+    pt_flags_off (&c->pt, s, PT_PREFETCHED);
     STATS_ADD (&c->stats, prefetch_hits, 1);
     if (used)
       *used += n;
@@ -857,7 +938,6 @@ try_hit (struct cache *c, uint64_t page, uint8_t *dst, uint32_t off,
 {
   unsigned first, last;
   uint32_t s;
-  struct pt_slot *slot;
   int r;
 
   cache_sector_span (c, off, n, &first, &last);
@@ -867,13 +947,12 @@ try_hit (struct cache *c, uint64_t page, uint8_t *dst, uint32_t off,
     pthread_mutex_unlock (&c->lock);
     return false;
   }
-  slot = &c->pt.slots[s];
-  if ((slot->flags & (PT_VERIFIED | PT_BAD)) != PT_VERIFIED ||
-      !pagetable_range_valid (slot, first, last)) {
+  if ((pt_flags (&c->pt, s) & (PT_VERIFIED | PT_BAD)) != PT_VERIFIED ||
+      !pagetable_range_valid (&c->pt, s, first, last)) {
     pthread_mutex_unlock (&c->lock);
     return false;
   }
-  slot->pins++;
+  pt_pin (&c->pt, s);
   note_use_locked (c, s, n, used);
   pthread_mutex_unlock (&c->lock);
 
@@ -898,8 +977,8 @@ peek_hit (struct cache *c, uint64_t page, uint32_t off, uint32_t n)
   pthread_mutex_lock (&c->lock);
   s = pagetable_lookup (&c->pt, page);
   if (s != PT_NONE)
-    r = (c->pt.slots[s].flags & (PT_VERIFIED | PT_BAD)) == PT_VERIFIED &&
-      pagetable_range_valid (&c->pt.slots[s], first, last);
+    r = (pt_flags (&c->pt, s) & (PT_VERIFIED | PT_BAD)) == PT_VERIFIED &&
+      pagetable_range_valid (&c->pt, s, first, last);
   pthread_mutex_unlock (&c->lock);
   return r;
 }
@@ -921,7 +1000,7 @@ complete_partial (struct cache *c, const struct cache_backend *be,
   uint32_t n;
 
   pthread_mutex_lock (&c->lock);
-  snap = c->pt.slots[s];
+  pagetable_get (&c->pt, s, &snap);
   pthread_mutex_unlock (&c->lock);
   for (unsigned i = 0; i < c->nsectors; i++)
     if (!layout_bit_test (snap.valid, i)) {
@@ -977,8 +1056,8 @@ fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
 
   pthread_rwlock_rdlock (&c->inplace);
   pthread_mutex_lock (&c->lock);
-  snap = c->pt.slots[s];
-  cow = cache_must_cow (c, &snap);
+  pagetable_get (&c->pt, s, &snap);
+  cow = cache_must_cow (c, s);
   pthread_mutex_unlock (&c->lock);
   if (cow) {
     pthread_rwlock_unlock (&c->inplace);
@@ -1015,6 +1094,21 @@ fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
   r = cache_patch_slot (c, be, page, s, false, buf + lo, lo, hi - lo,
                         W_FILL, err);
   pthread_rwlock_unlock (&c->inplace);
+  if (r == 2) {
+    /* The valid sectors would not be one run and the side table is
+     * full: round out to the whole page instead (one more backend read
+     * of the sectors still missing), which needs no entry.  The answer
+     * in buf stays as it is.
+     */
+    uint8_t *whole = malloc (c->page_size);
+    uint32_t s2 = whole ? cache_lookup_pin (c, page) : PT_NONE;
+    int e2;
+
+    if (s2 != PT_NONE && cache_read_verified (c, be, s2, whole) == 0)
+      complete_partial (c, be, page, s2, whole, &e2);
+    free (whole);
+    return 0;
+  }
   return r == -1 && *err == EIO ? 0 : r;   /* the answer is in buf */
  out:
   cache_unpin (c, s);
@@ -1061,7 +1155,7 @@ mark_prefetched (struct cache *c, uint64_t page)
   pthread_mutex_lock (&c->lock);
   s = pagetable_lookup (&c->pt, page);
   if (s != PT_NONE) {
-    c->pt.slots[s].flags |= PT_PREFETCHED;
+    pt_flags_on (&c->pt, s, PT_PREFETCHED);
     STATS_ADD (&c->stats, prefetch_pages, 1);
   }
   pthread_mutex_unlock (&c->lock);
@@ -1111,7 +1205,7 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
     if (cache_read_verified_span (c, be, s, page_buf, sf, sl) == -1) {
       pthread_mutex_lock (&c->lock);
       bad = pagetable_lookup (&c->pt, page) == s &&
-        (c->pt.slots[s].flags & PT_BAD);
+        (pt_flags (&c->pt, s) & PT_BAD);
       pthread_mutex_unlock (&c->lock);
       if (bad) {
         *err = EIO;
@@ -1122,7 +1216,7 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
       continue;                 /* dropped */
     }
     pthread_mutex_lock (&c->lock);
-    ok = pagetable_range_valid (&c->pt.slots[s], sf, sl);
+    ok = pagetable_range_valid (&c->pt, s, sf, sl);
     if (ok && !o->readahead)
       note_use_locked (c, s, b - a, o->used);
     pthread_mutex_unlock (&c->lock);
@@ -1385,7 +1479,7 @@ cache_range_dirty (struct cache *c, uint64_t offset, uint64_t count,
   pthread_mutex_lock (&c->lock);
   for (uint64_t pos = offset; pos < end; page++) {
     uint32_t s = c->ndirty ? pagetable_lookup (&c->pt, page) : PT_NONE;
-    bool d = s != PT_NONE && c->pt.slots[s].state == LAYOUT_DIRTY;
+    bool d = s != PT_NONE && pt_state (&c->pt, s) == LAYOUT_DIRTY;
 
     if (pos == offset)
       first_dirty = d;

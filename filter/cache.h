@@ -73,7 +73,11 @@ struct cache_config {
   uint64_t readahead_window;   /* fixed mode: the window */
   uint64_t readahead_max;      /* adaptive mode: the largest window */
   bool direct;                 /* open the cache file with O_DIRECT */
+  uint32_t partial_pages;      /* side-table bound (pagetable.h): pages
+                                  whose maps are not one run each (0: the
+                                  default, CACHE_PARTIAL_NONE: none) */
 };
+#define CACHE_PARTIAL_NONE UINT32_MAX
 
 #define CACHE_DEFAULT_SIZE (1024ULL * 1024 * 1024)   /* 1 GiB */
 #define CACHE_DEFAULT_PAGE 65536

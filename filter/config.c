@@ -15,6 +15,7 @@
 
 #include "cache.h"
 #include "config.h"
+#include "pagetable.h"
 #include "admit.h"
 #include "evict.h"
 #include "readahead.h"
@@ -184,6 +185,16 @@ config_set (const char *key, const char *value)
       nbdkit_error ("%s: from 1 to 1024, not %s", key, value);
       return -1;
     }
+    return 0;
+  }
+  if (strcmp (key, "ssdcache-partial-pages") == 0) {
+    if (nbdkit_parse_uint32_t (key, value, &config.partial_pages) == -1)
+      return bad_value (key, value);
+    if (config.partial_pages > PT_SIDE_MAX) {
+      nbdkit_error ("%s: at most %u, not %s", key, PT_SIDE_MAX, value);
+      return -1;
+    }
+    config.partial_pages_set = true;
     return 0;
   }
   if (strcmp (key, "ssdcache-promote") == 0) {

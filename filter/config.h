@@ -31,6 +31,8 @@ struct config {
   unsigned seq_streams;
   bool verify;                 /* ssdcache-verify=lazy */
   unsigned promote;            /* ssdcache-promote */
+  uint32_t partial_pages;      /* ssdcache-partial-pages */
+  bool partial_pages_set;
   unsigned ra_mode;            /* enum readahead_mode */
   uint64_t ra_window;          /* ssdcache-readahead=SIZE */
   uint64_t ra_max;             /* ssdcache-readahead-max */

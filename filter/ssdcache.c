@@ -20,6 +20,7 @@
 #include "cache.h"
 #include "config.h"
 #include "log.h"
+#include "pagetable.h"
 #include "prefetch.h"
 #include "readahead.h"
 
@@ -96,6 +97,8 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "ssdcache-verify=off|lazy   Check each cached page against the backend\n" \
   "                           on its first use after start (off).\n" \
   "ssdcache-promote=N         Cache a page on its N-th read miss (1).\n" \
+  "ssdcache-partial-pages=N   Pages whose valid or dirty sectors are not\n" \
+  "                           one run that RAM keeps exactly (65536).\n" \
   "ssdcache-readahead=auto|off|SIZE  Readahead: adaptive (auto, the\n" \
   "                           default), off, or a fixed window.\n" \
   "ssdcache-readahead-max=SIZE  Largest adaptive window (8M)."
@@ -124,6 +127,9 @@ ssdcache_get_ready (int thread_model)
     .seq_streams = config.seq_streams,
     .verify = config.verify,
     .promote = config.promote,
+    .partial_pages = !config.partial_pages_set ? 0
+                     : config.partial_pages ? config.partial_pages
+                     : CACHE_PARTIAL_NONE,
     .readahead_mode = config.ra_mode,
     .readahead_window = config.ra_window,
     .readahead_max = config.ra_max,

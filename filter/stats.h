@@ -59,6 +59,12 @@ struct stats {
   _Atomic uint64_t dirty_pages;       /* gauge: pages holding dirty data */
   _Atomic uint64_t degraded;          /* gauge: 1 once the cache device failed
                                          and the filter is in pass-through */
+  _Atomic uint64_t partial_maps;      /* gauge: pages whose valid or dirty
+                                         sectors are not one run (kept in
+                                         the page table's side table) */
+  _Atomic uint64_t partial_maps_full; /* times such maps did not fit (the
+                                         side table was full) */
+  _Atomic uint64_t pt_rebases;        /* page-table epoch rebases */
 };
 
 #define STATS_ADD(st, field, n) \

@@ -86,13 +86,13 @@ collect_dirty (struct cache *c, uint64_t **pages_out, uint64_t hot_after,
   }
   *nhot = 0;
   for (uint32_t s = 0; s < c->nslots && n + *nhot < c->ndirty; s++) {
-    const struct pt_slot *slot = &c->pt.slots[s];
-    if (slot->state == LAYOUT_DIRTY && (slot->flags & PT_INDEXED) &&
-        !(slot->flags & PT_BAD)) {
-      if (slot->seq > hot_after)
+    uint16_t flags = pt_flags (&c->pt, s);
+    if (pt_state (&c->pt, s) == LAYOUT_DIRTY && (flags & PT_INDEXED) &&
+        !(flags & PT_BAD)) {
+      if (pt_seq (&c->pt, s) > hot_after)
         (*nhot)++;
       else
-        pages[n++] = slot->page;
+        pages[n++] = pt_page (&c->pt, s);
     }
   }
   pthread_mutex_unlock (&c->lock);
@@ -228,8 +228,8 @@ pass (struct cache *c, const struct cache_backend *be, uint64_t target,
       if (s == PT_NONE)
         continue;
       pthread_mutex_lock (&c->lock);
-      bool dirty = c->pt.slots[s].state == LAYOUT_DIRTY &&
-        !(c->pt.slots[s].flags & PT_BAD);
+      bool dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY &&
+        !(pt_flags (&c->pt, s) & PT_BAD);
       pthread_mutex_unlock (&c->lock);
       if (!dirty) {
         cache_unpin (c, s);
@@ -239,10 +239,9 @@ pass (struct cache *c, const struct cache_backend *be, uint64_t target,
         continue;               /* marked bad, pin consumed */
       pthread_mutex_lock (&c->lock);
       g[k].slot = s;
-      g[k].seq = c->pt.slots[s].seq;
-      memcpy (g[k].dirty, c->pt.slots[s].dirty, sizeof g[k].dirty);
-      memcpy (valid, c->pt.slots[s].valid, sizeof valid);
-      g[k].unsealed = c->pt.slots[s].flags & PT_UNSEALED;
+      g[k].seq = pt_seq (&c->pt, s);
+      pt_maps_get (&c->pt, s, valid, g[k].dirty);
+      g[k].unsealed = pt_flags (&c->pt, s) & PT_UNSEALED;
       pthread_mutex_unlock (&c->lock);
       /* Marking it clean will seal it: its checksum, from this data. */
       if (g[k].unsealed)
@@ -300,7 +299,7 @@ pass (struct cache *c, const struct cache_backend *be, uint64_t target,
       continue;
     }
     pthread_mutex_lock (&c->lock);
-    upd = c->pt.slots[p->slot];
+    pagetable_get (&c->pt, p->slot, &upd);
     same = pagetable_lookup (&c->pt, p->page) == p->slot &&
       upd.seq == p->seq;
     pthread_mutex_unlock (&c->lock);
@@ -358,7 +357,7 @@ writeback_page_locked (struct cache *c, const struct cache_backend *be,
     return -1;
   }
   pthread_mutex_lock (&c->lock);
-  c->pt.slots[s].pins++;        /* read_verified consumes one on error */
+  pt_pin (&c->pt, s);           /* read_verified consumes one on error */
   pthread_mutex_unlock (&c->lock);
   if (cache_read_verified (c, be, s, buf) == -1) {
     free (buf);
@@ -367,7 +366,7 @@ writeback_page_locked (struct cache *c, const struct cache_backend *be,
   }
   cache_unpin (c, s);
   pthread_mutex_lock (&c->lock);
-  upd = c->pt.slots[s];
+  pagetable_get (&c->pt, s, &upd);
   pthread_mutex_unlock (&c->lock);
   memcpy (g.dirty, upd.dirty, sizeof g.dirty);
   if (upd.flags & PT_UNSEALED) {

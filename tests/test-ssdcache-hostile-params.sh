@@ -97,9 +97,9 @@ refused ssdcache-size "$img" ssdcache-file="$c" ssdcache-size=922337203685477580
 refused ssdcache-page-size "$img" ssdcache-file="$c" ssdcache-page-size=1E
 refused ssdcache-page-size "$img" ssdcache-file="$c" ssdcache-page-size=4294971392
 
-# A 20T backend (nbdkit's null plugin: no file): with 4K pages, 20T of
-# cache is more than 2^32 slots.  Refused before anything is allocated
-# (the cache file stays empty).
+# A 20T backend (nbdkit's null plugin: no file): with 4K pages it has
+# more than 2^32 - 1 pages, which the page table cannot number.  Refused
+# before anything is allocated (the cache file stays empty).
 rm -f "$c"
 status=0
 timeout 30 nbdkit -U - --filter="$SSDCACHE_FILTER" null 20T \
@@ -107,6 +107,19 @@ timeout 30 nbdkit -U - --filter="$SSDCACHE_FILTER" null 20T \
         --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmpdir/err" || status=$?
 cat "$tmpdir/err"
 status_ok $status "null 20T, ssdcache-size=20T, 4K pages"
+[ $status -ne 0 ] || fail "a backend of more than 2^32 - 1 pages was not refused"
+grep -q 'at most 4294967295 pages.*ssdcache-page-size' "$tmpdir/err" ||
+    fail "more than 2^32 - 1 pages: the error does not name the limit"
+[ ! -s "$c" ] || fail "the refused 20T cache left a $(stat -c %s "$c") byte file"
+# Just under 16T (fewer than 2^32 - 1 pages of 4K), but a 20T cache
+# would be more than 2^32 slots (the spare quarter): refused too.
+rm -f "$c"
+status=0
+timeout 30 nbdkit -U - --filter="$SSDCACHE_FILTER" null 16383G \
+        ssdcache-file="$c" ssdcache-size=20T ssdcache-page-size=4K \
+        --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmpdir/err" || status=$?
+cat "$tmpdir/err"
+status_ok $status "null 16383G, ssdcache-size=20T, 4K pages"
 [ $status -ne 0 ] || fail "a cache of more than 2^32 slots was not refused"
 grep -q 'ssdcache-size.*too many pages' "$tmpdir/err" ||
     fail "more than 2^32 slots: the error does not say ssdcache-size: too many pages"

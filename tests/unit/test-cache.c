@@ -1024,6 +1024,33 @@ test_wrong_backend_size (void **state)
   rambackend_free (&rb2);
 }
 
+/* A backend with more pages than the page table can number (2^32 - 1)
+ * is refused, with a message naming the limit; one page less is not.
+ */
+static void
+test_too_many_pages (void **state)
+{
+  struct cache_config cfg = make_cfg (16 * PS);
+  const uint64_t max = (uint64_t) UINT32_MAX * PS;   /* 2^32 - 1 pages */
+  struct cache *c;
+  int errs;
+
+  c = cache_open (&cfg);
+  assert_non_null (c);
+  errs = log_error_count;
+  assert_int_equal (cache_attach (c, max + 1), -1);
+  assert_true (log_error_count > errs);
+  if (strstr (log_error_last, "at most 4294967295 pages") == NULL ||
+      strstr (log_error_last, "ssdcache-page-size") == NULL)
+    fail_msg ("unexpected message: %s", log_error_last);
+  cache_close (c);
+
+  c = cache_open (&cfg);
+  assert_non_null (c);
+  assert_int_equal (cache_attach (c, max), 0);
+  cache_close (c);
+}
+
 static void
 test_page_size_or_size_change (void **state)
 {
@@ -1636,6 +1663,7 @@ main (void)
     T (test_entry_conflicts),
     T (test_wrong_identity),
     T (test_wrong_backend_size),
+    T (test_too_many_pages),
     T (test_page_size_or_size_change),
     T (test_lock),
     T (test_garbage_file),

@@ -1,7 +1,7 @@
 /* nbdkit-ssdcache-filter unit tests: the in-RAM page table (pagetable.c).
  *
  * init/free, index insert/lookup/remove, the free list, churn against
- * a reference model with backend pages spread over 2^50, entry
+ * a reference model with backend pages spread over 2^32 - 1, entry
  * conversion and the valid-range helper.
  */
 #include <setjmp.h>
@@ -31,17 +31,17 @@ static void
 check_empty (struct pagetable *pt, uint32_t nslots)
 {
   assert_int_equal (pt->nslots, nslots);
-  assert_non_null (pt->slots);
+  assert_non_null (pt->recs);
   assert_non_null (pt->buckets);
   assert_int_equal (pt->nfree, nslots);
   assert_int_equal (pt->nindexed, 0);
-  /* Power-of-two bucket count, sized by the cache. */
-  assert_int_equal ((pt->bucket_mask + 1) & pt->bucket_mask, 0);
-  assert_true ((uint64_t) pt->bucket_mask + 1 <= 8 * (uint64_t) nslots + 64);
+  /* About a bucket for every two slots: sized by the cache. */
+  assert_true (pt->nbuckets >= 1);
+  assert_true (pt->nbuckets <= nslots / 2 + 1);
   for (uint32_t i = 0; i < nslots; ++i) {
-    assert_int_equal (pt->slots[i].state, LAYOUT_FREE);
-    assert_int_equal (pt->slots[i].pins, 0);
-    assert_int_equal (pt->slots[i].flags & PT_INDEXED, 0);
+    assert_int_equal (pt_state (pt, i), LAYOUT_FREE);
+    assert_int_equal (pt_pins (pt, i), 0);
+    assert_int_equal (pt_flags (pt, i) & PT_INDEXED, 0);
   }
   assert_int_equal (pagetable_lookup (pt, 0), PT_NONE);
   assert_int_equal (pagetable_lookup (pt, 1), PT_NONE);
@@ -105,29 +105,33 @@ static void
 test_put_free_resets (void **state)
 {
   struct pagetable pt;
+  struct pt_slot v;
   uint32_t s;
 
   assert_int_equal (pagetable_init (&pt, 4), 0);
   s = pagetable_take_free (&pt);
   pagetable_insert (&pt, s, 777);
-  pt.slots[s].state = LAYOUT_CLEAN;
-  pt.slots[s].seq = 9;
-  pt.slots[s].data_crc = 1234;
-  memset (pt.slots[s].valid, 0xff, sizeof pt.slots[s].valid);
-  pt.slots[s].flags |= PT_VERIFIED;
+  pt_set_state (&pt, s, LAYOUT_CLEAN);
+  pt_set_seq (&pt, s, 9);
+  pt_set_crc (&pt, s, 1234);
+  memset (v.valid, 0xff, sizeof v.valid);
+  memset (v.dirty, 0, sizeof v.dirty);
+  assert_true (pt_maps_set (&pt, s, v.valid, v.dirty));
+  pt_flags_on (&pt, s, PT_VERIFIED);
   pagetable_remove (&pt, s);
   assert_int_equal (pagetable_lookup (&pt, 777), PT_NONE);
   /* remove keeps the metadata */
-  assert_int_equal (pt.slots[s].page, 777);
-  assert_int_equal (pt.slots[s].state, LAYOUT_CLEAN);
-  assert_int_equal (pt.slots[s].flags & PT_INDEXED, 0);
+  assert_int_equal (pt_page (&pt, s), 777);
+  assert_int_equal (pt_state (&pt, s), LAYOUT_CLEAN);
+  assert_int_equal (pt_flags (&pt, s) & PT_INDEXED, 0);
   pagetable_put_free (&pt, s);
-  assert_int_equal (pt.slots[s].state, LAYOUT_FREE);
-  for (size_t i = 0; i < sizeof pt.slots[s].valid; ++i) {
-    assert_int_equal (pt.slots[s].valid[i], 0);
-    assert_int_equal (pt.slots[s].dirty[i], 0);
+  assert_int_equal (pt_state (&pt, s), LAYOUT_FREE);
+  pagetable_get (&pt, s, &v);
+  for (size_t i = 0; i < sizeof v.valid; ++i) {
+    assert_int_equal (v.valid[i], 0);
+    assert_int_equal (v.dirty[i], 0);
   }
-  assert_int_equal (pt.slots[s].flags & (PT_INDEXED | PT_VERIFIED), 0);
+  assert_int_equal (pt_flags (&pt, s) & (PT_INDEXED | PT_VERIFIED), 0);
   assert_int_equal (pt.nfree, 4);
   pagetable_free (&pt);
 }
@@ -138,7 +142,7 @@ test_insert_lookup_remove (void **state)
   struct pagetable pt;
   const uint32_t n = 8;
   uint64_t pages[8] = {
-    0, 1, 2, (1ULL << 50) - 1, 1ULL << 40, UINT64_MAX - 1, 12345678901ULL, 64
+    0, 1, 2, PT_MAX_PAGES, 1ULL << 31, PT_MAX_PAGES - 1, 1234567890ULL, 64
   };
   uint32_t slots[8];
 
@@ -147,8 +151,8 @@ test_insert_lookup_remove (void **state)
     slots[i] = pagetable_take_free (&pt);
     pagetable_insert (&pt, slots[i], pages[i]);
     assert_int_equal (pt.nindexed, i + 1);
-    assert_true (pt.slots[slots[i]].flags & PT_INDEXED);
-    assert_int_equal (pt.slots[slots[i]].page, pages[i]);
+    assert_true (pt_flags (&pt, slots[i]) & PT_INDEXED);
+    assert_int_equal (pt_page (&pt, slots[i]), pages[i]);
   }
   for (uint32_t i = 0; i < n; ++i)
     assert_int_equal (pagetable_lookup (&pt, pages[i]), slots[i]);
@@ -189,14 +193,14 @@ test_collisions (void **state)
   uint32_t slots[64];
 
   assert_int_equal (pagetable_init (&pt, n), 0);
-  uint64_t nb = (uint64_t) pt.bucket_mask + 1;
+  uint64_t nb = pt.nbuckets;
   for (uint32_t i = 0; i < n; ++i) {
-    uint64_t page = (i < 32) ? (uint64_t) i * nb + 5 : (uint64_t) (i - 32) << 32;
+    uint64_t page = (i < 32) ? (uint64_t) i * nb + 5 : (uint64_t) (i - 32) << 27;
     slots[i] = pagetable_take_free (&pt);
     pagetable_insert (&pt, slots[i], page);
   }
   for (uint32_t i = 0; i < n; ++i) {
-    uint64_t page = (i < 32) ? (uint64_t) i * nb + 5 : (uint64_t) (i - 32) << 32;
+    uint64_t page = (i < 32) ? (uint64_t) i * nb + 5 : (uint64_t) (i - 32) << 27;
     assert_int_equal (pagetable_lookup (&pt, page), slots[i]);
   }
   /* remove head, tail and middle of the long chains */
@@ -205,7 +209,7 @@ test_collisions (void **state)
     pagetable_put_free (&pt, slots[i]);
   }
   for (uint32_t i = 0; i < n; ++i) {
-    uint64_t page = (i < 32) ? (uint64_t) i * nb + 5 : (uint64_t) (i - 32) << 32;
+    uint64_t page = (i < 32) ? (uint64_t) i * nb + 5 : (uint64_t) (i - 32) << 27;
     assert_int_equal (pagetable_lookup (&pt, page),
                       i % 3 == 0 ? PT_NONE : slots[i]);
   }
@@ -234,9 +238,9 @@ random_page (void)
 {
   switch (rnd () % 4) {
   case 0: return rnd () % 1000;                      /* dense, small */
-  case 1: return rnd () & ((1ULL << 50) - 1);        /* huge backend */
-  case 2: return (rnd () % 64) << 44;                /* same low bits */
-  default: return (1ULL << 50) - 1 - rnd () % 100;   /* the far end */
+  case 1: return rnd () % PT_MAX_PAGES;              /* huge backend */
+  case 2: return (rnd () % 64) << 26;                /* same low bits */
+  default: return PT_MAX_PAGES - rnd () % 100;       /* the far end */
   }
 }
 
@@ -248,10 +252,10 @@ full_check (struct pagetable *pt, const struct model *m)
   assert_int_equal (pt->nindexed, m->n);
   for (uint32_t i = 0; i < m->n; ++i) {
     assert_int_equal (pagetable_lookup (pt, m->page[i]), m->slot[i]);
-    assert_int_equal (pt->slots[m->slot[i]].page, m->page[i]);
+    assert_int_equal (pt_page (pt, m->slot[i]), m->page[i]);
   }
   for (uint32_t s = 0; s < pt->nslots; ++s)
-    if (pt->slots[s].flags & PT_INDEXED)
+    if (pt_flags (pt, s) & PT_INDEXED)
       indexed++;
   assert_int_equal (indexed, m->n);
 }
@@ -292,10 +296,10 @@ churn (uint32_t nslots, unsigned ops, uint64_t seed)
           continue;
         }
         assert_int_not_equal (s, PT_NONE);
-        assert_int_equal (pt.slots[s].flags & PT_INDEXED, 0);
+        assert_int_equal (pt_flags (&pt, s) & PT_INDEXED, 0);
       }
       pagetable_insert (&pt, s, page);
-      pt.slots[s].state = LAYOUT_CLEAN;
+      pt_set_state (&pt, s, LAYOUT_CLEAN);
       m.page[m.n] = page;
       m.slot[m.n] = s;
       m.n++;
@@ -366,7 +370,7 @@ static void
 fill_slot (struct pt_slot *s, uint8_t st)
 {
   memset (s, 0, sizeof *s);
-  s->page = (1ULL << 49) + 77;
+  s->page = PT_MAX_PAGES - 77;
   s->seq = 0xabcdef0123ULL;
   s->data_crc = 0x87654321;
   s->state = st;
@@ -384,13 +388,13 @@ test_entry_roundtrip (void **state)
 
   for (size_t k = 0; k < 2; ++k) {
     struct pt_slot s, s2;
+    struct pagetable pt;
     struct layout_entry e, e2;
     uint8_t buf[LAYOUT_ENTRY_SIZE];
 
     fill_slot (&s, states[k]);
     s.pins = 3;                         /* RAM-only fields */
     s.flags = PT_INDEXED | PT_VERIFIED;
-    s.next = 42;
     memset (&e, 0xee, sizeof e);
     pagetable_to_entry (&s, &e);
     assert_int_equal (e.page, s.page);
@@ -404,10 +408,22 @@ test_entry_roundtrip (void **state)
     layout_entry_encode (&e, buf);
     assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &e2), 0);
 
-    memset (&s2, 0, sizeof s2);
-    pagetable_from_entry (&s2, &e2);
+    assert_int_equal (pagetable_init (&pt, 3), 0);
+    assert_true (pagetable_from_entry (&pt, 1, &e2));
+    pagetable_get (&pt, 1, &s2);
+    /* (These maps are not runs: slot 1 took a side-table entry.) */
+    assert_true (pt_maps_side (&pt, 1));
+    assert_int_equal (pt.side_used, 1);
+    /* A page the table cannot hold is refused. */
+    e2.page = (uint64_t) PT_MAX_PAGES + 1;
+    assert_false (pagetable_from_entry (&pt, 2, &e2));
+    assert_int_equal (pt_state (&pt, 2), LAYOUT_FREE);
+    pagetable_free (&pt);
     assert_int_equal (s2.page, s.page);
-    assert_int_equal (s2.seq, s.seq);
+    /* RAM keeps a change stamp, not the entry's number: the loader
+     * rebases it to the cache's last number.
+     */
+    assert_int_equal (s2.seq, 0);
     assert_int_equal (s2.data_crc, s.data_crc);
     assert_int_equal (s2.state, s.state);
     assert_memory_equal (s2.valid, s.valid, sizeof s.valid);
@@ -416,36 +432,50 @@ test_entry_roundtrip (void **state)
   }
 }
 
+/* Both range checks, on a value and on the stored slot 1. */
+static struct pagetable rv_pt;
+
+static bool
+range_valid (const struct pt_slot *s, unsigned first, unsigned last)
+{
+  bool a = pt_view_range_valid (s, first, last);
+
+  assert_true (pt_maps_set (&rv_pt, 1, s->valid, s->dirty));
+  assert_int_equal (pagetable_range_valid (&rv_pt, 1, first, last), a);
+  return a;
+}
+
 static void
 test_range_valid (void **state)
 {
   struct pt_slot s;
 
+  assert_int_equal (pagetable_init (&rv_pt, 2), 0);
   memset (&s, 0, sizeof s);
   for (unsigned i = 3; i <= 10; ++i)
     layout_bit_set (s.valid, i);
   layout_bit_set (s.valid, 127);
 
-  assert_true (pagetable_range_valid (&s, 3, 10));
-  assert_true (pagetable_range_valid (&s, 3, 3));
-  assert_true (pagetable_range_valid (&s, 10, 10));
-  assert_true (pagetable_range_valid (&s, 5, 8));
-  assert_true (pagetable_range_valid (&s, 127, 127));
-  assert_false (pagetable_range_valid (&s, 2, 10));
-  assert_false (pagetable_range_valid (&s, 3, 11));
-  assert_false (pagetable_range_valid (&s, 0, 0));
-  assert_false (pagetable_range_valid (&s, 0, 127));
-  assert_false (pagetable_range_valid (&s, 11, 126));
-  assert_false (pagetable_range_valid (&s, 126, 127));
+  assert_true (range_valid (&s, 3, 10));
+  assert_true (range_valid (&s, 3, 3));
+  assert_true (range_valid (&s, 10, 10));
+  assert_true (range_valid (&s, 5, 8));
+  assert_true (range_valid (&s, 127, 127));
+  assert_false (range_valid (&s, 2, 10));
+  assert_false (range_valid (&s, 3, 11));
+  assert_false (range_valid (&s, 0, 0));
+  assert_false (range_valid (&s, 0, 127));
+  assert_false (range_valid (&s, 11, 126));
+  assert_false (range_valid (&s, 126, 127));
 
   memset (s.valid, 0xff, sizeof s.valid);
-  assert_true (pagetable_range_valid (&s, 0, 127));
-  assert_true (pagetable_range_valid (&s, 0, 7));
+  assert_true (range_valid (&s, 0, 127));
+  assert_true (range_valid (&s, 0, 7));
   layout_bit_clear (s.valid, 64);
-  assert_false (pagetable_range_valid (&s, 0, 127));
-  assert_true (pagetable_range_valid (&s, 0, 63));
-  assert_true (pagetable_range_valid (&s, 65, 127));
-  assert_false (pagetable_range_valid (&s, 60, 70));
+  assert_false (range_valid (&s, 0, 127));
+  assert_true (range_valid (&s, 0, 63));
+  assert_true (range_valid (&s, 65, 127));
+  assert_false (range_valid (&s, 60, 70));
 
   /* every single-sector range against a random map */
   rng_state = 99;
@@ -457,8 +487,382 @@ test_range_valid (void **state)
       for (unsigned i = a; i <= b; ++i)
         if (!layout_bit_test (s.valid, i))
           want = false;
-      assert_int_equal (pagetable_range_valid (&s, a, b), want);
+      assert_int_equal (range_valid (&s, a, b), want);
     }
+  pagetable_free (&rv_pt);
+}
+
+/*----------------------------------------------------------------------
+ * The compact form (pagetable.c).
+ */
+
+/* 28 bytes per slot for the slots and the index, whatever the slots
+ * hold; the side table and a fixed part come on top.
+ */
+static void
+test_heap_bytes (void **state)
+{
+  uint32_t sizes[] = { 1, 2, 16, 1000, 65536, 1000003, 4u << 20 };
+  uint8_t valid[16], dirty[16];
+
+  assert_int_equal (sizeof (struct pt_rec), 26);
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
+    struct pagetable pt;
+    uint32_t n = sizes[i];
+
+    assert_int_equal (pagetable_init (&pt, n), 0);
+    assert_true (pagetable_heap_bytes (&pt) <= 28 * (uint64_t) n + 64);
+    /* Full pages, one dirty run, empty maps: no side table. */
+    memset (valid, 0xff, sizeof valid);
+    memset (dirty, 0, sizeof dirty);
+    for (uint32_t s = 0; s < n; s += 1 + n / 1000) {
+      uint32_t t = pagetable_take_free (&pt);
+      pagetable_insert (&pt, t, (uint64_t) s * 7919);
+      pt_set_state (&pt, t, LAYOUT_DIRTY);
+      dirty[s % 16] = 0x3c;
+      assert_true (pt_maps_set (&pt, t, valid, dirty));
+      dirty[s % 16] = 0;
+      pt_set_seq (&pt, t, s);
+      pt_set_epoch (&pt, t, s);
+      pt_pin (&pt, t);
+    }
+    assert_int_equal (pt.side_used, 0);
+    assert_true (pagetable_heap_bytes (&pt) <= 28 * (uint64_t) n + 64);
+    /* Partial maps: at most 32 bytes for each side-table entry more. */
+    for (uint32_t s = 0; s < n && s < 100; s++) {
+      memset (valid, 0x55, sizeof valid);
+      pt_maps_set (&pt, s, valid, dirty);
+    }
+    assert_true (pt.side_used == (n < 100 ? n : 100));
+    assert_true (pagetable_heap_bytes (&pt) <=
+                 28 * (uint64_t) n + 64 + 2 * 32 * (uint64_t) pt.side_used
+                 + 64 * 32);
+    pagetable_free (&pt);
+  }
+}
+
+/* A random run (or empty) map; *a, *b its bounds. */
+static void
+run_map (uint8_t *map, unsigned a, unsigned b)
+{
+  memset (map, 0, 16);
+  for (unsigned i = a; i < b; i++)
+    layout_bit_set (map, i);
+}
+
+static void
+check_slot_maps (struct pagetable *pt, uint32_t s, const uint8_t *valid,
+                 const uint8_t *dirty)
+{
+  uint8_t v[16], d[16];
+
+  pt_maps_get (pt, s, v, d);
+  assert_memory_equal (v, valid, 16);
+  assert_memory_equal (d, dirty, 16);
+  for (unsigned i = 0; i < LAYOUT_MAX_SECTORS; i++)
+    assert_int_equal (pt_valid_test (pt, s, i), layout_bit_test (valid, i));
+  for (unsigned k = 0; k < 20; k++) {
+    unsigned a = rnd () % 128, b = a + rnd () % (128 - a);
+    bool want = true;
+    for (unsigned i = a; i <= b; i++)
+      want &= layout_bit_test (valid, i);
+    assert_int_equal (pagetable_range_valid (pt, s, a, b), want);
+  }
+}
+
+/* Every pair of runs is stored inline (no side entry) and read back. */
+static void
+test_maps_runs (void **state)
+{
+  struct pagetable pt;
+  uint8_t valid[16], dirty[16];
+
+  rng_state = 5;
+  assert_int_equal (pagetable_init (&pt, 4), 0);
+  assert_int_equal (pagetable_set_side_limit (&pt, 0), 0);
+  for (unsigned a = 0; a <= 128; a++)
+    for (unsigned b = a; b <= 128; b++) {
+      unsigned da = a + (b > a ? rnd () % (b - a + 1) : 0);
+      unsigned db = da + (b > da ? rnd () % (b - da + 1) : 0);
+      run_map (valid, a, b);
+      run_map (dirty, da, db);
+      assert_true (pt_maps_set (&pt, 1, valid, dirty));
+      assert_false (pt_maps_side (&pt, 1));
+      check_slot_maps (&pt, 1, valid, dirty);
+    }
+  assert_int_equal (pt.side_used, 0);
+  pagetable_free (&pt);
+}
+
+/* Maps that are not runs use the side table up to its limit; past it
+ * pt_maps_set fails and changes nothing; runs give the entry back, and
+ * so does freeing the slot; _force goes past the limit.
+ */
+static void
+test_side_table (void **state)
+{
+  struct pagetable pt;
+  uint8_t valid[16], dirty[16], v2[16], d2[16];
+  uint8_t multi[8][16];
+
+  rng_state = 11;
+  assert_int_equal (pagetable_init (&pt, 8), 0);
+  assert_int_equal (pagetable_set_side_limit (&pt, 3), 0);
+  for (int k = 0; k < 8; k++) {
+    for (int i = 0; i < 16; i++)
+      multi[k][i] = rnd ();
+    multi[k][0] = 0x05;                 /* two runs at least */
+  }
+  memset (dirty, 0, sizeof dirty);
+  for (uint32_t s = 0; s < 3; s++) {
+    assert_true (pt_maps_set (&pt, s, multi[s], dirty));
+    assert_true (pt_maps_side (&pt, s));
+    check_slot_maps (&pt, s, multi[s], dirty);
+  }
+  assert_int_equal (pt.side_used, 3);
+  /* Full: a fourth slot cannot have such maps, and keeps its own. */
+  run_map (valid, 2, 9);
+  assert_true (pt_maps_set (&pt, 3, valid, dirty));
+  assert_false (pt_maps_set (&pt, 3, multi[3], dirty));
+  assert_false (pt_maps_reserve (&pt, 3));
+  assert_false (pt_maps_reserve_for (&pt, 3, multi[3], dirty));
+  assert_true (pt_maps_reserve_for (&pt, 3, valid, valid));
+  check_slot_maps (&pt, 3, valid, dirty);
+  assert_int_equal (pt.side_full, 3);
+  /* A slot that has an entry may change its partial maps freely. */
+  run_map (d2, 0, 1);
+  assert_true (pt_maps_set (&pt, 0, multi[4], d2));
+  check_slot_maps (&pt, 0, multi[4], d2);
+  assert_true (pt_maps_reserve (&pt, 0));
+  assert_int_equal (pt.side_used, 3);
+  /* Back to runs: the entry is free again. */
+  assert_true (pt_maps_set (&pt, 1, valid, dirty));
+  assert_false (pt_maps_side (&pt, 1));
+  assert_int_equal (pt.side_used, 2);
+  assert_true (pt_maps_set (&pt, 3, multi[3], dirty));
+  check_slot_maps (&pt, 3, multi[3], dirty);
+  /* Freeing a slot gives its entry back. */
+  pagetable_put_free (&pt, 2);
+  assert_int_equal (pt.side_used, 2);
+  pt_maps_get (&pt, 2, v2, d2);
+  memset (valid, 0, sizeof valid);
+  assert_memory_equal (v2, valid, 16);
+  /* Reserve keeps the current maps and makes any later maps fit. */
+  run_map (valid, 10, 20);
+  assert_true (pt_maps_set (&pt, 4, valid, dirty));
+  assert_true (pt_maps_reserve (&pt, 4));
+  assert_true (pt_maps_side (&pt, 4));
+  check_slot_maps (&pt, 4, valid, dirty);
+  assert_int_equal (pt.side_used, 3);
+  assert_true (pt_maps_set (&pt, 4, multi[5], dirty));
+  check_slot_maps (&pt, 4, multi[5], dirty);
+  /* Past the limit only by force. */
+  assert_false (pt_maps_set (&pt, 5, multi[6], dirty));
+  assert_true (pt_maps_set_force (&pt, 5, multi[6], dirty));
+  assert_int_equal (pt.side_used, 4);
+  for (uint32_t s = 0; s < 8; s++)
+    if (s != 2)
+      pagetable_put_free (&pt, s);
+  assert_int_equal (pt.side_used, 0);
+  pagetable_free (&pt);
+}
+
+/* Many side entries (indexes past 16384 use the valid code's high
+ * part): each slot gets its own maps back.
+ */
+static void
+test_side_table_large (void **state)
+{
+  const uint32_t n = 70000;
+  struct pagetable pt;
+  uint8_t dirty[16] = { 0 };
+
+  assert_int_equal (pagetable_init (&pt, n), 0);
+  assert_int_equal (pagetable_set_side_limit (&pt, n), 0);
+  for (uint32_t s = 0; s < n; s++) {
+    uint8_t valid[16] = { 0 };
+    memcpy (valid, &s, sizeof s);
+    valid[14] = 0x01;
+    valid[15] = 0x80;                   /* never one run */
+    assert_true (pt_maps_set (&pt, s, valid, dirty));
+  }
+  assert_int_equal (pt.side_used, n);
+  for (uint32_t s = 0; s < n; s++) {
+    uint8_t v[16], want[16] = { 0 };
+    memcpy (want, &s, sizeof s);
+    want[14] = 0x01;
+    want[15] = 0x80;
+    pt_maps_get (&pt, s, v, NULL);
+    assert_memory_equal (v, want, 16);
+  }
+  assert_int_equal (pagetable_set_side_limit (&pt, PT_SIDE_MAX + 1), -1);
+  pagetable_free (&pt);
+}
+
+/* Epochs across many rebases against exact 64-bit ones: what the
+ * cache decides from them (copy on write: may the epoch be <= the
+ * flushing epoch; free a predecessor: is its successor's surely <= the
+ * flushed epoch; seal: may it be <= a sync's epoch) is exact while the
+ * base keeps up, and only ever errs the safe way (may: true, surely:
+ * false) when it does not.
+ */
+static void
+epoch_model (uint32_t span, unsigned stall, uint64_t seed, int want_unknown)
+{
+  const uint32_t n = 48;
+  struct pagetable pt;
+  uint64_t truth[48];
+  uint64_t epoch = 1, flushing = 0, flushed = 0, inflight[4];
+  unsigned ninflight = 0, rebases = 0, unknown = 0, exact = 0;
+
+  rng_state = seed;
+  pagetable_test_epoch_span = span;
+  assert_int_equal (pagetable_init (&pt, n), 0);
+  pagetable_test_epoch_span = 0;
+  for (uint32_t s = 0; s < n; s++) {
+    truth[s] = 0;
+    pt_set_epoch (&pt, s, 0);
+  }
+  for (unsigned op = 0; op < 20000; op++) {
+    unsigned r = rnd () % 100;
+    uint32_t s = rnd () % n;
+
+    if (r < 30) {                       /* a write completes */
+      truth[s] = rnd () % 8 ? epoch : PT_EPOCH_PENDING;
+      pt_set_epoch (&pt, s, truth[s]);
+    }
+    else if (r < 45 && ninflight < 4) { /* a client sync starts */
+      inflight[ninflight++] = epoch;
+      if (epoch > flushing)
+        flushing = epoch;
+      epoch++;
+    }
+    else if (r < 60 && ninflight > 0) { /* ... and ends (any of them) */
+      unsigned k = rnd () % ninflight;
+      uint64_t low;
+      /* stall: sometimes the flushed epoch stays behind */
+      if (inflight[k] > flushed && (stall == 0 || rnd () % stall == 0))
+        flushed = inflight[k];
+      inflight[k] = inflight[--ninflight];
+      low = flushed;
+      for (unsigned i = 0; i < ninflight; i++)
+        if (inflight[i] < low)
+          low = inflight[i];
+      if (epoch - pt.epoch_base >= pt.epoch_span / 2 && low > pt.epoch_base) {
+        pagetable_epoch_rebase (&pt, low);
+        rebases++;
+      }
+    }
+    else
+      epoch++;                          /* a non-client sync */
+
+    /* Check every slot against every threshold the cache uses. */
+    for (uint32_t k = 0; k < n; k++) {
+      uint64_t ts[6] = { flushing, flushed, epoch, epoch - 1, 0, 0 };
+      unsigned nt = 4;
+      bool known = pt_epoch (&pt, k) != PT_EPOCH_UNKNOWN;
+      for (unsigned i = 0; i < ninflight && nt < 6; i++)
+        ts[nt++] = inflight[i];
+      if (!known)
+        unknown++;
+      for (unsigned i = 0; i < nt; i++) {
+        bool le = truth[k] != PT_EPOCH_PENDING && truth[k] <= ts[i];
+        bool may = pt_epoch_may_be_at_most (&pt, k, ts[i]);
+        bool surely = pt_epoch_surely_at_most (&pt, k, ts[i]);
+        if (known) {
+          assert_int_equal (may, le);
+          assert_int_equal (surely, le);
+          exact++;
+        }
+        else {
+          assert_true (may);
+          assert_false (surely);
+        }
+      }
+    }
+  }
+  assert_true (rebases > 20);
+  assert_true (exact > 0);
+  if (want_unknown == 0)
+    assert_int_equal (unknown, 0);
+  else if (want_unknown == 1)
+    assert_true (unknown > 0);
+  pagetable_free (&pt);
+}
+
+static void
+test_epoch_rebase (void **state)
+{
+  epoch_model (8, 0, 1, -1);
+  epoch_model (16, 0, 2, -1);
+  epoch_model (6, 0, 3, -1);
+  epoch_model (256, 0, 5, 0);   /* room enough: always exact */
+  epoch_model (8, 50, 4, 1);    /* the base cannot keep up: "unknown" */
+}
+
+/* Sequence numbers as change stamps across many rebases: a slot's stamp
+ * never goes down, one that changes always reads differently from
+ * before, and a recent one reads exactly.
+ */
+static void
+test_seq_rebase (void **state)
+{
+  const uint32_t n = 32;
+  struct pagetable pt;
+  uint64_t seq = 0, last[32], snap[32];
+
+  rng_state = 21;
+  pagetable_test_seq_span = 16;
+  assert_int_equal (pagetable_init (&pt, n), 0);
+  pagetable_test_seq_span = 0;
+  for (uint32_t s = 0; s < n; s++) {
+    last[s] = snap[s] = pt_seq (&pt, s);
+  }
+  for (unsigned op = 0; op < 50000; op++) {
+    uint32_t s = rnd () % n;
+
+    if (rnd () % 3 == 0)
+      snap[s] = pt_seq (&pt, s);        /* writeback looks at it */
+    else {
+      uint64_t before = pt_seq (&pt, s);
+      pt_set_seq (&pt, s, ++seq);
+      assert_int_equal (pt_seq (&pt, s), seq);
+      assert_true (pt_seq (&pt, s) != before);
+      assert_true (pt_seq (&pt, s) != snap[s]);
+    }
+    for (uint32_t k = 0; k < n; k++) {
+      uint64_t now = pt_seq (&pt, k);
+      assert_true (now >= last[k]);
+      assert_true (now <= seq || seq == 0);
+      last[k] = now;
+    }
+  }
+  assert_true (pt.seq_base > 1000);
+  pagetable_free (&pt);
+}
+
+/* Pins past 255 per slot. */
+static void
+test_pins_overflow (void **state)
+{
+  struct pagetable pt;
+
+  assert_int_equal (pagetable_init (&pt, 4), 0);
+  for (unsigned i = 0; i < 1000; i++) {
+    pt_pin (&pt, 1);
+    if (i % 2)
+      pt_pin (&pt, 2);
+  }
+  assert_int_equal (pt_pins (&pt, 1), 1000);
+  assert_int_equal (pt_pins (&pt, 2), 500);
+  assert_int_equal (pt_pins (&pt, 0), 0);
+  for (unsigned i = 1000; i-- > 0;)
+    assert_int_equal (pt_unpin (&pt, 1), i);
+  for (unsigned i = 500; i-- > 0;)
+    assert_int_equal (pt_unpin (&pt, 2), i);
+  for (unsigned i = 0; i < PT_PINX; i++)
+    assert_int_equal (pt.pinx[i].slot, PT_NONE);
+  pagetable_free (&pt);
 }
 
 int
@@ -466,6 +870,13 @@ main (void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_init_free),
+    cmocka_unit_test (test_heap_bytes),
+    cmocka_unit_test (test_maps_runs),
+    cmocka_unit_test (test_side_table),
+    cmocka_unit_test (test_side_table_large),
+    cmocka_unit_test (test_epoch_rebase),
+    cmocka_unit_test (test_seq_rebase),
+    cmocka_unit_test (test_pins_overflow),
     cmocka_unit_test (test_free_list),
     cmocka_unit_test (test_put_free_resets),
     cmocka_unit_test (test_insert_lookup_remove),

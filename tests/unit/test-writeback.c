@@ -38,6 +38,7 @@
 
 #include "cache.h"
 #include "layout.h"
+#include "pagetable.h"
 #include "rambackend.h"
 #include "stats.h"
 #include "testfile.h"
@@ -2236,6 +2237,97 @@ test_wb_hot_pages_left_alone (void **state)
 
 #define T(f) cmocka_unit_test_setup_teardown (f, setup_file, teardown_file)
 
+/*----------------------------------------------------------------------
+ * 11. Sector maps that are not runs, with the page table's side table
+ * (pagetable.c) tiny or absent, so that every fallback runs (a write
+ * makes its page simple first, a read rounds out to the whole page, a
+ * write-through of a dirty page writes it back first), and with sync
+ * epochs and sequence numbers rebased every few steps: random sub-page
+ * writes, reads, flushes, writebacks and reopenings (switching between
+ * writeback and writethrough) against a model.
+ */
+
+static void
+partial_run (uint32_t partial_pages, uint64_t seed, bool want_full)
+{
+  const uint32_t ps = 65536;              /* 128 sectors of 512 bytes */
+  const uint32_t npages = 24;
+  const uint64_t size = (uint64_t) npages * ps;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (16 * (uint64_t) ps, ps);
+  struct cache *c;
+  uint8_t *model;
+  uint64_t rs = seed, full = 0, rebases = 0;
+  unsigned pat = 1000;
+  int err = 0;
+
+  pagetable_test_epoch_span = 8;
+  pagetable_test_seq_span = 16;
+  cfg.partial_pages = partial_pages;
+  rambackend_init (&rb, size, 23);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+
+  for (int op = 0; op < 2500; op++) {
+    uint64_t r = rnd64 (&rs) % 100;
+    uint64_t page = rnd64 (&rs) % npages;
+    uint64_t off = page * ps + (rnd64 (&rs) % 128) * 512 +
+      (rnd64 (&rs) % 4 == 0 ? rnd64 (&rs) % 512 : 0);
+    uint32_t len = 1 + rnd64 (&rs) % (rnd64 (&rs) % 8 ? 3000 : 2 * ps);
+
+    if (off + len > size)
+      len = size - off;
+    if (r < 45)
+      mwrite (c, &t.be, model, off, len, pat++);
+    else if (r < 85)
+      mread_check (c, &t.be, model, off, len);
+    else if (r < 92)
+      assert_int_equal (cache_flush (c, &t.be, &err), 0);
+    else if (r < 96)
+      assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+    else {
+      full += ST (c, partial_maps_full);
+      rebases += ST (c, pt_rebases);
+      cache_close (c);
+      cfg.mode = rnd64 (&rs) % 2 ? LAYOUT_MODE_WRITEBACK
+        : LAYOUT_MODE_WRITETHROUGH;
+      c = open_attach (&cfg, size);
+    }
+  }
+  read_all_check (c, &t.be, model, size, ps / 2);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, ps);
+  full += ST (c, partial_maps_full);
+  rebases += ST (c, pt_rebases);
+  cache_close (c);
+  if (want_full)
+    assert_true (full > 0);
+  assert_true (rebases > 0);
+  pagetable_test_epoch_span = pagetable_test_seq_span = 0;
+  free (model);
+  rambackend_free (&rb);
+}
+
+static void
+test_wb_partial_maps_none (void **state)
+{
+  partial_run (CACHE_PARTIAL_NONE, 0x5eed1234, true);
+}
+
+static void
+test_wb_partial_maps_tiny (void **state)
+{
+  partial_run (2, 0xabcdef99, true);
+}
+
+static void
+test_wb_partial_maps_default (void **state)
+{
+  partial_run (0, 0x77665544, false);
+}
+
 int
 main (void)
 {
@@ -2263,6 +2355,9 @@ main (void)
     T (test_wb_unsealed_sealed),
     T (test_wb_unsealed_crash_backend_newer),
     T (test_wb_hot_pages_left_alone),
+    T (test_wb_partial_maps_none),
+    T (test_wb_partial_maps_tiny),
+    T (test_wb_partial_maps_default),
   };
 
   testfile_name = "test-writeback";

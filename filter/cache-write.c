@@ -555,6 +555,25 @@ write_around (struct cache *c, const struct cache_backend *be,
   return be->pwrite (be->h, src, n, offset, false, err);
 }
 
+/* Put the write [off, off+n) of a page with no cached copy into a new
+ * slot, or, when no slot can be had, send it to the backend.
+ */
+static int
+write_fresh (struct cache *c, const struct cache_backend *be,
+             uint64_t page, const uint8_t *src, uint32_t off, uint32_t n,
+             enum wkind kind, int *err)
+{
+  uint32_t s = cache_alloc_slot (c, true);
+  int r;
+
+  if (s == PT_NONE)
+    return write_around (c, be, src, n, page * c->page_size + off, err);
+  r = cache_patch_slot (c, be, page, s, true, src, off, n, kind, err);
+  if (r == 2)                   /* one run: not reached */
+    return write_around (c, be, src, n, page * c->page_size + off, err);
+  return r;
+}
+
 /* The write [off, off+n) of page would leave maps that need a
  * side-table entry, and the table is full: make the page simple.  Its
  * dirty data (W_DIRTY only: cache_write writes dirty pages back before
@@ -568,7 +587,6 @@ write_page_simple (struct cache *c, const struct cache_backend *be,
                    uint32_t n, enum wkind kind, int *err)
 {
   uint32_t s = cache_lookup_pin (c, page);
-  int r;
 
   if (s != PT_NONE) {
     bool dirty;
@@ -593,13 +611,7 @@ write_page_simple (struct cache *c, const struct cache_backend *be,
   }
   if (kind != W_DIRTY)
     return 0;
-  s = cache_alloc_slot (c, true);
-  if (s == PT_NONE)
-    return write_around (c, be, src, n, page * c->page_size + off, err);
-  r = cache_patch_slot (c, be, page, s, true, src, off, n, kind, err);
-  if (r == 2)                   /* one run: not reached */
-    return write_around (c, be, src, n, page * c->page_size + off, err);
-  return r;
+  return write_fresh (c, be, page, src, off, n, kind, err);
 }
 
 /* Put bytes [off, off+n) of page (from src) into the cache as kind.
@@ -660,17 +672,9 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
     return -1;
   }
   if (s == PT_NONE) {
-    uint32_t ns;
-
     if (kind == W_CLEAN)
       return 0;                 /* partial page not cached: leave it */
-    ns = cache_alloc_slot (c, true);
-    if (ns == PT_NONE)
-      return write_around (c, be, src, n, page * c->page_size + off, err);
-    r = cache_patch_slot (c, be, page, ns, true, src, off, n, kind, err);
-    if (r == 2)                 /* one run: not reached */
-      return write_around (c, be, src, n, page * c->page_size + off, err);
-    return r;
+    return write_fresh (c, be, page, src, off, n, kind, err);
   }
   /* Decide and rewrite in place under c->inplace (see cache-int.h). */
   pthread_rwlock_rdlock (&c->inplace);

@@ -213,6 +213,9 @@ span_invalid (const struct pt_slot *slot, unsigned sf, unsigned sl)
  * the new maps need a side-table entry and none is free (nothing
  * changed; the pin is consumed, a fresh slot freed).
  */
+/* Spans up to this size are patched in buffers on the stack. */
+#define PATCH_STACK_BYTES 4096
+
 int
 cache_patch_slot (struct cache *c, const struct cache_backend *be,
                   uint64_t page, uint32_t s, bool fresh, const uint8_t *src,
@@ -221,7 +224,8 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
   const uint32_t ss = c->sector_size;
   unsigned sf, sl;
   uint32_t span_off, span_len;
-  uint8_t *old = NULL, *span = NULL;
+  uint8_t old_small[PATCH_STACK_BYTES], span_small[PATCH_STACK_BYTES];
+  uint8_t *old_heap = NULL, *span_heap = NULL, *old, *span;
   struct pt_slot upd, before;
   bool wrote = false, unseal = false, unsealed = false, evicted = false;
   bool dirty_unsealed;
@@ -230,11 +234,22 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
   cache_sector_span (c, off, n, &sf, &sl);
   span_off = sf * ss;
   span_len = (sl - sf + 1) * ss;
-  old = malloc (span_len);
-  span = malloc (span_len);
-  if (old == NULL || span == NULL) {
-    *err = ENOMEM;
-    goto out;
+  if (span_len <= sizeof old_small) {
+    /* Small writes (the common case) need no allocation. */
+    old = old_small;
+    span = span_small;
+  }
+  else {
+    old = old_heap = malloc (span_len);
+    span = span_heap = malloc (span_len);
+    if (old == NULL || span == NULL) {
+      /* W_CLEAN: the backend has the new data, the slot the old: it
+       * goes (below), as after a failed write.
+       */
+      wrote = true;
+      *err = ENOMEM;
+      goto out;
+    }
   }
 
   if (fresh) {
@@ -441,8 +456,8 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     else
       cache_unpin (c, s);
   }
-  free (old);
-  free (span);
+  free (old_heap);
+  free (span_heap);
   return ret;
 }
 
@@ -621,7 +636,7 @@ write_page_simple (struct cache *c, const struct cache_backend *be,
 static int
 write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
             const uint8_t *src, uint32_t off, uint32_t n, enum wkind kind,
-            uint8_t *tmp, int *err)
+            int *err)
 {
   const uint32_t pbytes = cache_page_bytes (c, page);
   const bool whole = off == 0 && n >= pbytes;
@@ -638,14 +653,29 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
   if (whole) {
     uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
     const uint8_t *data = src;
+    uint8_t *tmp = NULL;
 
     if (n < c->page_size) {
+      /* The short last page of the backend, padded with zeroes. */
+      tmp = malloc (c->page_size);
+      if (tmp == NULL) {
+        /* The backend has the new data already (W_CLEAN): the cached
+         * copy must go.
+         */
+        if (s != PT_NONE && kind == W_CLEAN)
+          cache_drop_slot (c, s);
+        else if (s != PT_NONE)
+          cache_unpin (c, s);
+        *err = ENOMEM;
+        return -1;
+      }
       memcpy (tmp, src, n);
       memset (tmp + n, 0, c->page_size - n);
       data = tmp;
     }
     cache_map_fill (c, dirty);
     r = cache_fill_slot (c, page, s, data, kind == W_DIRTY ? dirty : NULL);
+    free (tmp);
     if (r == 1) {
       /* No slot for the new version: it goes to the backend, and the
        * cached version, now older than the backend's, must go.
@@ -703,7 +733,6 @@ cache_write (struct cache *c, const struct cache_backend *be,
   const bool writeback = c->mode == LAYOUT_MODE_WRITEBACK;
   const bool through = !writeback;
   uint64_t first, last;
-  uint8_t *tmp = NULL;
   int ret = -1;
 
   STATS_ADD (&c->stats, write_ops, 1);
@@ -716,14 +745,8 @@ cache_write (struct cache *c, const struct cache_backend *be,
 
   first = offset / ps;
   last = (offset + count - 1) / ps;
-  tmp = malloc (ps);
-  if (tmp == NULL) {
-    *err = ENOMEM;
-    return -1;
-  }
   if (rangelock_acquire (&c->ranges, first, last) == -1) {
     *err = errno;
-    free (tmp);
     return -1;
   }
 
@@ -758,7 +781,7 @@ cache_write (struct cache *c, const struct cache_backend *be,
     uint32_t b = offset + count < pstart + ps ? offset + count - pstart : ps;
     int r = write_page (c, be, page,
                         (const uint8_t *) buf + (pstart + a - offset),
-                        a, b - a, through ? W_CLEAN : W_DIRTY, tmp, err);
+                        a, b - a, through ? W_CLEAN : W_DIRTY, err);
     if (r == -1 && !through)
       goto out;
   }
@@ -766,7 +789,6 @@ cache_write (struct cache *c, const struct cache_backend *be,
 
  out:
   rangelock_release (&c->ranges, first, last);
-  free (tmp);
   if (ret == -1 && writeback && cache_degraded (c)) {
     /* The cache device failed under this very write: do it again as
      * pass-through (pages it already dirtied are written back first).

@@ -27,12 +27,15 @@
  *    and pt_maps_set fails; the cache then stores less (a read fill is
  *    not kept) or makes the page simple first (see cache-write.c).
  */
+#include <endian.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pagetable.h"
+
+_Static_assert (LAYOUT_MAX_SECTORS == 128, "map_run and code_fill work on two 64-bit words");
 
 _Static_assert (sizeof (struct pt_rec) == 26, "struct pt_rec is 26 bytes");
 
@@ -339,30 +342,55 @@ pagetable_epoch_rebase (struct pagetable *pt, uint64_t base)
  * Maps.
  */
 
+/* A LAYOUT_MAX_SECTORS-bit map as two 64-bit words (bit i of the map
+ * is bit i % 64 of word i / 64), so that runs are found and made a
+ * word at a time: this is on every write's path.
+ */
+static inline void
+map_load (const uint8_t *map, uint64_t w[2])
+{
+  memcpy (w, map, 16);
+  w[0] = le64toh (w[0]);
+  w[1] = le64toh (w[1]);
+}
+
+static inline void
+map_store (uint8_t *map, uint64_t lo, uint64_t hi)
+{
+  lo = htole64 (lo);
+  hi = htole64 (hi);
+  memcpy (map, &lo, 8);
+  memcpy (map + 8, &hi, 8);
+}
+
 /* The map as one run [*a, *b): 0 empty, 1 a run, 2 anything else. */
 static int
 map_run (const uint8_t *map, unsigned *a, unsigned *b)
 {
-  unsigned i = 0, n = LAYOUT_MAX_SECTORS;
+  uint64_t w[2], lo, hi, n0, n1;
+  unsigned first;
 
-  while (i < n && map[i >> 3] == 0)
-    i = (i | 7) + 1;
-  while (i < n && !layout_bit_test (map, i))
-    i++;
-  if (i == n)
+  map_load (map, w);
+  if (w[0] == 0 && w[1] == 0)
     return 0;
-  *a = i;
-  while (i < n && layout_bit_test (map, i))
-    i++;
-  *b = i;
-  for (; i < n; i++) {
-    if ((i & 7) == 0 && map[i >> 3] == 0) {
-      i += 7;
-      continue;
-    }
-    if (layout_bit_test (map, i))
-      return 2;
-  }
+  first = w[0] ? (unsigned) __builtin_ctzll (w[0])
+    : 64 + (unsigned) __builtin_ctzll (w[1]);
+  /* Shift the map down by first: bit 0 is then set, and the map is a
+   * run iff it is 2^k - 1, i.e. adding 1 clears every bit.
+   */
+  if (first == 0)
+    lo = w[0], hi = w[1];
+  else if (first < 64)
+    lo = (w[0] >> first) | (w[1] << (64 - first)), hi = w[1] >> first;
+  else
+    lo = w[1] >> (first - 64), hi = 0;
+  n0 = lo + 1;
+  n1 = hi + (n0 == 0);
+  if ((lo & n0) != 0 || (hi & n1) != 0)
+    return 2;
+  *a = first;
+  *b = w[1] ? 128 - (unsigned) __builtin_clzll (w[1])     /* last bit + 1 */
+    : 64 - (unsigned) __builtin_clzll (w[0]);
   return 1;
 }
 
@@ -401,16 +429,29 @@ code_test (uint32_t code, unsigned i)
   return i >= s && i < e;
 }
 
+/* The lowest n bits (n <= 128) as two words. */
+static inline void
+low_bits (unsigned n, uint64_t *lo, uint64_t *hi)
+{
+  *lo = n >= 64 ? UINT64_MAX : (UINT64_C (1) << n) - 1;
+  *hi = n >= 128 ? UINT64_MAX : n > 64 ? (UINT64_C (1) << (n - 64)) - 1 : 0;
+}
+
 static void
 code_fill (uint32_t code, uint8_t *map)
 {
   uint32_t s = code >> 7, e = code & 127;
+  uint64_t slo, shi, elo, ehi;
 
   if (e == 0)
     e = 128;
-  memset (map, 0, LAYOUT_MAX_SECTORS / 8);
-  for (uint32_t i = s; i < e; i++)
-    layout_bit_set (map, i);
+  if (e <= s) {
+    memset (map, 0, LAYOUT_MAX_SECTORS / 8);
+    return;
+  }
+  low_bits (s, &slo, &shi);
+  low_bits (e, &elo, &ehi);
+  map_store (map, elo & ~slo, ehi & ~shi);
 }
 
 static inline uint32_t

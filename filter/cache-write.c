@@ -706,6 +706,28 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
       return 0;                 /* partial page not cached: leave it */
     return write_fresh (c, be, page, src, off, n, kind, err);
   }
+  if (kind == W_CLEAN) {
+    /* Nor are sectors that are not cached added by a partial write
+     * (the backend has them; a read will fill them): only sectors
+     * already cached must follow the write.  This saves the cache
+     * write for most small writes to partly cached pages.  (What is
+     * not valid in RAM is not valid on disk either: the entry on disk
+     * may only lag behind RAM in sectors added, never in sectors
+     * removed.)
+     */
+    unsigned sf, sl;
+    bool any;
+
+    cache_sector_span (c, off, n, &sf, &sl);
+    pthread_mutex_lock (&c->lock);
+    any = pagetable_range_any_valid (&c->pt, s, sf, sl);
+    pthread_mutex_unlock (&c->lock);
+    if (!any) {
+      cache_unpin (c, s);
+      STATS_ADD (&c->stats, writes_not_cached, 1);
+      return 0;
+    }
+  }
   /* Decide and rewrite in place under c->inplace (see cache-int.h). */
   pthread_rwlock_rdlock (&c->inplace);
   pthread_mutex_lock (&c->lock);

@@ -730,3 +730,21 @@ pagetable_range_valid (const struct pagetable *pt, uint32_t s,
       return false;
   return true;
 }
+
+bool
+pagetable_range_any_valid (const struct pagetable *pt, uint32_t s,
+                           unsigned first, unsigned last)
+{
+  uint32_t m = pt->recs[s].map;
+
+  if (!code_is_side (m >> 14)) {
+    uint32_t a = (m >> 14) >> 7, b = (m >> 14) & 127;
+    if (b == 0)
+      b = 128;
+    return a < b && first < b && last >= a;     /* [a, b) meets it */
+  }
+  for (unsigned i = first; i <= last; i++)
+    if (layout_bit_test (pt->side[side_index (m)].valid, i))
+      return true;
+  return false;
+}

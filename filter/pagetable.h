@@ -317,6 +317,10 @@ extern bool pagetable_from_entry (struct pagetable *pt, uint32_t s,
 /* True if every sector of [first, last] is valid in slot s. */
 extern bool pagetable_range_valid (const struct pagetable *pt, uint32_t s,
                                    unsigned first, unsigned last);
+/* True if some sector of [first, last] is valid in slot s. */
+extern bool pagetable_range_any_valid (const struct pagetable *pt,
+                                       uint32_t s, unsigned first,
+                                       unsigned last);
 /* The same for a value. */
 extern bool pt_view_range_valid (const struct pt_slot *v,
                                  unsigned first, unsigned last);

@@ -20,7 +20,8 @@
   X (cow_copies) X (cache_syncs) X (pages_written_back) \
   X (bytes_written_back) X (writeback_errors) X (write_through_full) \
   X (wait_ms) X (dirty_pages) X (degraded) \
-  X (partial_maps) X (partial_maps_full) X (pt_rebases)
+  X (partial_maps) X (partial_maps_full) X (pt_rebases) \
+  X (writes_not_cached)
 
 void
 stats_print (const struct stats *st, FILE *fp)

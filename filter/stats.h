@@ -65,6 +65,8 @@ struct stats {
   _Atomic uint64_t partial_maps_full; /* times such maps did not fit (the
                                          side table was full) */
   _Atomic uint64_t pt_rebases;        /* page-table epoch rebases */
+  _Atomic uint64_t writes_not_cached; /* writethrough partial writes to
+                                          sectors not cached: backend only */
 };
 
 #define STATS_ADD(st, field, n) \

@@ -91,8 +91,12 @@ run fixed '"$PYTHON" "$tmpdir/seq.py" "$uri" "$tmpdir/out-fixed"' \
     ssdcache-readahead=1M
 cmp "$tmpdir/disk.img" "$tmpdir/out-fixed"
 fixed_ops=$(backend_read_ops "$tmpdir/bs-fixed")
-# A 1M window: ranges of about 512K-1M, so 32-70 requests.
-[ "$fixed_ops" -le 80 ] || fail "readahead=1M: $fixed_ops backend reads"
+# A 1M window: ranges of about 512K-1M, so 32-70 requests on a quiet
+# machine; on a loaded one the reader sometimes overtakes the prefetch
+# thread (90 seen with make check -j2 beside four crash tests), so the
+# bound is that of the adaptive window: a quarter of the 512 without.
+[ "$fixed_ops" -le $((off_ops / 4)) ] ||
+    fail "readahead=1M: $fixed_ops backend reads (off: $off_ops)"
 
 # -- random reads: (almost) no prefetch --------------------------------
 run rand '"$PYTHON" "$tmpdir/rand.py" "$uri" "$tmpdir/disk.img" 400'

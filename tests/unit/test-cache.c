@@ -680,6 +680,54 @@ test_crash_reopen (void **state)
  * it was (a crash forgets them, the page still verifies); a clean close
  * records them.
  */
+/* Writethrough: a partial write to a cached page whose sectors it
+ * touches are not cached goes to the backend only (the cache file is
+ * not written); one that touches a cached sector updates the page.
+ */
+static void
+test_write_uncached_sectors (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache *c;
+  uint64_t upd;
+
+  rambackend_init (&rb, 16 * PS, 21);
+  c = open_attach (&cfg, rb.size);
+  read_check (c, &rb, 3 * PS, 512);           /* page 3: sector 0 only */
+  assert_int_equal (rb.reads, 1);
+  assert_int_equal (ST (c, fills), 1);
+
+  write_check (c, &rb, 3 * PS + 2048, 1024, 1);   /* sectors 4-5 */
+  assert_int_equal (ST (c, writes_not_cached), 1);
+  assert_int_equal (ST (c, pages_updated), 0);
+  write_check (c, &rb, 3 * PS + 1000, 100, 2);    /* inside sector 1 */
+  assert_int_equal (ST (c, writes_not_cached), 2);
+  read_check (c, &rb, 3 * PS, 512);           /* still a hit */
+  assert_int_equal (rb.reads, 1);
+  read_check (c, &rb, 3 * PS + 2048, 1024);   /* from the backend */
+  assert_int_equal (rb.reads, 2);
+
+  /* Sector 0 is cached: this write updates the page (sectors 0-1). */
+  upd = ST (c, pages_updated);    /* (the read above filled 4-5) */
+  write_check (c, &rb, 3 * PS + 100, 800, 3);
+  assert_int_equal (ST (c, writes_not_cached), 2);
+  assert_int_equal (ST (c, pages_updated), upd + 1);
+  read_check (c, &rb, 3 * PS, 512);
+  assert_int_equal (rb.reads, 2);
+
+  /* A partial write to a page not cached at all: as before. */
+  write_check (c, &rb, 5 * PS + 512, 512, 4);
+  assert_int_equal (ST (c, writes_not_cached), 2);
+  cache_close (c);
+
+  /* The cache file agrees after a restart. */
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
 static void
 test_fill_entry_lags (void **state)
 {
@@ -1651,6 +1699,7 @@ main (void)
     T (test_unaligned),
     T (test_odd_size),
     T (test_writethrough_updates_cache),
+    T (test_write_uncached_sectors),
     T (test_write_uncached),
     T (test_writearound),
     T (test_eviction_small_cache),

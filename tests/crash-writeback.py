@@ -331,6 +331,72 @@ def format_violations(bad, size, page_size):
     return "\n".join(lines)
 
 
+class History:
+    """Where a sector's bytes came from, for diagnosing a violation: the
+    512-byte sectors of every write of the last few iterations, and of
+    the export as read back at the start of each of them."""
+
+    KEEP = 6
+
+    def __init__(self):
+        self.iters = []          # [(iteration, {hash: [description]})]
+
+    def start(self, it, image):
+        d = {}
+        for s in range(0, len(image), SECTOR):
+            d.setdefault(hash(bytes(image[s:s + SECTOR])), []).append(
+                "the export's sector at offset %d at the start of "
+                "iteration %d" % (s, it))
+        self.iters.append((it, d))
+        del self.iters[:-self.KEEP]
+
+    def add_write(self, e):
+        if not self.iters:
+            return
+        it, d = self.iters[-1]
+        first = -(-e.off // SECTOR) * SECTOR
+        for s in range(first, e.end - SECTOR + 1, SECTOR):
+            d.setdefault(hash(e.data[s - e.off:s - e.off + SECTOR]), []).append(
+                "write #%d%s of iteration %d, at offset %d" % (
+                    e.id, " FUA" if e.fua else "", it, s))
+
+    def whence(self, sector):
+        h = hash(bytes(sector))
+        out = []
+        for it, d in self.iters:
+            out += d.get(h, [])
+        return out
+
+
+def explain(bad, got, args, history, limit=4):
+    """Origins of the first bad sectors' bytes, and what the backing
+    file holds there."""
+    lines = []
+    try:
+        with open(args.image, "rb") as f:
+            backing = f.read()
+    except OSError:
+        backing = b""
+    seen = set()
+    for off, _, _, _, _ in bad:
+        s = off - off % SECTOR
+        if s in seen:
+            continue
+        seen.add(s)
+        if len(seen) > limit:
+            break
+        sec = got[s:s + SECTOR]
+        w = history.whence(sec)
+        lines.append("  sector at %d: its bytes are %s; the backing file "
+                     "there %s" % (
+                         s, "; ".join(w[:4]) if w else
+                         "from nowhere known (no write or read-back image "
+                         "of the last %d iterations)" % History.KEEP,
+                         "holds the same bytes" if backing[s:s + SECTOR] == sec
+                         else "differs"))
+    return "\n".join(lines)
+
+
 # -- the client ---------------------------------------------------------
 
 class Client:
@@ -347,6 +413,7 @@ class Client:
         self.multi_conn = handles[0].can_multi_conn()
         self.counts = {"write": 0, "fua": 0, "flush": 0, "read": 0}
         self.hot = rng.randrange(0, self.size - args.hot_size + 1, 4096)
+        self.history = None
 
     # generating
 
@@ -396,6 +463,8 @@ class Client:
         op.buf = bytearray(data)
         e = Entry(self.st.next_id, off, data, fua)
         self.st.next_id += 1
+        if self.history is not None:
+            self.history.add_write(e)
         op.entry = e
         self.st.w.append(e)
         op.cookie = self.h[conn].aio_pwrite(
@@ -581,8 +650,12 @@ def geometry(cfg):
     return (cfg["page_size"], cfg["cache_size"])
 
 
+FIXED = {}
+
+
 def choose_cfg(rng, prev=None, sabotage=False):
     cfg = choose_cfg1(rng, prev)
+    cfg.update(FIXED)
     if sabotage:
         # Keep dirty data in the cache so that losing it shows.
         cfg.update(flush="cache", high=100, low=90, idle=0)
@@ -688,6 +761,7 @@ def run(args):
     if os.path.exists(args.cache):
         os.unlink(args.cache)
     state = State(make_backing(args, rng))
+    state.history = History()
     totals = {"unsealed": 0, "write": 0, "fua": 0, "flush": 0, "read": 0, "inflight": 0,
               "restart_wt": 0, "clean_restart": 0, "new_cache": 0}
 
@@ -710,7 +784,9 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
         t0 = time.monotonic()
         last = it + 1 == args.iterations
         hs = server.connect(2)
+        state.history.start(it, state.model)
         client = Client(args, data_rng, state, hs, cfg)
+        client.history = state.history
         client.server = server
         client.kill_rng = random.Random(rng.random())
         nwrites = rng.randint(args.min_writes, args.max_writes)
@@ -749,12 +825,17 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
                 "after kill -9 and restart, %s%s sector(s) hold bytes that "
                 "are neither the last flushed data nor data written since:"
                 "\n%s\n"
+                "where the bytes read come from:\n%s\n"
                 "crashed: %s\nrestarted: %s\n%d write(s) since the last "
-                "completed flush, %d in flight at the kill" % (
+                "completed flush, %d in flight at the kill\n"
+                "log of the crashed server:\n%s\n"
+                "log of the restarted server:\n%s" % (
                     len(bad), "+" if len(bad) >= 20 else "",
                     format_violations(bad, args.size, cfg["page_size"]),
+                    explain(bad, got, args, state.history),
                     server.describe(), vserver.describe(),
-                    len({e.id for e in state.w}), in_flight))
+                    len({e.id for e in state.w}), in_flight,
+                    server.log_tail(), vserver.log_tail()))
         if vmode != "writeback":
             totals["restart_wt"] += 1
             compare_backing(args, got, "iteration %d: restarted in %s mode "
@@ -855,11 +936,23 @@ def main():
     p.add_argument("--sabotage", action="store_true",
                    help="self-test: delete the cache file after each kill; "
                    "the run must then FAIL")
+    p.add_argument("--fix", action="append", default=[],
+                   metavar="KEY=VALUE",
+                   help="always use this setting (page_size, cache_size, "
+                   "flush, high, low, idle, rate; sizes in bytes): to "
+                   "search one configuration hard")
     p.add_argument("--timeout", type=int, default=90,
                    help="fail if no request completes for this long")
     args = p.parse_args()
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little")
+    for kv in args.fix:
+        k, _, v = kv.partition("=")
+        if k not in ("page_size", "cache_size", "flush", "high", "low",
+                     "idle", "rate") or not v:
+            print("crash-writeback: bad --fix %s" % kv, file=sys.stderr)
+            return 2
+        FIXED[k] = v if k == "flush" else int(v)
     if args.filter is None:
         args.filter = os.environ.get("SSDCACHE_FILTER") or os.path.join(
             os.path.dirname(os.path.abspath(__file__)), "..", "filter",

@@ -333,26 +333,36 @@ cache_drop_slot (struct cache *c, uint32_t s)
   return r;
 }
 
+/* Under c->lock: may clean slot s be evicted?  Its page's range is
+ * locked here too (if nobody holds it): cache_alloc_slot keeps that
+ * page from changing until the slot's entry on disk no longer names it.
+ */
 static bool
 can_take (void *opaque, uint32_t s)
 {
-  const struct cache *c = opaque;
+  struct cache *c = opaque;
 
   return pt_pins (&c->pt, s) == 0 && pt_state (&c->pt, s) == LAYOUT_CLEAN &&
-    (pt_flags (&c->pt, s) & PT_INDEXED) && !needs_settling (c, s);
+    (pt_flags (&c->pt, s) & PT_INDEXED) && !needs_settling (c, s) &&
+    rangelock_try_acquire (&c->ranges, pt_page (&c->pt, s),
+                           pt_page (&c->pt, s)) == 0;
 }
 
-/* Under c->lock. */
+/* Under c->lock.  *evicted: the slot was taken from a page, whose
+ * range is now locked (see can_take).
+ */
 static uint32_t
-alloc_locked (struct cache *c)
+alloc_locked (struct cache *c, bool *evicted)
 {
   uint32_t s = pagetable_take_free (&c->pt);
 
+  *evicted = false;
   if (s != PT_NONE)
     return s;
   s = evict_victim (c->ev, can_take, c);
   if (s == EVICT_NONE)
     return PT_NONE;
+  *evicted = true;
   pagetable_remove (&c->pt, s);
   if (pt_flags (&c->pt, s) & PT_PREFETCHED)
     STATS_ADD (&c->stats, prefetch_wasted, 1);   /* never read */
@@ -364,6 +374,34 @@ alloc_locked (struct cache *c)
   return s;
 }
 
+/* Slot s was just evicted from page (whose range can_take locked): its
+ * entry on disk still names that page, with data that verifies.  Were
+ * the page changed elsewhere now (a write to the backend, a flush) and
+ * the process to die before s is written again, that entry would bring
+ * the old data back at the next start.  So a FREE entry goes first,
+ * then the page may change.  (If it cannot be written, PT_EVICTED stays
+ * set: the slot's next user writes its entry before its data.)
+ */
+static void
+forget_evicted (struct cache *c, uint32_t s, uint64_t page)
+{
+  struct layout_entry e;
+
+  memset (&e, 0, sizeof e);
+  e.state = LAYOUT_FREE;
+  pthread_mutex_lock (&c->lock);
+  e.seq = ++c->seq;
+  pthread_mutex_unlock (&c->lock);
+  if (pool_write_entry (&c->pool, s, &e) == -1)
+    cache_io_error (c, "writing free entry", s);
+  else {
+    pthread_mutex_lock (&c->lock);
+    pt_flags_off (&c->pt, s, PT_EVICTED);
+    pthread_mutex_unlock (&c->lock);
+  }
+  rangelock_release (&c->ranges, page, page);
+}
+
 /* A slot nobody else can reach, or PT_NONE.  Only clean slots are ever
  * evicted.  With wait, when every slot is dirty or busy, wake the
  * writeback thread and wait for it to clean some.
@@ -373,9 +411,11 @@ cache_alloc_slot (struct cache *c, bool wait)
 {
   uint32_t s;
   uint64_t start = 0;
+  bool evicted;
+  uint64_t page = 0;
 
   pthread_mutex_lock (&c->lock);
-  while ((s = alloc_locked (c)) == PT_NONE && wait && c->wb &&
+  while ((s = alloc_locked (c, &evicted)) == PT_NONE && wait && c->wb &&
          c->ndirty > 0) {
     struct timespec ts;
     uint64_t now = cache_now_ms ();
@@ -393,7 +433,11 @@ cache_alloc_slot (struct cache *c, bool wait)
     }
     pthread_cond_timedwait (&c->space, &c->lock, &ts);
   }
+  if (evicted)
+    page = pt_page (&c->pt, s);
   pthread_mutex_unlock (&c->lock);
+  if (evicted)
+    forget_evicted (c, s, page);
   if (start)
     STATS_ADD (&c->stats, wait_ms, cache_now_ms () - start);
   return s;

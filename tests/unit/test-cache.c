@@ -728,6 +728,70 @@ test_write_uncached_sectors (void **state)
   rambackend_free (&rb);
 }
 
+/* (Internal, cache-int.h: a slot for the caller, taken by eviction if
+ * none is free.)
+ */
+extern uint32_t cache_alloc_slot (struct cache *c, bool wait);
+
+/* A slot taken by eviction must not keep naming its old page on disk:
+ * if the page is then written elsewhere (here: a writethrough write of
+ * part of it, now uncached, goes to the backend only) and the process
+ * dies before the slot's new contents are written, the old entry must
+ * not bring back the page's old data.  The child stops right after
+ * cache_alloc_slot, as a thread descheduled there would.
+ */
+static void
+test_evicted_entry_gone (void **state)
+{
+  struct cache_config cfg = make_cfg (2 * PS);
+  struct rambackend rb;
+  struct cache *c;
+  uint8_t buf[PS];
+  pid_t pid;
+  int status, err = 0;
+
+  fflush (stdout);
+  fflush (stderr);
+  pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    rambackend_init (&crash_rb, 4 * PS, 31);
+    crash_cache = cache_open (&cfg);
+    if (crash_cache == NULL || cache_attach (crash_cache, crash_rb.size) != 0)
+      _exit (1);
+    for (int p = 0; p < 2; p++)     /* pages 0 and 1 fill both slots */
+      if (cache_read (crash_cache, &crash_rb.be, buf, PS, p * PS, &err) != 0)
+        _exit (2);
+    if (cache_alloc_slot (crash_cache, false) == UINT32_MAX)
+      _exit (3);
+    /* One of pages 0 and 1 is no longer cached: its write goes to the
+     * backend only; the other's updates its cached copy.
+     */
+    for (int p = 0; p < 2; p++) {
+      fill_pattern (buf, 1024, 70 + p);
+      if (cache_write (crash_cache, &crash_rb.be, buf, 1024, p * PS + 512,
+                       false, &err) != 0)
+        _exit (4);
+    }
+    if (cache_flush (crash_cache, &crash_rb.be, &err) != 0)
+      _exit (5);
+    _exit (0);                  /* no cache_close: a crash */
+  }
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status));
+  assert_int_equal (WEXITSTATUS (status), 0);
+
+  rambackend_init (&rb, 4 * PS, 31);
+  for (int p = 0; p < 2; p++) {     /* what the child's backend got */
+    fill_pattern (buf, 1024, 70 + p);
+    rambackend_poke (&rb, buf, 1024, p * PS + 512);
+  }
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
 static void
 test_fill_entry_lags (void **state)
 {
@@ -1700,6 +1764,7 @@ main (void)
     T (test_odd_size),
     T (test_writethrough_updates_cache),
     T (test_write_uncached_sectors),
+    T (test_evicted_entry_gone),
     T (test_write_uncached),
     T (test_writearound),
     T (test_eviction_small_cache),

@@ -5,7 +5,8 @@
  *  - c->lock protects the page table (with its side table of partial
  *    maps and its seq/epoch bases), the policy, pins, c->seq, c->epoch,
  *    c->durable_epoch, the list of client syncs in flight
- *    (c->syncs_head), c->sup and c->ndirty.  Never held across I/O.  c->space is signalled (with c->lock) whenever a slot
+ *    (c->syncs_head), c->sup and c->ndirty.  Never held across I/O.
+ *    c->space is signalled (with c->lock) whenever a slot
  *    becomes free or clean.
  *  - c->ranges: a request that changes what is cached for a page holds
  *    that page's range across its backend and cache-file I/O.
@@ -162,6 +163,7 @@ extern void cache_set_state_counts (struct cache *c, uint8_t old_state,
                                     uint8_t new_state);
 extern int cache_drop_slot (struct cache *c, uint32_t s);
 extern uint32_t cache_alloc_slot (struct cache *c, bool wait);
+extern bool cache_settle (struct cache *c, uint32_t s);
 extern bool cache_degraded (const struct cache *c);
 extern bool cache_page_dirty (struct cache *c, uint64_t page);
 /* be: the backend to check clean data against on first use when

@@ -209,9 +209,10 @@ span_invalid (const struct pt_slot *slot, unsigned sf, unsigned sl)
  * the data CRC is patched, not recomputed.  An unflushed dirty slot
  * rewritten in place a second time is unsealed instead (cache-seal.c):
  * no checksum, no read, no entry write.  Consumes the pin (or, for
- * fresh, indexes the slot).  Returns 0, -1 with *err set, or 2 if
- * the new maps need a side-table entry and none is free (nothing
- * changed; the pin is consumed, a fresh slot freed).
+ * fresh, indexes the slot).  Returns 0, -1 with *err set, 2 if the
+ * new maps need a side-table entry and none is free, or 3 if a W_CLEAN
+ * rewrite of a cached slot cannot be made unsealed (in both cases
+ * nothing changed; the pin is consumed, a fresh slot freed).
  */
 /* Spans up to this size are patched in buffers on the stack. */
 #define PATCH_STACK_BYTES 4096
@@ -281,12 +282,18 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     unseal = !unsealed && (upd.flags & PT_VERIFIED) &&
       !(upd.flags & PT_BAD) &&
       ((kind == W_DIRTY && upd.state == LAYOUT_DIRTY) ||
-       (kind == W_CLEAN && upd.state == LAYOUT_CLEAN &&
-        covers_sectors (c, page, off, n))) &&
+       (kind == W_CLEAN && upd.state == LAYOUT_CLEAN)) &&
       cache_unseal_reserve_locked (c, s);
     pthread_mutex_unlock (&c->lock);
     if (upd.flags & PT_BAD) {
       *err = EIO;
+      goto out;
+    }
+    if (kind == W_CLEAN && !(unseal || unsealed)) {
+      /* A W_CLEAN rewrite comes before the backend write (cache_write)
+       * and must be one a crash undoes: unsealed, or nothing.
+       */
+      ret = 3;
       goto out;
     }
     if (kind == W_FILL && span_invalid (&upd, sf, sl))
@@ -447,7 +454,7 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
     else
       cache_unpin (c, s);
   }
-  else if (ret == 2) {
+  else if (ret == 2 || ret == 3) {
     if (fresh) {
       pthread_mutex_lock (&c->lock);
       pagetable_put_free (&c->pt, s);
@@ -514,6 +521,14 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
       free (buf);
       if (writeback_page_locked (c, be, page, s, err) == -1) {
         cache_unpin (c, s);
+        return -1;
+      }
+      /* Clean now; but an older version still on disk must go before
+       * it may change in place (cache_must_cow).
+       */
+      if (!cache_settle (c, s)) {
+        cache_unpin (c, s);
+        *err = EIO;
         return -1;
       }
       pthread_rwlock_rdlock (&c->inplace);
@@ -706,28 +721,6 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
       return 0;                 /* partial page not cached: leave it */
     return write_fresh (c, be, page, src, off, n, kind, err);
   }
-  if (kind == W_CLEAN) {
-    /* Nor are sectors that are not cached added by a partial write
-     * (the backend has them; a read will fill them): only sectors
-     * already cached must follow the write.  This saves the cache
-     * write for most small writes to partly cached pages.  (What is
-     * not valid in RAM is not valid on disk either: the entry on disk
-     * may only lag behind RAM in sectors added, never in sectors
-     * removed.)
-     */
-    unsigned sf, sl;
-    bool any;
-
-    cache_sector_span (c, off, n, &sf, &sl);
-    pthread_mutex_lock (&c->lock);
-    any = pagetable_range_any_valid (&c->pt, s, sf, sl);
-    pthread_mutex_unlock (&c->lock);
-    if (!any) {
-      cache_unpin (c, s);
-      STATS_ADD (&c->stats, writes_not_cached, 1);
-      return 0;
-    }
-  }
   /* Decide and rewrite in place under c->inplace (see cache-int.h). */
   pthread_rwlock_rdlock (&c->inplace);
   pthread_mutex_lock (&c->lock);
@@ -744,6 +737,54 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
   if (r == 2)
     r = write_page_simple (c, be, page, src, off, n, kind, err);
   return r;
+}
+
+/* Writethrough, before the backend gets the write: bring the cached
+ * copy of page (if any) up to date with bytes [off, off+n), in a way a
+ * crash undoes.  The slot is rewritten unsealed (its data changes, its
+ * entry on disk keeps the old checksum): if nbdkit dies before or after
+ * the backend write, the slot fails its checksum at the next start and
+ * the page is read from the backend, so the cache never holds older
+ * data than the backend.  (Written after the backend, a crash between
+ * the two would leave the old data cached, with a checksum that holds.)
+ * When that cannot be done the cached copy is dropped.  Pages not
+ * cached are left alone here (whole ones are added after the backend
+ * write), and so are sectors not cached: if none of those the write
+ * touches is cached, only the backend gets it.  The page is range
+ * locked by the caller; errors are not returned (the page is dropped).
+ */
+static void
+write_through_first (struct cache *c, const struct cache_backend *be,
+                     uint64_t page, const uint8_t *src, uint32_t off,
+                     uint32_t n)
+{
+  uint32_t s = cache_lookup_pin (c, page);
+  unsigned sf, sl;
+  bool any;
+  int r, err = 0;
+
+  if (s == PT_NONE)
+    return;
+  cache_sector_span (c, off, n, &sf, &sl);
+  pthread_mutex_lock (&c->lock);
+  any = pagetable_range_any_valid (&c->pt, s, sf, sl);
+  pthread_mutex_unlock (&c->lock);
+  if (!any) {
+    cache_unpin (c, s);
+    STATS_ADD (&c->stats, writes_not_cached, 1);
+    return;
+  }
+  pthread_rwlock_rdlock (&c->inplace);
+  r = cache_patch_slot (c, be, page, s, false, src, off, n, W_CLEAN, &err);
+  pthread_rwlock_unlock (&c->inplace);
+  if (r != 0) {
+    /* Not unsealed (not verified since start, bad, or no memory), maps
+     * that do not fit, or an error: the cached copy goes.
+     */
+    s = cache_lookup_pin (c, page);
+    if (s != PT_NONE)
+      cache_drop_slot (c, s);
+  }
 }
 
 int
@@ -778,20 +819,32 @@ cache_write (struct cache *c, const struct cache_backend *be,
    * would bring the old data back, and dropping them (writearound)
    * would lose the rest of their dirty sectors.
    */
-  if (through && cache_clean_pages (c, be, first, last, err) == -1)
-    goto out;
   if (through) {
+    if (cache_clean_pages (c, be, first, last, err) == -1)
+      goto out;
+    /* The cached copies change (or go) before the backend gets the
+     * data, never after: see write_through_first.
+     */
+    if (c->mode == LAYOUT_MODE_WRITEAROUND)
+      cache_invalidate_pages (c, first, last);
+    else
+      for (uint64_t page = first; page <= last; page++) {
+        uint64_t pstart = page * ps;
+        uint32_t a = offset > pstart ? offset - pstart : 0;
+        uint32_t b = offset + count < pstart + ps ?
+          offset + count - pstart : ps;
+        write_through_first (c, be, page,
+                             (const uint8_t *) buf + (pstart + a - offset),
+                             a, b - a);
+      }
     if (be->pwrite (be->h, buf, count, offset, fua, err) == -1) {
-      /* The backend may hold some of the new data now.  Clean copies
-       * are dropped; dirty ones stay (they are newer than the rest of
-       * the backend page and will be written back).
+      /* The backend may hold some of the new data now, and the cache
+       * some the backend never got: the cached copies go.
        */
-      if (!writeback)
-        cache_invalidate_pages (c, first, last);
+      cache_invalidate_pages (c, first, last);
       goto out;
     }
     if (c->mode == LAYOUT_MODE_WRITEAROUND) {
-      cache_invalidate_pages (c, first, last);
       ret = 0;
       goto out;
     }
@@ -801,9 +854,24 @@ cache_write (struct cache *c, const struct cache_backend *be,
     uint64_t pstart = page * ps;
     uint32_t a = offset > pstart ? offset - pstart : 0;
     uint32_t b = offset + count < pstart + ps ? offset + count - pstart : ps;
-    int r = write_page (c, be, page,
-                        (const uint8_t *) buf + (pstart + a - offset),
-                        a, b - a, through ? W_CLEAN : W_DIRTY, err);
+    int r;
+
+    if (through) {
+      /* Whole pages not cached are added now that the backend has
+       * them; the rest was done before.
+       */
+      uint32_t s;
+      if (a != 0 || b - a < cache_page_bytes (c, page))
+        continue;
+      s = cache_lookup_pin (c, page);
+      if (s != PT_NONE) {
+        cache_unpin (c, s);
+        continue;
+      }
+    }
+    r = write_page (c, be, page,
+                    (const uint8_t *) buf + (pstart + a - offset),
+                    a, b - a, through ? W_CLEAN : W_DIRTY, err);
     if (r == -1 && !through)
       goto out;
   }

@@ -251,8 +251,15 @@ cache_must_cow (const struct cache *c, uint32_t s)
   /* flushing_epoch, not flushed_epoch: data a flush in progress covers
    * is already off limits.
    */
-  return pt_state (&c->pt, s) == LAYOUT_DIRTY &&
-    pt_epoch_may_be_at_most (&c->pt, s, c->flushing_epoch);
+  if (pt_state (&c->pt, s) == LAYOUT_DIRTY)
+    return pt_epoch_may_be_at_most (&c->pt, s, c->flushing_epoch);
+  /* A clean slot whose older version is still on disk (not yet freed):
+   * it was written back, so the backend is newer than that older
+   * version's dirty data.  Rewritten in place, then dropped by a crash
+   * (torn or unsealed), it would let recovery serve the older version.
+   * It stays as it is until a flush frees its predecessor.
+   */
+  return pt_flags (&c->pt, s) & PT_HASPRED;
 }
 
 /* Under c->lock: must the cache file be synced before slot s may stop
@@ -269,11 +276,13 @@ static int sync_epoch (struct cache *c, bool client, bool seal_wait,
                        int *err);
 
 /* Settle slot s (pinned, its page range locked by the caller) before
- * it is dropped.  An unsealed successor is sealed first: its
- * predecessor is freed only once a sealed successor is flushed.
+ * it is dropped or changed in place: free its older versions still on
+ * disk.  An unsealed successor is sealed first: its predecessor is
+ * freed only once a sealed successor is flushed.  Returns true once
+ * none is left (false: a cache-file error).
  */
-static void
-settle (struct cache *c, uint32_t s)
+bool
+cache_settle (struct cache *c, uint32_t s)
 {
   for (int i = 0; i < 4; i++) {
     bool pending;
@@ -282,10 +291,13 @@ settle (struct cache *c, uint32_t s)
     pthread_mutex_lock (&c->lock);
     pending = needs_settling (c, s);
     pthread_mutex_unlock (&c->lock);
-    if (!pending || cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1 ||
+    if (!pending)
+      return true;
+    if (cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1 ||
         sync_epoch (c, true, false, &err) == -1)
-      return;
+      return false;
   }
+  return false;
 }
 
 /* Drop pinned slot s (its page is range locked by the caller): it
@@ -302,7 +314,7 @@ cache_drop_slot (struct cache *c, uint32_t s)
   bool was_dirty;
   int r;
 
-  settle (c, s);
+  cache_settle (c, s);
   pthread_mutex_lock (&c->lock);
   page = pt_page (&c->pt, s);
   was_dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY;
@@ -622,7 +634,11 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, int *err)
      */
     pthread_rwlock_wrlock (&c->inplace);
     pthread_rwlock_unlock (&c->inplace);
-    cache_seal_epoch (c, e, seal_wait, false);
+    /* In writethrough, clean pages rewritten since the last flush are
+     * unsealed too (cache-write.c: write_through_first): sealing them
+     * keeps them across a crash.
+     */
+    cache_seal_epoch (c, e, seal_wait, c->mode != LAYOUT_MODE_WRITEBACK);
   }
 
   if (pool_sync (&c->pool) == -1) {

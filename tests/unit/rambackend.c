@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "rambackend.h"
@@ -88,6 +89,8 @@ rb_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
   atomic_fetch_add (&rb->bytes_written, count);
   if (fua)
     atomic_fetch_add (&rb->fua_writes, 1);
+  if (rb->exit_after_write)
+    _exit (0);
   pthread_mutex_unlock (&rb->lock);
   maybe_delay (rb);
   return 0;

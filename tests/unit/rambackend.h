@@ -34,6 +34,11 @@ struct rambackend {
    * backend: this widens the windows in which concurrent requests can
    * interleave badly.
    */
+  /* If set, the process exits (_exit (0)) right after the next write
+   * has reached the backend: a crash at that moment, for fork tests.
+   */
+  bool exit_after_write;
+
   _Atomic unsigned delay_max_us;
   _Atomic uint64_t delay_counter;
 

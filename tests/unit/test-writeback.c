@@ -42,6 +42,7 @@
 #include "rambackend.h"
 #include "stats.h"
 #include "testfile.h"
+#include "writeback.h"
 
 extern int log_error_count;
 extern char log_error_last[512];
@@ -1295,6 +1296,77 @@ test_wb_two_versions_torn_newer (void **state)
   free (v2);
 }
 
+/* A page with two versions on disk (a flushed one, and a copy made by
+ * a later write) whose newer version is then written back: the backend
+ * now has data newer than the older version.  Writes after that must
+ * not put the newer version at risk (rewrite it in place, then unseal
+ * it) while the older one is still on disk: a crash would drop the
+ * newer one and recovery would serve the older one's dirty data, older
+ * than the backend's.
+ */
+static int
+written_back_succ_body (struct cache *c, const struct cache_backend *be)
+{
+  uint8_t buf[PS];
+  int err;
+
+  fill_pattern (buf, PS, 911);
+  if (cache_write (c, be, buf, PS, 9 * PS, false, &err) != 0)
+    return 3;
+  if (cache_sync (c, &err) != 0)          /* version 1 flushed */
+    return 4;
+  fill_pattern (buf, 700, 912);           /* version 2: a copy */
+  if (cache_write (c, be, buf, 700, 9 * PS + 1500, false, &err) != 0)
+    return 5;
+  if (writeback_pass (c, be, 0, false, &err) != 0)
+    return 6;                             /* the backend has version 2 */
+  for (unsigned k = 0; k < 2; k++) {      /* unflushed rewrites */
+    fill_pattern (buf, 200, 913 + k);
+    if (cache_write (c, be, buf, 200, 9 * PS + 100, false, &err) != 0)
+      return 7;
+  }
+  return 0;                               /* crash */
+}
+
+static void
+test_wb_written_back_successor (void **state)
+{
+  const uint64_t size = 16 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache *c;
+  uint8_t v2[PS], got[PS], w[700];
+  int err = 0;
+
+  crash_in_child (&cfg, size, 13, written_back_succ_body);
+
+  rambackend_init (&rb, size, 13);
+  tbe_init (&t, &rb);
+  fill_pattern (v2, PS, 911);
+  fill_pattern (w, 700, 912);
+  memcpy (v2 + 1500, w, 700);
+  rambackend_poke (&rb, v2, PS, 9 * PS);  /* what the child wrote back */
+
+  c = open_attach (&cfg, size);
+  assert_int_equal (cache_read (c, &t.be, got, PS, 9 * PS, &err), 0);
+  /* Version 2, but for [100, 300): version 2 or one of the unflushed
+   * rewrites.  Never version 1 (1500-2199 tell).
+   */
+  assert_memory_equal (got, v2, 100);
+  assert_memory_equal (got + 300, v2 + 300, PS - 300);
+  if (memcmp (got + 100, v2 + 100, 200) != 0) {
+    bool ok = false;
+    for (unsigned k = 0; k < 2; k++) {
+      fill_pattern (w, 200, 913 + k);
+      ok |= memcmp (got + 100, w, 200) == 0;
+    }
+    assert_true (ok);
+  }
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
 /*----------------------------------------------------------------------
  * 7. Flush semantics.
  */
@@ -2093,7 +2165,10 @@ test_wb_unsealed_sealed (void **state)
 
 /* Child: page 3 flushed with 2 dirty sectors (S1, the rest clean), then
  * copied (S2), written back (the backend gets S2's sectors), rewritten
- * twice (S2 unsealed); crash.
+ * twice; crash.  While S1 is on disk, the rewrites may not touch S2
+ * (cache_must_cow): they go to a third slot (S3), so there are two
+ * copies.  (Before, S2 was rewritten in place and unsealed, and the
+ * crash dropped it: recovery then fell back to S1.)
  */
 static int backend_newer_fd;    /* the child sends its backend page here */
 
@@ -2113,7 +2188,7 @@ backend_newer_body (struct cache *c, const struct cache_backend *be)
     return 4;
   mwrite (c, be, NULL, 3 * PS + 3072, 512, 33);
   mwrite (c, be, NULL, 3 * PS + 3584, 512, 34);
-  if (ST (c, cow_copies) != 1)
+  if (ST (c, cow_copies) != 2)
     return 5;
   /* What the backend got is what the parent's backend must get. */
   rambackend_peek (&crash_rb, buf, PS, 3 * PS);
@@ -2128,9 +2203,10 @@ backend_newer_child (const struct cache_config *cfg, uint64_t size)
   crash_in_child (cfg, size, 11, backend_newer_body);
 }
 
-/* Recovery falls back to S1 because S2 is unsealed; S1's clean sectors
- * are older than the backend (S2 was written back) and must not be
- * served: the export and, after writeback, the backend agree.
+/* S3 is unsealed and dropped; the older versions must not be served
+ * instead where the backend is newer (S2 was written back; S2 is clean
+ * and goes, and S1 with it): the export and, after writeback, the
+ * backend agree.
  */
 static void
 test_wb_unsealed_crash_backend_newer (void **state)
@@ -2344,6 +2420,7 @@ main (void)
     T (test_wb_crash_writethrough_serves_dirty),
     T (test_wb_two_versions),
     T (test_wb_two_versions_torn_newer),
+    T (test_wb_written_back_successor),
     T (test_wb_flush_backend),
     T (test_wb_flush_cache),
     T (test_wb_zero_trim),

@@ -386,6 +386,26 @@ alloc_locked (struct cache *c, bool *evicted)
   return s;
 }
 
+/* Under nothing: write a FREE entry (with a new sequence number) for
+ * slot s.  Returns 0, or -1 after reporting the error.
+ */
+static int
+write_free_entry (struct cache *c, uint32_t s)
+{
+  struct layout_entry e;
+
+  memset (&e, 0, sizeof e);
+  e.state = LAYOUT_FREE;
+  pthread_mutex_lock (&c->lock);
+  e.seq = ++c->seq;
+  pthread_mutex_unlock (&c->lock);
+  if (pool_write_entry (&c->pool, s, &e) == -1) {
+    cache_io_error (c, "writing free entry", s);
+    return -1;
+  }
+  return 0;
+}
+
 /* Slot s was just evicted from page (whose range can_take locked): its
  * entry on disk still names that page, with data that verifies.  Were
  * the page changed elsewhere now (a write to the backend, a flush) and
@@ -397,16 +417,7 @@ alloc_locked (struct cache *c, bool *evicted)
 static void
 forget_evicted (struct cache *c, uint32_t s, uint64_t page)
 {
-  struct layout_entry e;
-
-  memset (&e, 0, sizeof e);
-  e.state = LAYOUT_FREE;
-  pthread_mutex_lock (&c->lock);
-  e.seq = ++c->seq;
-  pthread_mutex_unlock (&c->lock);
-  if (pool_write_entry (&c->pool, s, &e) == -1)
-    cache_io_error (c, "writing free entry", s);
-  else {
+  if (write_free_entry (c, s) == 0) {
     pthread_mutex_lock (&c->lock);
     pt_flags_off (&c->pt, s, PT_EVICTED);
     pthread_mutex_unlock (&c->lock);
@@ -537,19 +548,9 @@ free_superseded (struct cache *c)
     return;
   }
 
-  for (size_t i = 0; i < n; i++) {
-    struct layout_entry e;
-
-    memset (&e, 0, sizeof e);
-    e.state = LAYOUT_FREE;
-    pthread_mutex_lock (&c->lock);
-    e.seq = ++c->seq;
-    pthread_mutex_unlock (&c->lock);
-    if (pool_write_entry (&c->pool, done[i].slot, &e) == -1) {
-      cache_io_error (c, "writing free entry", done[i].slot);
+  for (size_t i = 0; i < n; i++)
+    if (write_free_entry (c, done[i].slot) == -1)
       ok = false;
-    }
-  }
   if (ok && pool_sync (&c->pool) == -1) {
     cache_io_error (c, "fdatasync", 0);
     ok = false;

@@ -627,17 +627,15 @@ crash_writes (struct cache *c, struct rambackend *rb)
 static struct cache *crash_cache;
 static struct rambackend crash_rb;
 
+/* In a child: cache the whole 64-page backend, make crash_writes (then a
+ * client flush if flush), and die without closing the cache.
+ */
 static void
-test_crash_reopen (void **state)
+crash_reopen_child (const struct cache_config *cfg, bool flush)
 {
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
-  struct cache *c;
-  struct layout_sb sb;
   pid_t pid;
   int status;
 
-  rambackend_init (&rb, 64 * PS, 11);
   fflush (stdout);
   fflush (stderr);
   pid = fork ();
@@ -647,7 +645,7 @@ test_crash_reopen (void **state)
     int err;
 
     rambackend_init (&crash_rb, 64 * PS, 11);
-    crash_cache = cache_open (&cfg);
+    crash_cache = cache_open (cfg);
     if (crash_cache == NULL)
       _exit (1);
     if (cache_attach (crash_cache, crash_rb.size) != 0)
@@ -655,12 +653,26 @@ test_crash_reopen (void **state)
     if (cache_read (crash_cache, &crash_rb.be, buf, 64 * PS, 0, &err) != 0)
       _exit (4);
     crash_writes (crash_cache, &crash_rb);
+    if (flush && cache_flush (crash_cache, &crash_rb.be, &err) != 0)
+      _exit (5);
     free (buf);
     _exit (0);                  /* no cache_close: a crash */
   }
   assert_int_equal (waitpid (pid, &status, 0), pid);
   assert_true (WIFEXITED (status));
   assert_int_equal (WEXITSTATUS (status), 0);
+}
+
+static void
+test_crash_reopen (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache *c;
+  struct layout_sb sb;
+
+  rambackend_init (&rb, 64 * PS, 11);
+  crash_reopen_child (&cfg, false);
   crash_writes (NULL, &rb);
 
   read_file_sb (&sb);
@@ -698,34 +710,10 @@ test_crash_reopen_flushed (void **state)
   struct rambackend rb;
   struct cache_config cfg = make_cfg (64 * PS);
   struct cache *c;
-  pid_t pid;
-  int status;
 
   unlink (cache_path);
   rambackend_init (&rb, 64 * PS, 11);
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
-  if (pid == 0) {
-    uint8_t *buf = malloc (64 * PS);
-    int err;
-
-    rambackend_init (&crash_rb, 64 * PS, 11);
-    crash_cache = cache_open (&cfg);
-    if (crash_cache == NULL ||
-        cache_attach (crash_cache, crash_rb.size) != 0)
-      _exit (1);
-    if (cache_read (crash_cache, &crash_rb.be, buf, 64 * PS, 0, &err) != 0)
-      _exit (4);
-    crash_writes (crash_cache, &crash_rb);
-    if (cache_flush (crash_cache, &crash_rb.be, &err) != 0)
-      _exit (5);
-    _exit (0);                  /* no cache_close: a crash */
-  }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
+  crash_reopen_child (&cfg, true);
   crash_writes (NULL, &rb);
   c = open_attach (&cfg, rb.size);
   read_all_check (c, &rb, 64 * PS);

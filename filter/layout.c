@@ -15,6 +15,7 @@
  *   keeps knowing its hot pages)  54 flags (LAYOUT_ENT_*)
  *   55 reserved[5] (0)  60 crc32c(0..59)
  */
+#include <pthread.h>
 #include <string.h>
 
 #include <isa-l/crc.h>
@@ -67,23 +68,28 @@ gf2_mulmod (uint32_t a, uint32_t b)
   return p;
 }
 
+static uint32_t pow2[64];        /* x^(2^k) mod P, k = 0..63 */
+static pthread_once_t pow2_once = PTHREAD_ONCE_INIT;
+
+static void
+pow2_init (void)
+{
+  pow2[0] = UINT32_C (1) << 30;         /* x^1 */
+  for (int i = 1; i < 64; i++)
+    pow2[i] = gf2_mulmod (pow2[i - 1], pow2[i - 1]);
+}
+
 /* x^(8 * n) mod P: appending n zero bytes multiplies a raw CRC by it. */
 static uint32_t
 zeros_operator (uint64_t n)
 {
-  static uint32_t pow2[64];     /* x^(2^k) mod P, k = 0..63 */
-  static int ready;
   uint32_t r = UINT32_C (1) << 31;      /* x^0 */
   unsigned k = 3;                       /* 8 * n = n << 3 */
 
-  if (!__atomic_load_n (&ready, __ATOMIC_ACQUIRE)) {
-    uint32_t t[64];
-    t[0] = UINT32_C (1) << 30;          /* x^1 */
-    for (int i = 1; i < 64; i++)
-      t[i] = gf2_mulmod (t[i - 1], t[i - 1]);
-    memcpy (pow2, t, sizeof t);
-    __atomic_store_n (&ready, 1, __ATOMIC_RELEASE);
-  }
+  /* (Once: two threads filling the table at the same time, even with
+   * the same values, would be a data race.)
+   */
+  pthread_once (&pow2_once, pow2_init);
   for (; n; n >>= 1, k++)
     if (n & 1)
       r = gf2_mulmod (pow2[k & 63], r);

@@ -123,6 +123,10 @@ struct cache {
                                     flight, oldest first (on their stacks) */
   struct cache_sup *sup;
   size_t nsup, capsup;
+  unsigned nfreeing;             /* free_superseded calls between taking
+                                    entries off c->sup and clearing the
+                                    successors' PT_HASPRED (c->space is
+                                    signalled when one ends) */
   uint64_t ndirty;               /* slots in state DIRTY (indexed) */
   uint32_t *unsealed;            /* slots that may be PT_UNSEALED (PT_LISTED) */
   size_t nunsealed, capunsealed;

@@ -473,6 +473,10 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
  * and changed in place).  Returns 0, -1 (*err) or 2 (the maps do not
  * fit: see cache_patch_slot).  Consumes the pin.
  */
+static int write_fresh (struct cache *c, const struct cache_backend *be,
+                        uint64_t page, const uint8_t *src, uint32_t off,
+                        uint32_t n, enum wkind kind, int *err);
+
 static int
 cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
           uint32_t s, const uint8_t *src, uint32_t off, uint32_t n,
@@ -483,15 +487,30 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
   unsigned sf, sl;
   int r;
 
+  bool was_clean;
+
   if (buf == NULL) {
     cache_unpin (c, s);
     *err = ENOMEM;
     return -1;
   }
+  pthread_mutex_lock (&c->lock);
+  was_clean = pt_state (&c->pt, s) == LAYOUT_CLEAN;
+  pthread_mutex_unlock (&c->lock);
   if (cache_read_verified (c, be, s, buf) == -1) {
+    /* Pin consumed.  A clean copy that failed its check was dropped:
+     * the backend has the page, so the write goes on as for a page not
+     * cached.  Bad dirty data fails the write.
+     */
     free (buf);
+    if (was_clean) {
+      uint32_t again = cache_lookup_pin (c, page);
+      if (again == PT_NONE)
+        return write_fresh (c, be, page, src, off, n, kind, err);
+      cache_unpin (c, again);
+    }
     *err = EIO;
-    return -1;                  /* bad dirty data: pin consumed */
+    return -1;
   }
   pthread_mutex_lock (&c->lock);
   pagetable_get (&c->pt, s, &snap);
@@ -527,6 +546,9 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
        * it may change in place (cache_must_cow).
        */
       if (!cache_settle (c, s)) {
+        log_error ("cache file %s: page %llu: its older version could not "
+                   "be freed; the write fails", c->path,
+                   (unsigned long long) page);
         cache_unpin (c, s);
         *err = EIO;
         return -1;

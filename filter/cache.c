@@ -284,11 +284,17 @@ static int sync_epoch (struct cache *c, bool client, bool seal_wait,
 bool
 cache_settle (struct cache *c, uint32_t s)
 {
+  bool pending;
+
   for (int i = 0; i < 4; i++) {
-    bool pending;
     int err;
 
     pthread_mutex_lock (&c->lock);
+    /* Another client sync may have taken s's predecessors off c->sup
+     * and be freeing them now: wait for it to finish first.
+     */
+    while (needs_settling (c, s) && c->nfreeing > 0)
+      pthread_cond_wait (&c->space, &c->lock);
     pending = needs_settling (c, s);
     pthread_mutex_unlock (&c->lock);
     if (!pending)
@@ -297,7 +303,12 @@ cache_settle (struct cache *c, uint32_t s)
         sync_epoch (c, true, false, &err) == -1)
       return false;
   }
-  return false;
+  pthread_mutex_lock (&c->lock);
+  while (needs_settling (c, s) && c->nfreeing > 0)
+    pthread_cond_wait (&c->space, &c->lock);
+  pending = needs_settling (c, s);
+  pthread_mutex_unlock (&c->lock);
+  return !pending;
 }
 
 /* Drop pinned slot s (its page is range locked by the caller): it
@@ -542,6 +553,8 @@ free_superseded (struct cache *c)
     memmove (c->sup + i, c->sup + i + 1, (c->nsup - i - 1) * sizeof *c->sup);
     c->nsup--;
   }
+  if (n > 0)
+    c->nfreeing++;
   pthread_mutex_unlock (&c->lock);
   if (n == 0) {
     free (done);
@@ -570,6 +583,8 @@ free_superseded (struct cache *c)
     if (pt_pins (&c->pt, old) == 0)
       release_slot_locked (c, old);
   }
+  c->nfreeing--;
+  pthread_cond_broadcast (&c->space);
   pthread_mutex_unlock (&c->lock);
   free (done);
 }

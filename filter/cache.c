@@ -281,34 +281,36 @@ static int sync_epoch (struct cache *c, bool client, bool seal_wait,
  * freed only once a sealed successor is flushed.  Returns true once
  * none is left (false: a cache-file error).
  */
-bool
-cache_settle (struct cache *c, uint32_t s)
+/* Does slot s still need settling?  Another client sync may have taken
+ * s's predecessors off c->sup and be freeing them now: its end is
+ * waited for first.
+ */
+static bool
+still_pending (struct cache *c, uint32_t s)
 {
   bool pending;
 
-  for (int i = 0; i < 4; i++) {
-    int err;
-
-    pthread_mutex_lock (&c->lock);
-    /* Another client sync may have taken s's predecessors off c->sup
-     * and be freeing them now: wait for it to finish first.
-     */
-    while (needs_settling (c, s) && c->nfreeing > 0)
-      pthread_cond_wait (&c->space, &c->lock);
-    pending = needs_settling (c, s);
-    pthread_mutex_unlock (&c->lock);
-    if (!pending)
-      return true;
-    if (cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1 ||
-        sync_epoch (c, true, false, &err) == -1)
-      return false;
-  }
   pthread_mutex_lock (&c->lock);
   while (needs_settling (c, s) && c->nfreeing > 0)
     pthread_cond_wait (&c->space, &c->lock);
   pending = needs_settling (c, s);
   pthread_mutex_unlock (&c->lock);
-  return !pending;
+  return pending;
+}
+
+bool
+cache_settle (struct cache *c, uint32_t s)
+{
+  for (int i = 0; i < 4; i++) {
+    int err;
+
+    if (!still_pending (c, s))
+      return true;
+    if (cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1 ||
+        sync_epoch (c, true, false, &err) == -1)
+      return false;
+  }
+  return !still_pending (c, s);
 }
 
 /* Drop pinned slot s (its page is range locked by the caller): it

@@ -663,6 +663,18 @@ crash_reopen_child (const struct cache_config *cfg, bool flush)
   assert_int_equal (WEXITSTATUS (status), 0);
 }
 
+/* Open the 64-page cache: every read is a hit that verifies. */
+static void
+check_all_warm (const struct cache_config *cfg, struct rambackend *rb)
+{
+  struct cache *c = open_attach (cfg, rb->size);
+
+  read_all_check (c, rb, 64 * PS);
+  assert_int_equal (rb->reads, 0);
+  assert_int_equal (ST (c, verify_failures), 0);
+  cache_close (c);
+}
+
 static void
 test_crash_reopen (void **state)
 {
@@ -692,11 +704,7 @@ test_crash_reopen (void **state)
 
   /* All cached again, and sealed by the clean close. */
   rambackend_reset_counters (&rb);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 64 * PS);
-  assert_int_equal (rb.reads, 0);
-  assert_int_equal (ST (c, verify_failures), 0);
-  cache_close (c);
+  check_all_warm (&cfg, &rb);
   rambackend_free (&rb);
 }
 
@@ -709,24 +717,15 @@ test_crash_reopen_flushed (void **state)
 {
   struct rambackend rb;
   struct cache_config cfg = make_cfg (64 * PS);
-  struct cache *c;
 
   unlink (cache_path);
   rambackend_init (&rb, 64 * PS, 11);
   crash_reopen_child (&cfg, true);
   crash_writes (NULL, &rb);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 64 * PS);
-  assert_int_equal (rb.reads, 0);
-  assert_int_equal (ST (c, verify_failures), 0);
-  cache_close (c);
+  check_all_warm (&cfg, &rb);
   rambackend_free (&rb);
 }
 
-/* Backend sectors filled into a cached page leave its entry on disk as
- * it was (a crash forgets them, the page still verifies); a clean close
- * records them.
- */
 /* Writethrough: a partial write to a cached page whose sectors it
  * touches are not cached goes to the backend only (the cache file is
  * not written); one that touches a cached sector updates the page.
@@ -896,6 +895,10 @@ test_wt_crash_after_backend_write (void **state)
   }
 }
 
+/* Backend sectors filled into a cached page leave its entry on disk as
+ * it was (a crash forgets them, the page still verifies); a clean close
+ * records them.
+ */
 static void
 test_fill_entry_lags (void **state)
 {

@@ -1,5 +1,5 @@
 /* nbdkit-ssdcache-filter: unsealed slots (cheap rewrites of unflushed
- * dirty data).
+ * dirty data, and of clean data in writethrough).
  *
  * A dirty slot whose data no client flush has covered yet may be
  * rewritten in place (cache-int.h).  Keeping its data checksum right
@@ -10,6 +10,11 @@
  * An unsealed entry is never used by recovery after a crash: its data
  * was never flushed, so the previous version of the page (kept until a
  * flushed, sealed successor exists) or the backend is right.
+ *
+ * Writethrough unseals a clean slot at its first rewrite (cache-write.c:
+ * write_through_first): the cached copy changes before the backend
+ * gets the write, and a crash between the two must not leave it
+ * verifying.  Recovery drops it, and the page is read again.
  *
  * Sealing = read the slot's data, compute its checksum, write a normal
  * entry.  It happens in a client flush (for every unsealed slot the

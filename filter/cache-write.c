@@ -5,9 +5,9 @@
  * that page's range lock (c->ranges) across the backend and cache I/O;
  * see cache-int.h for the rest of the locking.
  *
- * Writethrough / writearound: the backend is written first; then the
- * cached copy is updated in place (writethrough) or dropped
- * (writearound).  Writeback: the data goes to the cache as dirty
+ * Writethrough / writearound: the cached copy is updated in place,
+ * unsealed (writethrough), or dropped (writearound) first; then the
+ * backend is written (see write_through_first).  Writeback: the data goes to the cache as dirty
  * sectors, in place if the slot holds nothing durable and dirty,
  * otherwise into a new slot (copy on write).
  */
@@ -343,18 +343,12 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
      * this slot after a crash), then the data; then readers may see the
      * new maps.  Later rewrites only write data.
      */
-    if (unseal && before.state == LAYOUT_CLEAN) {
-      /* No entry write: the one on disk keeps the old checksum, which
-       * the new data fails, so after a crash the page is read again
-       * from the backend (which has it).
-       */
-      pthread_mutex_lock (&c->lock);
-      pt_flags_on (&c->pt, s, PT_UNSEALED);
-      cache_unseal_listed_locked (c, s);
-      pthread_mutex_unlock (&c->lock);
-      unseal = false;
-    }
-    else if (unseal) {
+    /* (Clean data too: counting on the old checksum to fail the new
+     * data is not enough, since a later rewrite may put the sealed
+     * bytes back, and a crash before the backend gets that write would
+     * leave them verifying while the backend holds the write before.)
+     */
+    if (unseal) {
       struct pt_slot mark = before;
 
       mark.flags |= PT_UNSEALED;
@@ -763,11 +757,10 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
 
 /* Writethrough, before the backend gets the write: bring the cached
  * copy of page (if any) up to date with bytes [off, off+n), in a way a
- * crash undoes.  The slot is rewritten unsealed (its data changes, its
- * entry on disk keeps the old checksum): if nbdkit dies before or after
- * the backend write, the slot fails its checksum at the next start and
- * the page is read from the backend, so the cache never holds older
- * data than the backend.  (Written after the backend, a crash between
+ * crash undoes.  The slot is rewritten unsealed (its entry on disk says
+ * so before its data changes): if nbdkit dies before or after the
+ * backend write, recovery drops the slot and the page is read from the
+ * backend, so the cache never holds older data than the backend.  (Written after the backend, a crash between
  * the two would leave the old data cached, with a checksum that holds.)
  * When that cannot be done the cached copy is dropped.  Pages not
  * cached are left alone here (whole ones are added after the backend

@@ -360,8 +360,8 @@ layout_entry_decode (const void *buf, uint32_t nsectors,
   default:
     return -1;
   }
-  /* Only dirty data is ever rewritten without its checksum. */
-  if ((e->flags & LAYOUT_ENT_UNSEALED) && e->state != LAYOUT_DIRTY)
+  /* Only cached data is ever rewritten without its checksum. */
+  if ((e->flags & LAYOUT_ENT_UNSEALED) && e->state == LAYOUT_FREE)
     return -1;
   return 0;
 }

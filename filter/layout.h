@@ -84,11 +84,12 @@ struct layout_entry {
   uint8_t flags;                   /* LAYOUT_ENT_* */
 };
 
-/* Entry flags.  UNSEALED: a dirty page being rewritten in place since
- * the last client flush; data_crc is not kept up to date, so the data
- * cannot be verified and recovery after a crash never uses it (it was
- * not flushed: the previous version, or the backend, is right).  A
- * client flush, writeback and a clean close seal it again.
+/* Entry flags.  UNSEALED: a page being rewritten in place since the
+ * last client flush (dirty data, or clean data in writethrough);
+ * data_crc is not kept up to date, so the data cannot be verified and
+ * recovery after a crash never uses it (it was not flushed: the
+ * previous version, or the backend, is right).  A client flush,
+ * writeback and a clean close seal it again.  Never on a free entry.
  */
 #define LAYOUT_ENT_UNSEALED     1u
 #define LAYOUT_ENT_FLAGS        LAYOUT_ENT_UNSEALED

@@ -682,10 +682,7 @@ pagetable_to_entry (const struct pt_slot *s, struct layout_entry *e)
     e->data_crc = s->data_crc;
     memcpy (e->valid, s->valid, sizeof e->valid);
     memcpy (e->dirty, s->dirty, sizeof e->dirty);
-    /* (An unsealed clean slot keeps its old checksum on disk, which
-     * its data fails: that is what keeps it out after a crash.)
-     */
-    if ((s->flags & PT_UNSEALED) && s->state == LAYOUT_DIRTY)
+    if (s->flags & PT_UNSEALED)
       e->flags |= LAYOUT_ENT_UNSEALED;
   }
 }

@@ -35,8 +35,8 @@
 #define PT_INDEXED   0x01   /* reachable through the index */
 #define PT_VERIFIED  0x02   /* data CRC checked since the cache was opened */
 #define PT_ORPHAN    0x04   /* removed from the index while pinned */
-#define PT_UNSEALED  0x08   /* data_crc is stale: dirty data rewritten in
-                               place since the last flush (the entry says
+#define PT_UNSEALED  0x08   /* data_crc is stale: data rewritten in place
+                               since the last flush (the entry says
                                LAYOUT_ENT_UNSEALED) */
 #define PT_PREFETCHED 0x100 /* filled by readahead, not read by a client
                                since */

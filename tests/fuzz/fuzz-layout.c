@@ -42,7 +42,7 @@
  *  - for nsectors 1..128 (all of them for the first piece, the seeded
  *    value and the boundary for the others): accepted exactly when the
  *    CRC (checked against the bitwise CRC32C), the flags (only "unsealed",
- *    only on dirty entries), the reserved bytes, the
+ *    never on free entries), the reserved bytes, the
  *    state and the bitmaps are valid and no bit names a sector >= nsectors;
  *  - an accepted entry re-encodes to exactly the input bytes.
  *
@@ -258,8 +258,8 @@ entry_min_sectors (const uint8_t *p)
     return -1;
   if (p[54] > 1)                /* flags: only "unsealed" */
     return -1;
-  if (p[54] == 1 && p[52] != LAYOUT_DIRTY)
-    return -1;                  /* only dirty data is ever unsealed */
+  if (p[54] == 1 && p[52] == LAYOUT_FREE)
+    return -1;                  /* only cached data is ever unsealed */
   for (int i = 55; i < ENT_CRC_OFF; i++)
     if (p[i] != 0)
       return -1;

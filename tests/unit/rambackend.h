@@ -38,6 +38,11 @@ struct rambackend {
    * has reached the backend: a crash at that moment, for fork tests.
    */
   bool exit_after_write;
+  /* If set, the process exits (_exit (0)) when the next write is
+   * called, before the backend gets it: a crash between the cache's
+   * update and the backend's.
+   */
+  bool exit_before_write;
 
   _Atomic unsigned delay_max_us;
   _Atomic uint64_t delay_counter;

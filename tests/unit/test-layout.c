@@ -834,8 +834,8 @@ test_entry_clean_with_dirty (void **state)
   assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
 }
 
-/* The unsealed flag: kept for dirty entries, refused on clean and
- * free ones; unknown flag bits refused.
+/* The unsealed flag: kept for dirty and clean entries, refused on free
+ * ones; unknown flag bits refused.
  */
 static void
 test_entry_unsealed (void **state)
@@ -859,7 +859,8 @@ test_entry_unsealed (void **state)
   make_entry (&e, LAYOUT_CLEAN);
   e.flags = LAYOUT_ENT_UNSEALED;
   layout_entry_encode (&e, buf);
-  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), 0);
+  assert_entry_equal (&e, &out);
 
   make_entry (&e, LAYOUT_FREE);
   e.flags = LAYOUT_ENT_UNSEALED;

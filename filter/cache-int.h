@@ -184,7 +184,8 @@ extern bool cache_must_cow (const struct cache *c, uint32_t s);
 extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
                              uint64_t page);
 extern int cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
-                            const uint8_t *buf, const uint8_t *dirty);
+                            const uint8_t *buf, const uint8_t *dirty,
+                            bool prefetch);
 extern void cache_touch_io (struct cache *c);
 /* fdatasync for the filter's own needs: unlike cache_sync (a client
  * flush), it does not make dirty data "flushed".

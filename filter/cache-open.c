@@ -171,11 +171,17 @@ cache_open (const struct cache_config *cfg)
   return NULL;
 }
 
-/* For the policy's ghost list: the page a resident slot holds. */
+/* For the policy's ghost list: the page a resident slot holds, unless
+ * no client has read it since readahead brought it in (under c->lock:
+ * called from evict_victim).
+ */
 static uint64_t
 slot_page (void *opaque, uint32_t s)
 {
   const struct cache *c = opaque;
+
+  if (pt_flags (&c->pt, s) & PT_PREFETCHED)
+    return EVICT_NO_PAGE;
   return pt_page (&c->pt, s);
 }
 

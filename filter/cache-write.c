@@ -705,7 +705,8 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
       data = tmp;
     }
     cache_map_fill (c, dirty);
-    r = cache_fill_slot (c, page, s, data, kind == W_DIRTY ? dirty : NULL);
+    r = cache_fill_slot (c, page, s, data, kind == W_DIRTY ? dirty : NULL,
+                         false);
     free (tmp);
     if (r == 1) {
       /* No slot for the new version: it goes to the backend, and the

@@ -374,17 +374,19 @@ can_take (void *opaque, uint32_t s)
 }
 
 /* Under c->lock.  *evicted: the slot was taken from a page, whose
- * range is now locked (see can_take).
+ * range is now locked (see can_take).  fill: for data read from the
+ * backend (evict_victim_fill).
  */
 static uint32_t
-alloc_locked (struct cache *c, bool *evicted)
+alloc_locked (struct cache *c, bool fill, bool *evicted)
 {
   uint32_t s = pagetable_take_free (&c->pt);
 
   *evicted = false;
   if (s != PT_NONE)
     return s;
-  s = evict_victim (c->ev, can_take, c);
+  s = fill ? evict_victim_fill (c->ev, can_take, c) :
+    evict_victim (c->ev, can_take, c);
   if (s == EVICT_NONE)
     return PT_NONE;
   *evicted = true;
@@ -439,8 +441,12 @@ forget_evicted (struct cache *c, uint32_t s, uint64_t page)
 }
 
 /* A slot nobody else can reach, or PT_NONE.  Only clean slots are ever
- * evicted.  With wait, when every slot is dirty or busy, wake the
- * writeback thread and wait for it to clean some.
+ * evicted.  With wait (for written data), when every slot is dirty or
+ * busy, wake the writeback thread and wait for it to clean some.
+ * Without (for data read from the backend, which need not be cached),
+ * a page the replacement policy holds as used more than once is not
+ * evicted while newer pages are only busy (evict_victim_fill): the
+ * caller serves the read without caching it.
  */
 uint32_t
 cache_alloc_slot (struct cache *c, bool wait)
@@ -451,7 +457,7 @@ cache_alloc_slot (struct cache *c, bool wait)
   uint64_t page = 0;
 
   pthread_mutex_lock (&c->lock);
-  while ((s = alloc_locked (c, &evicted)) == PT_NONE && wait && c->wb &&
+  while ((s = alloc_locked (c, !wait, &evicted)) == PT_NONE && wait && c->wb &&
          c->ndirty > 0) {
     struct timespec ts;
     uint64_t now = cache_now_ms ();
@@ -698,10 +704,14 @@ cache_sync_device (struct cache *c, int *err)
  * slot s (pinned by the caller; consumed) or in a new slot if s is
  * PT_NONE.  The page is range locked by the caller.  Returns 0, 1 if
  * no slot could be had (nothing stored), -1 on a cache error.
+ * prefetch: readahead's, not a client's: a new slot is marked
+ * PT_PREFETCHED and enters the policy as new, without asking the
+ * ghost (a prefetch is no use of the page: a page the ghost remembers
+ * goes to the main queue only when a client reads it again).
  */
 int
 cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
-                 const uint8_t *buf, const uint8_t *dirty)
+                 const uint8_t *buf, const uint8_t *dirty, bool prefetch)
 {
   struct pt_slot upd = { .page = page, .state = LAYOUT_CLEAN };
   uint32_t target = s;
@@ -772,7 +782,13 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
   pt_flags_off (&c->pt, target, PT_BAD);    /* wholly rewritten */
   if (target != s && s == PT_NONE) {
     pagetable_insert (&c->pt, target, page);
-    cache_policy_insert (c, target, page);
+    if (prefetch) {
+      pt_flags_on (&c->pt, target, PT_PREFETCHED);
+      evict_insert (c->ev, target);
+      STATS_ADD (&c->stats, prefetch_pages, 1);
+    }
+    else
+      cache_policy_insert (c, target, page);
     cache_set_state_counts (c, LAYOUT_FREE, upd.state);
   }
   pthread_mutex_unlock (&c->lock);
@@ -1110,7 +1126,7 @@ complete_partial (struct cache *c, const struct cache_backend *be,
       memcpy (buf + (size_t) i * ss, tmp + (size_t) (i - lo) * ss, ss);
   free (tmp);
   cache_fill_slot (c, page, s, buf,
-                   snap.state == LAYOUT_DIRTY ? snap.dirty : NULL);
+                   snap.state == LAYOUT_DIRTY ? snap.dirty : NULL, false);
   return 0;
 }
 
@@ -1222,21 +1238,6 @@ admit_miss (struct cache *c, uint64_t page)
     log_debug ("read miss page %llu: not cached (promotion after %u misses)",
                (unsigned long long) page, c->promote);
   return r;
-}
-
-/* Page (range locked by the caller) was just stored by readahead. */
-static void
-mark_prefetched (struct cache *c, uint64_t page)
-{
-  uint32_t s;
-
-  pthread_mutex_lock (&c->lock);
-  s = pagetable_lookup (&c->pt, page);
-  if (s != PT_NONE) {
-    pt_flags_on (&c->pt, s, PT_PREFETCHED);
-    STATS_ADD (&c->stats, prefetch_pages, 1);
-  }
-  pthread_mutex_unlock (&c->lock);
 }
 
 /* Read [pos, pos+len) (dst may be NULL: prefetch only) with the pages
@@ -1373,9 +1374,7 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
       else if (o->promote && !admit_miss (c, first + k))
         STATS_ADD (&c->stats, promote_skipped, 1);
       else if (plo == pstart && phi >= pstart + cache_page_bytes (c, first + k)) {
-        if (cache_fill_slot (c, first + k, PT_NONE, data, NULL) == 0 &&
-            o->readahead)
-          mark_prefetched (c, first + k);
+        cache_fill_slot (c, first + k, PT_NONE, data, NULL, o->readahead);
       }
       else if (!cache_degraded (c)) {
         uint32_t ns = cache_alloc_slot (c, false);

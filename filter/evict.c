@@ -481,8 +481,11 @@ s3_remove (struct evict *ev, uint32_t slot)
 static uint32_t
 take (struct evict *ev, uint32_t s, bool ghost)
 {
-  if (ghost && ev->page_fn)
-    ghost_add (ev, ev->page_fn (ev->page_opaque, s));
+  if (ghost && ev->page_fn) {
+    uint64_t page = ev->page_fn (ev->page_opaque, s);
+    if (page != EVICT_NO_PAGE)
+      ghost_add (ev, page);
+  }
   if (ev->st[s] & ST_M)
     ev->m_count--;
   else
@@ -597,6 +600,21 @@ s3_victim (struct evict *ev, evict_can_take_fn can_take, void *opaque)
   return v;
 }
 
+/* A fill does not take M's pages while S is full but busy. */
+static uint32_t
+s3_victim_fill (struct evict *ev, evict_can_take_fn can_take, void *opaque)
+{
+  bool promoted = false;
+  uint32_t v;
+
+  if (ev->s_count >= ev->s_target && ev->m_count > 0) {
+    v = sweep_small (ev, can_take, opaque, &promoted);
+    if (v != EVICT_NONE || ev->s_count >= ev->s_target)
+      return v;
+  }
+  return s3_victim (ev, can_take, opaque);
+}
+
 /*----------------------------------------------------------------------
  * Dispatch.
  */
@@ -660,6 +678,16 @@ evict_victim (struct evict *ev, evict_can_take_fn can_take, void *opaque)
   if (ev->policy == EVICT_CLOCK)
     return clock_victim (ev, can_take, opaque);
   return s3_victim (ev, can_take, opaque);
+}
+
+uint32_t
+evict_victim_fill (struct evict *ev, evict_can_take_fn can_take, void *opaque)
+{
+  if (ev->resident_count == 0)
+    return EVICT_NONE;
+  if (ev->policy == EVICT_CLOCK)
+    return clock_victim (ev, can_take, opaque);
+  return s3_victim_fill (ev, can_take, opaque);
 }
 
 uint8_t

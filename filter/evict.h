@@ -46,8 +46,15 @@ enum evict_policy {
 struct evict;
 
 typedef bool (*evict_can_take_fn) (void *opaque, uint32_t slot);
-/* The backend page number held by a resident slot. */
+/* The backend page number held by a resident slot, or EVICT_NO_PAGE:
+ * the slot's page is not to be remembered by the ghost when evicted
+ * (it was never used: a page readahead brought in that no client read;
+ * remembered, its first real read would find it in the ghost and
+ * count as a re-use, which under load made a read-ahead scan look hot
+ * and flush the hot set).
+ */
 typedef uint64_t (*evict_page_fn) (void *opaque, uint32_t slot);
+#define EVICT_NO_PAGE UINT64_MAX
 
 /* evict_new is the default policy (EVICT_DEFAULT).  NULL on ENOMEM. */
 extern struct evict *evict_new (uint32_t nslots);
@@ -105,6 +112,17 @@ extern void evict_remove (struct evict *ev, uint32_t slot);
  */
 extern uint32_t evict_victim (struct evict *ev, evict_can_take_fn can_take,
                               void *opaque);
+
+/* The same, for a slot to hold data read from the backend, which may
+ * as well not be cached (the read is served all the same): with
+ * S3-FIFO, when the small queue is at its target and can_take refuses
+ * every slot in it (pages still being read or filled, as with many
+ * requests of a scan in flight), EVICT_NONE instead of a slot of the
+ * main queue, which the policy keeps for pages used more than once.
+ * CLOCK: as evict_victim.
+ */
+extern uint32_t evict_victim_fill (struct evict *ev,
+                                   evict_can_take_fn can_take, void *opaque);
 
 /* Number of resident slots the policy tracks. */
 extern uint32_t evict_resident (const struct evict *ev);

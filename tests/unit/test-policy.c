@@ -283,6 +283,23 @@ test_ghost (void **state)
   for (uint64_t p = 101; p < 104; ++p)
     assert_false (evict_ghost_contains (ev, p));
 
+  /* A slot whose page the function will not name (EVICT_NO_PAGE: a
+   * prefetched page no client read) is not remembered, and its page
+   * comes back into S, not M.
+   */
+  pg.page[0] = 300;
+  evict_insert_page (ev, 0, 300);
+  pg.page[0] = EVICT_NO_PAGE;
+  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  assert_false (evict_ghost_contains (ev, 300));
+  assert_false (evict_ghost_contains (ev, EVICT_NO_PAGE));
+  for (uint64_t p = 201; p < 204; ++p)   /* nothing pushed out either */
+    assert_true (evict_ghost_contains (ev, p));
+  pg.page[0] = 300;
+  assert_false (evict_insert_page (ev, 0, 300));
+  assert_int_equal (evict_slot_hint (ev, 0), 0);
+  assert_int_equal (evict_check (ev), 0);
+
   /* Without a page function there is no ghost, and CLOCK has none. */
   evict_free (ev);
   ev = evict_new_policy (EVICT_S3FIFO, 4);
@@ -681,6 +698,55 @@ test_s3fifo_refused (void **state)
   evict_free (ev);
 }
 
+/* A fill (evict_victim_fill) does not take a page of M while S is at
+ * its target and every slot in it is busy: with many requests of a scan
+ * in flight, the scan would otherwise evict the hot set.  evict_victim
+ * (a write, which needs a slot) still takes from M then.
+ */
+static bool
+take_below_10 (void *opaque, uint32_t slot)
+{
+  return slot < 10;
+}
+
+static void
+test_s3fifo_fill_spares_main (void **state)
+{
+  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 20);
+  uint32_t v;
+
+  for (uint32_t s = 0; s < 20; ++s)
+    evict_insert (ev, s);
+  for (uint32_t s = 0; s < 10; ++s) {
+    evict_touch (ev, s);
+    evict_touch (ev, s);
+  }
+  /* Promotes 0..9 to M and takes 10: S is 11..19, over its target. */
+  assert_int_equal (evict_victim (ev, take_all, NULL), 10);
+  /* S all busy: a fill gets nothing, and nothing changed. */
+  assert_int_equal (evict_victim_fill (ev, take_below_10, NULL), EVICT_NONE);
+  assert_int_equal (evict_resident (ev), 19);
+  assert_int_equal (evict_check (ev), 0);
+  for (uint32_t s = 0; s < 10; ++s)    /* still there, and hot */
+    assert_true (evict_slot_hint (ev, s) >= 1);
+  /* A fill that may take from S does. */
+  v = evict_victim_fill (ev, take_all, NULL);
+  assert_true (v >= 11 && v < 20);
+  evict_insert (ev, v);
+  /* A write's victim comes from M when S is all busy. */
+  v = evict_victim (ev, take_below_10, NULL);
+  assert_true (v < 10);
+  assert_int_equal (evict_check (ev), 0);
+  evict_free (ev);
+
+  /* CLOCK: a fill is an ordinary victim. */
+  ev = evict_new_policy (EVICT_CLOCK, 4);
+  for (uint32_t s = 0; s < 4; ++s)
+    evict_insert (ev, s);
+  assert_int_equal (evict_victim_fill (ev, take_below_10, NULL), 0);
+  evict_free (ev);
+}
+
 /* Long random sequences against a model of which slots are resident
  * and which may be taken, several sizes (the ring smaller than the
  * slots, or all of them): invariants after every operation (each slot
@@ -1031,6 +1097,7 @@ main (void)
     cmocka_unit_test (test_s3fifo_ring_wrap),
     cmocka_unit_test (test_s3fifo_ring_zombies),
     cmocka_unit_test (test_s3fifo_refused),
+    cmocka_unit_test (test_s3fifo_fill_spares_main),
     cmocka_unit_test (test_s3fifo_random_invariants),
     cmocka_unit_test (test_seq_two_streams),
     cmocka_unit_test (test_nhit),

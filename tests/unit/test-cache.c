@@ -839,6 +839,65 @@ test_evicted_entry_gone (void **state)
   rambackend_free (&rb);
 }
 
+/* Writethrough crash cases on a 4-page backend (seed) whose pages 0 and
+ * 1 are cached: a write of pattern pat to [off, off+len), with nbdkit
+ * dying right after the backend got it; or, with revert, that write
+ * done, then one putting the old bytes back, with nbdkit dying just
+ * before the backend gets it.  Either way the backend ends up with the
+ * pattern, and after the restart every read must agree with it.
+ */
+static void
+wt_crash_check (uint32_t off, uint32_t len, unsigned seed, unsigned pat,
+                bool revert)
+{
+  struct cache_config cfg = make_cfg (4 * PS);
+  struct rambackend rb;
+  struct cache *c;
+  uint8_t buf[2 * PS], orig[2 * PS];
+  pid_t pid;
+  int status, err = 0;
+
+  unlink (cache_path);
+  fflush (stdout);
+  fflush (stderr);
+  pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    rambackend_init (&crash_rb, 4 * PS, seed);
+    crash_cache = cache_open (&cfg);
+    if (crash_cache == NULL ||
+        cache_attach (crash_cache, crash_rb.size) != 0)
+      _exit (1);
+    if (cache_read (crash_cache, &crash_rb.be, orig, 2 * PS, 0, &err) != 0)
+      _exit (2);
+    fill_pattern (buf, len, pat);
+    if (revert) {
+      if (cache_write (crash_cache, &crash_rb.be, buf, len, off, false,
+                       &err) != 0)
+        _exit (3);
+      crash_rb.exit_before_write = true;
+      cache_write (crash_cache, &crash_rb.be, orig + off, len, off, false,
+                   &err);
+    }
+    else {
+      crash_rb.exit_after_write = true;
+      cache_write (crash_cache, &crash_rb.be, buf, len, off, false, &err);
+    }
+    _exit (4);                  /* not reached: exits in the write */
+  }
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status));
+  assert_int_equal (WEXITSTATUS (status), 0);
+
+  rambackend_init (&rb, 4 * PS, seed);
+  fill_pattern (buf, len, pat);
+  rambackend_poke (&rb, buf, len, off);
+  c = open_attach (&cfg, rb.size);
+  read_all_check (c, &rb, 512);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
 /* Writethrough: a crash right after a write reached the backend, before
  * nbdkit could answer it.  The cached copy of the page must not then
  * hold older data than the backend (it would be served after the
@@ -854,46 +913,9 @@ test_wt_crash_after_backend_write (void **state)
     { PS + 100, 100 }, { PS + 1024, 1024 }, { PS, PS },
     { PS - 512, 2048 },         /* two pages, both cached */
   };
-  struct cache_config cfg = make_cfg (4 * PS);
 
-  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-    struct rambackend rb;
-    struct cache *c;
-    uint8_t buf[2 * PS];
-    pid_t pid;
-    int status, err = 0;
-
-    unlink (cache_path);
-    fflush (stdout);
-    fflush (stderr);
-    pid = fork ();
-    assert_true (pid >= 0);
-    if (pid == 0) {
-      rambackend_init (&crash_rb, 4 * PS, 41);
-      crash_cache = cache_open (&cfg);
-      if (crash_cache == NULL ||
-          cache_attach (crash_cache, crash_rb.size) != 0)
-        _exit (1);
-      if (cache_read (crash_cache, &crash_rb.be, buf, 2 * PS, 0, &err) != 0)
-        _exit (2);
-      fill_pattern (buf, cases[k].len, 80 + k);
-      crash_rb.exit_after_write = true;
-      cache_write (crash_cache, &crash_rb.be, buf, cases[k].len,
-                   cases[k].off, false, &err);
-      _exit (3);                /* not reached: exits in the write */
-    }
-    assert_int_equal (waitpid (pid, &status, 0), pid);
-    assert_true (WIFEXITED (status));
-    assert_int_equal (WEXITSTATUS (status), 0);
-
-    rambackend_init (&rb, 4 * PS, 41);
-    fill_pattern (buf, cases[k].len, 80 + k);
-    rambackend_poke (&rb, buf, cases[k].len, cases[k].off);
-    c = open_attach (&cfg, rb.size);
-    read_all_check (c, &rb, 512);
-    cache_close (c);
-    rambackend_free (&rb);
-  }
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+    wt_crash_check (cases[k].off, cases[k].len, 41, 80 + k, false);
 }
 
 /* Writethrough: a write that puts back the bytes a cached page held
@@ -910,50 +932,9 @@ test_wt_crash_revert (void **state)
   static const struct { uint32_t off, len; } cases[] = {
     { PS + 100, 100 }, { PS + 1024, 1024 }, { PS, PS },
   };
-  struct cache_config cfg = make_cfg (4 * PS);
 
-  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-    struct rambackend rb;
-    struct cache *c;
-    uint8_t orig[PS], buf[PS];
-    pid_t pid;
-    int status, err = 0;
-
-    unlink (cache_path);
-    fflush (stdout);
-    fflush (stderr);
-    pid = fork ();
-    assert_true (pid >= 0);
-    if (pid == 0) {
-      rambackend_init (&crash_rb, 4 * PS, 43);
-      crash_cache = cache_open (&cfg);
-      if (crash_cache == NULL ||
-          cache_attach (crash_cache, crash_rb.size) != 0)
-        _exit (1);
-      if (cache_read (crash_cache, &crash_rb.be, orig, cases[k].len,
-                      cases[k].off, &err) != 0)
-        _exit (2);
-      fill_pattern (buf, cases[k].len, 90 + k);
-      if (cache_write (crash_cache, &crash_rb.be, buf, cases[k].len,
-                       cases[k].off, false, &err) != 0)
-        _exit (3);
-      crash_rb.exit_before_write = true;
-      cache_write (crash_cache, &crash_rb.be, orig, cases[k].len,
-                   cases[k].off, false, &err);
-      _exit (4);                /* not reached: exits in the write */
-    }
-    assert_int_equal (waitpid (pid, &status, 0), pid);
-    assert_true (WIFEXITED (status));
-    assert_int_equal (WEXITSTATUS (status), 0);
-
-    rambackend_init (&rb, 4 * PS, 43);
-    fill_pattern (buf, cases[k].len, 90 + k);
-    rambackend_poke (&rb, buf, cases[k].len, cases[k].off);
-    c = open_attach (&cfg, rb.size);
-    read_all_check (c, &rb, 512);
-    cache_close (c);
-    rambackend_free (&rb);
-  }
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+    wt_crash_check (cases[k].off, cases[k].len, 43, 90 + k, true);
 }
 
 /* Backend sectors filled into a cached page leave its entry on disk as

@@ -47,6 +47,7 @@ struct wb_page {
   uint64_t page;
   uint32_t slot;
   uint64_t seq;
+  uint8_t valid[LAYOUT_MAX_SECTORS / 8];
   uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
   bool unsealed;
   uint32_t crc;                  /* if unsealed: of the data written back */
@@ -101,10 +102,6 @@ collect_dirty (struct cache *c, uint64_t **pages_out, uint64_t hot_after,
   return n;
 }
 
-/* Write the dirty sectors of one group of adjacent pages [g, g+ng),
- * whose data is in buf (page k at k * page_size).  Runs of dirty
- * sectors that touch are written as one request.
- */
 /* Write [lo, hi) (clipped to the backend size) from the group buffer. */
 static int
 emit (struct cache *c, const struct cache_backend *be, const uint8_t *buf,
@@ -121,9 +118,16 @@ emit (struct cache *c, const struct cache_backend *be, const uint8_t *buf,
 }
 
 /* Write the dirty sectors of one group of adjacent pages g[0..ng),
- * whose data is in buf (page k at k * page_size).  Runs of dirty
- * sectors that touch are written as one request.
+ * whose data is in buf (page k at k * page_size).  Dirty sectors are
+ * written in few requests: runs that touch are one request, and so are
+ * runs with at most WB_BRIDGE_MAX bytes of valid clean sectors between
+ * them (the backend has those bytes already, so writing them again
+ * changes nothing, and a slow backend pays per request: 16 KiB take
+ * 0.3 ms at 50 MiB/s, less than one 1 ms round trip).  An invalid
+ * sector (not cached) ends a request.
  */
+#define WB_BRIDGE_MAX (16 * 1024)
+
 static int
 write_group (struct cache *c, const struct cache_backend *be,
              const struct wb_page *g, size_t ng, const uint8_t *buf,
@@ -131,23 +135,36 @@ write_group (struct cache *c, const struct cache_backend *be,
 {
   const uint32_t ps = c->page_size, ss = c->sector_size;
   const uint64_t base = g[0].page * ps;
-  uint64_t lo = 0, hi = 0;
+  uint64_t lo = 0, hi = 0;      /* the request: [lo, hi) ends dirty */
+  uint64_t reach = 0;           /* it may grow to a dirty sector here */
+  uint64_t gap = 0;             /* clean bytes between hi and reach */
   bool in_run = false;
 
   for (size_t k = 0; k < ng; k++) {
     for (unsigned i = 0; i < c->nsectors; i++) {
-      bool d = g[k].slot != PT_NONE && layout_bit_test (g[k].dirty, i);
+      bool have = g[k].slot != PT_NONE;
+      bool d = have && layout_bit_test (g[k].dirty, i);
+      bool v = have && layout_bit_test (g[k].valid, i);
       uint64_t off = g[k].page * ps + (uint64_t) i * ss;
 
-      if (d && in_run && hi == off) {
-        hi += ss;
+      if (!d) {
+        if (in_run && v && reach == off && gap + ss <= WB_BRIDGE_MAX) {
+          reach = off + ss;     /* clean, cached: may be bridged */
+          gap += ss;
+        }
+        continue;
+      }
+      if (in_run && reach == off) {
+        hi = reach = off + ss;
+        gap = 0;
         continue;
       }
       if (in_run && emit (c, be, buf, base, lo, hi, bytes, err) == -1)
         return -1;
-      in_run = d;
+      in_run = true;
       lo = off;
-      hi = off + ss;
+      hi = reach = off + ss;
+      gap = 0;
     }
   }
   if (in_run && emit (c, be, buf, base, lo, hi, bytes, err) == -1)
@@ -202,7 +219,6 @@ pass (struct cache *c, const struct cache_backend *be, uint64_t target,
     int64_t j = i;
     size_t ng;
     struct wb_page *g = done + ndone;
-    uint8_t valid[LAYOUT_MAX_SECTORS / 8];
 
     if (target > 0 && (uint64_t) (n - i) <= target)
       break;
@@ -240,12 +256,12 @@ pass (struct cache *c, const struct cache_backend *be, uint64_t target,
       pthread_mutex_lock (&c->lock);
       g[k].slot = s;
       g[k].seq = pt_seq (&c->pt, s);
-      pt_maps_get (&c->pt, s, valid, g[k].dirty);
+      pt_maps_get (&c->pt, s, g[k].valid, g[k].dirty);
       g[k].unsealed = pt_flags (&c->pt, s) & PT_UNSEALED;
       pthread_mutex_unlock (&c->lock);
       /* Marking it clean will seal it: its checksum, from this data. */
       if (g[k].unsealed)
-        g[k].crc = cache_page_crc (c, buf + k * ps, valid);
+        g[k].crc = cache_page_crc (c, buf + k * ps, g[k].valid);
     }
     if (write_group (c, be, g, ng, buf, &bytes, err) == -1) {
       rangelock_release (&c->ranges, pages[i], pages[j]);
@@ -368,6 +384,7 @@ writeback_page_locked (struct cache *c, const struct cache_backend *be,
   pthread_mutex_lock (&c->lock);
   pagetable_get (&c->pt, s, &upd);
   pthread_mutex_unlock (&c->lock);
+  memcpy (g.valid, upd.valid, sizeof g.valid);
   memcpy (g.dirty, upd.dirty, sizeof g.dirty);
   if (upd.flags & PT_UNSEALED) {
     upd.data_crc = cache_page_crc (c, buf, upd.valid);

@@ -507,13 +507,56 @@ test_wb_subpage (void **state)
   assert_int_equal (rb.reads, 0);
   assert_int_equal (cache_dirty_pages (c), 3);
 
-  /* Write back after completion: still only the dirty sectors. */
+  /* Write back after completion: the dirty sectors, and the clean ones
+   * between page 9's dirty sector and page 10's (27 sectors, under
+   * WB_BRIDGE_MAX): two requests.
+   */
   rambackend_reset_counters (&rb);
   assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  assert_int_equal (rb.bytes_written, 2 * ss + ss + ss);
+  assert_int_equal (rb.bytes_written, 2 * ss + (27 + 2) * ss);
+  assert_int_equal (rb.writes, 2);
   backend_check (&rb, model, ps);
   read_all_check (c, &t.be, model, size, ps);
   assert_int_equal (rb.out_of_range, 0);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
+/* Writeback joins dirty runs across valid clean sectors (the backend
+ * has those bytes) up to WB_BRIDGE_MAX (16 KiB) of them, never across an
+ * invalid sector (the cache does not have it).
+ */
+static void
+test_wb_bridge (void **state)
+{
+  const uint32_t ps = 65536, ss = 512;
+  const uint64_t size = 16ULL * ps;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (8ULL * ps, ps);
+  struct cache *c;
+  uint8_t *model;
+  int err = 0;
+
+  rambackend_init (&rb, size, 3);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+  mread_check (c, &t.be, model, 0, 2 * ps);    /* pages 0, 1 whole */
+  mwrite (c, &t.be, model, 0, ss, 1);          /* page 0, sector 0 */
+  mwrite (c, &t.be, model, 20 * ss, ss, 2);    /* 19 clean between */
+  mwrite (c, &t.be, model, ps, ss, 3);         /* page 1, 107 between */
+  mwrite (c, &t.be, model, 4 * ps, ss, 4);     /* page 4, not cached */
+  mwrite (c, &t.be, model, 4 * ps + 2 * ss, ss, 5);
+  rambackend_reset_counters (&rb);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, ps);
+  /* Page 0's sectors 0-20, page 1's sector 0, page 4's two sectors. */
+  assert_int_equal (rb.writes, 4);
+  assert_int_equal (rb.bytes_written, (21 + 1 + 2) * ss);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  read_all_check (c, &t.be, model, size, ps);
   cache_close (c);
   rambackend_free (&rb);
   free (model);
@@ -2410,6 +2453,7 @@ main (void)
   const struct CMUnitTest tests[] = {
     T (test_wb_basics),
     T (test_wb_subpage),
+    T (test_wb_bridge),
     T (test_wb_cow_durable),
     T (test_wb_inplace_not_durable),
     T (test_wb_full_no_thread),

@@ -7,9 +7,10 @@
  *
  * Writethrough / writearound: the cached copy is updated in place,
  * unsealed (writethrough), or dropped (writearound) first; then the
- * backend is written (see write_through_first).  Writeback: the data goes to the cache as dirty
- * sectors, in place if the slot holds nothing durable and dirty,
- * otherwise into a new slot (copy on write).
+ * backend is written (see write_through_first).  Writeback: the data
+ * goes to the cache as dirty sectors, in place if the slot holds
+ * nothing durable and dirty, otherwise into a new slot (copy on
+ * write).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -761,8 +762,9 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
  * crash undoes.  The slot is rewritten unsealed (its entry on disk says
  * so before its data changes): if nbdkit dies before or after the
  * backend write, recovery drops the slot and the page is read from the
- * backend, so the cache never holds older data than the backend.  (Written after the backend, a crash between
- * the two would leave the old data cached, with a checksum that holds.)
+ * backend, so the cache never holds older data than the backend.
+ * (Written after the backend, a crash between the two would leave the
+ * old data cached, with a checksum that holds.)
  * When that cannot be done the cached copy is dropped.  Pages not
  * cached are left alone here (whole ones are added after the backend
  * write), and so are sectors not cached: if none of those the write

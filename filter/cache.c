@@ -457,8 +457,8 @@ cache_alloc_slot (struct cache *c, bool wait)
   uint64_t page = 0;
 
   pthread_mutex_lock (&c->lock);
-  while ((s = alloc_locked (c, !wait, &evicted)) == PT_NONE && wait && c->wb &&
-         c->ndirty > 0) {
+  while ((s = alloc_locked (c, !wait, &evicted)) == PT_NONE && wait &&
+         c->wb && c->ndirty > 0) {
     struct timespec ts;
     uint64_t now = cache_now_ms ();
 
@@ -1373,9 +1373,8 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
         STATS_ADD (&c->stats, seq_bypassed, 1);   /* a long stream */
       else if (o->promote && !admit_miss (c, first + k))
         STATS_ADD (&c->stats, promote_skipped, 1);
-      else if (plo == pstart && phi >= pstart + cache_page_bytes (c, first + k)) {
+      else if (plo == pstart && phi >= pstart + cache_page_bytes (c, first + k))
         cache_fill_slot (c, first + k, PT_NONE, data, NULL, o->readahead);
-      }
       else if (!cache_degraded (c)) {
         uint32_t ns = cache_alloc_slot (c, false);
         int e;

@@ -137,7 +137,6 @@ write_group (struct cache *c, const struct cache_backend *be,
   const uint64_t base = g[0].page * ps;
   uint64_t lo = 0, hi = 0;      /* the request: [lo, hi) ends dirty */
   uint64_t reach = 0;           /* it may grow to a dirty sector here */
-  uint64_t gap = 0;             /* clean bytes between hi and reach */
   bool in_run = false;
 
   for (size_t k = 0; k < ng; k++) {
@@ -148,15 +147,13 @@ write_group (struct cache *c, const struct cache_backend *be,
       uint64_t off = g[k].page * ps + (uint64_t) i * ss;
 
       if (!d) {
-        if (in_run && v && reach == off && gap + ss <= WB_BRIDGE_MAX) {
+        if (in_run && v && reach == off &&
+            reach + ss - hi <= WB_BRIDGE_MAX)
           reach = off + ss;     /* clean, cached: may be bridged */
-          gap += ss;
-        }
         continue;
       }
       if (in_run && reach == off) {
         hi = reach = off + ss;
-        gap = 0;
         continue;
       }
       if (in_run && emit (c, be, buf, base, lo, hi, bytes, err) == -1)
@@ -164,7 +161,6 @@ write_group (struct cache *c, const struct cache_backend *be,
       in_run = true;
       lo = off;
       hi = reach = off + ss;
-      gap = 0;
     }
   }
   if (in_run && emit (c, be, buf, base, lo, hi, bytes, err) == -1)

@@ -168,6 +168,7 @@ extern void cache_set_state_counts (struct cache *c, uint8_t old_state,
 extern int cache_drop_slot (struct cache *c, uint32_t s);
 extern uint32_t cache_alloc_slot (struct cache *c, bool wait);
 extern bool cache_settle (struct cache *c, uint32_t s);
+extern int cache_write_free_entry (struct cache *c, uint32_t s);
 extern bool cache_degraded (const struct cache *c);
 extern bool cache_page_dirty (struct cache *c, uint64_t page);
 /* be: the backend to check clean data against on first use when

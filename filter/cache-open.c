@@ -292,18 +292,6 @@ data_verifies (struct cache *c, uint32_t s, uint8_t *buf)
   return cache_page_crc (c, buf, valid) == pt_crc (&c->pt, s);
 }
 
-static void
-write_free (struct cache *c, uint32_t s)
-{
-  struct layout_entry e;
-
-  memset (&e, 0, sizeof e);
-  e.state = LAYOUT_FREE;
-  e.seq = ++c->seq;
-  if (pool_write_entry (&c->pool, s, &e) == -1)
-    cache_io_error (c, "writing free entry", s);
-}
-
 /* Slot s is the newest usable version of its page, but a newer one was
  * dropped (unsealed or torn).  That newer version may have been written
  * back before the crash, so the backend may be newer than s's clean
@@ -323,14 +311,14 @@ older_after_drop (struct cache *c, uint32_t s, uint8_t *buf)
                "sectors are not trusted", s, (unsigned long long) v.page);
   if (v.state != LAYOUT_DIRTY) {
     pt_set_state (&c->pt, s, LAYOUT_FREE);
-    write_free (c, s);
+    cache_write_free_entry (c, s);
     return false;
   }
   if (pool_read_data (&c->pool, s, buf, c->page_size, 0) == -1 ||
       cache_page_crc (c, buf, v.valid) != v.data_crc) {
     cache_io_error (c, "reading data at recovery", s);
     pt_set_state (&c->pt, s, LAYOUT_FREE);
-    write_free (c, s);
+    cache_write_free_entry (c, s);
     return false;
   }
   memcpy (v.valid, v.dirty, sizeof v.valid);
@@ -411,7 +399,8 @@ load_entries (struct cache *c, uint32_t data_end)
           dropped++;
           if (ssdcache_debug_recovery)
             log_debug ("slot %u: entry fails its checks: dropped", s);
-          write_free (c, s);      /* reported once, not at every start */
+          /* (Freed, so that it is reported once, not at every start.) */
+          cache_write_free_entry (c, s);
         }
         continue;
       }
@@ -451,7 +440,7 @@ load_entries (struct cache *c, uint32_t data_end)
           log_dirty_lost (c, s, e.page, "lay past the end of the "
                           "truncated cache file");
         }
-        write_free (c, s);
+        cache_write_free_entry (c, s);
         continue;
       }
       if (!pagetable_from_entry (&c->pt, s, &e)) {
@@ -463,7 +452,7 @@ load_entries (struct cache *c, uint32_t data_end)
           goto out;
         }
         dropped++;
-        write_free (c, s);
+        cache_write_free_entry (c, s);
         continue;
       }
       cand[ncand].page = e.page;
@@ -502,13 +491,13 @@ load_entries (struct cache *c, uint32_t data_end)
                         "shutdown: a write torn by the crash (never "
                         "flushed), or damaged data");
         pt_set_state (&c->pt, s, LAYOUT_FREE);
-        write_free (c, s);
+        cache_write_free_entry (c, s);
         continue;
       }
       if (won) {
         /* An older version: make sure it can never come back. */
         pt_set_state (&c->pt, s, LAYOUT_FREE);
-        write_free (c, s);
+        cache_write_free_entry (c, s);
         dropped++;
         continue;
       }
@@ -554,7 +543,7 @@ load_entries (struct cache *c, uint32_t data_end)
         pt_state (&c->pt, s) == LAYOUT_CLEAN && pt_maps_side (&c->pt, s)) {
       pagetable_remove (&c->pt, s);
       evict_remove (c->ev, s);
-      write_free (c, s);
+      cache_write_free_entry (c, s);
       pagetable_put_free (&c->pt, s);
       loaded--;
       dropped++;

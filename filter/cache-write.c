@@ -481,7 +481,6 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
   struct pt_slot snap;
   unsigned sf, sl;
   int r;
-
   bool was_clean;
 
   if (buf == NULL) {
@@ -805,6 +804,19 @@ write_through_first (struct cache *c, const struct cache_backend *be,
   }
 }
 
+/* The part [*a, *b) of page that the request [offset, offset+count)
+ * covers, as offsets within the page.
+ */
+static void
+page_part (uint32_t ps, uint64_t page, uint64_t offset, uint32_t count,
+           uint32_t *a, uint32_t *b)
+{
+  uint64_t pstart = page * ps;
+
+  *a = offset > pstart ? offset - pstart : 0;
+  *b = offset + count < pstart + ps ? offset + count - pstart : ps;
+}
+
 int
 cache_write (struct cache *c, const struct cache_backend *be,
              const void *buf, uint32_t count, uint64_t offset, bool fua,
@@ -847,12 +859,11 @@ cache_write (struct cache *c, const struct cache_backend *be,
       cache_invalidate_pages (c, first, last);
     else
       for (uint64_t page = first; page <= last; page++) {
-        uint64_t pstart = page * ps;
-        uint32_t a = offset > pstart ? offset - pstart : 0;
-        uint32_t b = offset + count < pstart + ps ?
-          offset + count - pstart : ps;
+        uint32_t a, b;
+
+        page_part (ps, page, offset, count, &a, &b);
         write_through_first (c, be, page,
-                             (const uint8_t *) buf + (pstart + a - offset),
+                             (const uint8_t *) buf + (page * ps + a - offset),
                              a, b - a);
       }
     if (be->pwrite (be->h, buf, count, offset, fua, err) == -1) {
@@ -869,11 +880,10 @@ cache_write (struct cache *c, const struct cache_backend *be,
   }
 
   for (uint64_t page = first; page <= last; page++) {
-    uint64_t pstart = page * ps;
-    uint32_t a = offset > pstart ? offset - pstart : 0;
-    uint32_t b = offset + count < pstart + ps ? offset + count - pstart : ps;
+    uint32_t a, b;
     int r;
 
+    page_part (ps, page, offset, count, &a, &b);
     if (through) {
       /* Whole pages not cached are added now that the backend has
        * them; the rest was done before.
@@ -888,7 +898,7 @@ cache_write (struct cache *c, const struct cache_backend *be,
       }
     }
     r = write_page (c, be, page,
-                    (const uint8_t *) buf + (pstart + a - offset),
+                    (const uint8_t *) buf + (page * ps + a - offset),
                     a, b - a, through ? W_CLEAN : W_DIRTY, err);
     if (r == -1 && !through)
       goto out;

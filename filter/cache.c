@@ -275,12 +275,6 @@ needs_settling (const struct cache *c, uint32_t s)
 static int sync_epoch (struct cache *c, bool client, bool seal_wait,
                        int *err);
 
-/* Settle slot s (pinned, its page range locked by the caller) before
- * it is dropped or changed in place: free its older versions still on
- * disk.  An unsealed successor is sealed first: its predecessor is
- * freed only once a sealed successor is flushed.  Returns true once
- * none is left (false: a cache-file error).
- */
 /* Does slot s still need settling?  Another client sync may have taken
  * s's predecessors off c->sup and be freeing them now: its end is
  * waited for first.
@@ -298,6 +292,12 @@ still_pending (struct cache *c, uint32_t s)
   return pending;
 }
 
+/* Settle slot s (pinned, its page range locked by the caller) before
+ * it is dropped or changed in place: free its older versions still on
+ * disk.  An unsealed successor is sealed first: its predecessor is
+ * freed only once a sealed successor is flushed.  Returns true once
+ * none is left (false: a cache-file error).
+ */
 bool
 cache_settle (struct cache *c, uint32_t s)
 {
@@ -404,8 +404,8 @@ alloc_locked (struct cache *c, bool fill, bool *evicted)
 /* Under nothing: write a FREE entry (with a new sequence number) for
  * slot s.  Returns 0, or -1 after reporting the error.
  */
-static int
-write_free_entry (struct cache *c, uint32_t s)
+int
+cache_write_free_entry (struct cache *c, uint32_t s)
 {
   struct layout_entry e;
 
@@ -432,7 +432,7 @@ write_free_entry (struct cache *c, uint32_t s)
 static void
 forget_evicted (struct cache *c, uint32_t s, uint64_t page)
 {
-  if (write_free_entry (c, s) == 0) {
+  if (cache_write_free_entry (c, s) == 0) {
     pthread_mutex_lock (&c->lock);
     pt_flags_off (&c->pt, s, PT_EVICTED);
     pthread_mutex_unlock (&c->lock);
@@ -570,7 +570,7 @@ free_superseded (struct cache *c)
   }
 
   for (size_t i = 0; i < n; i++)
-    if (write_free_entry (c, done[i].slot) == -1)
+    if (cache_write_free_entry (c, done[i].slot) == -1)
       ok = false;
   if (ok && pool_sync (&c->pool) == -1) {
     cache_io_error (c, "fdatasync", 0);

@@ -419,13 +419,23 @@ code_is_side (uint32_t vcode)
   return e7 != 0 && s > e7;
 }
 
+/* The sectors [*s, *e) of run code (none if *s >= *e). */
+static inline void
+code_run (uint32_t code, uint32_t *s, uint32_t *e)
+{
+  *s = code >> 7;
+  *e = code & 127;
+  if (*e == 0)
+    *e = 128;
+}
+
 /* Does run code hold sector i? */
 static inline bool
 code_test (uint32_t code, unsigned i)
 {
-  uint32_t s = code >> 7, e = code & 127;
-  if (e == 0)
-    e = 128;
+  uint32_t s, e;
+
+  code_run (code, &s, &e);
   return i >= s && i < e;
 }
 
@@ -440,11 +450,10 @@ low_bits (unsigned n, uint64_t *lo, uint64_t *hi)
 static void
 code_fill (uint32_t code, uint8_t *map)
 {
-  uint32_t s = code >> 7, e = code & 127;
+  uint32_t s, e;
   uint64_t slo, shi, elo, ehi;
 
-  if (e == 0)
-    e = 128;
+  code_run (code, &s, &e);
   if (e <= s) {
     memset (map, 0, LAYOUT_MAX_SECTORS / 8);
     return;
@@ -735,9 +744,9 @@ pagetable_range_any_valid (const struct pagetable *pt, uint32_t s,
   uint32_t m = pt->recs[s].map;
 
   if (!code_is_side (m >> 14)) {
-    uint32_t a = (m >> 14) >> 7, b = (m >> 14) & 127;
-    if (b == 0)
-      b = 128;
+    uint32_t a, b;
+
+    code_run (m >> 14, &a, &b);
     return a < b && first < b && last >= a;     /* [a, b) meets it */
   }
   for (unsigned i = first; i <= last; i++)

@@ -67,6 +67,9 @@ struct stats {
   _Atomic uint64_t pt_rebases;        /* page-table epoch rebases */
   _Atomic uint64_t writes_not_cached; /* writethrough partial writes to
                                           sectors not cached: backend only */
+  _Atomic uint64_t writeback_hot_ms;  /* gauge: background cleaning's hot
+                                         window (writeback.c); 0: no
+                                         writeback thread */
 };
 
 #define STATS_ADD(st, field, n) \

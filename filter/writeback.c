@@ -24,6 +24,9 @@
 #define WB_POLL_MS 100
 #define WB_RETRY_MS 1000
 #define WB_HOT_MS 1000          /* a page changed this recently is hot */
+#define WB_HOT_MAX_MS 32000     /* ... at most this (adaptive window) */
+#define WB_SAMPLE 256           /* cleaned pages checked per window */
+#define WB_SAMPLE_MIN 16        /* fewer tell nothing */
 
 struct writeback {
   struct cache *c;
@@ -39,8 +42,17 @@ struct writeback {
 
   atomic_bool kicked;
   pthread_mutex_t pass_lock;
-  /* c->seq one to two WB_HOT_MS ago, and the mark being aged. */
-  uint64_t seen_seq, mark_seq, mark_ms;
+  /* c->seq one to two hot windows ago, and the mark being aged; the
+   * window's length (see writeback_hot_next).  Thread only.
+   */
+  uint64_t seen_seq, mark_seq, mark_ms, hot_ms;
+  /* Pages cleaned above the high watermark (not on demand) in the
+   * current window [cur] and the one before, up to WB_SAMPLE each.
+   * Written by pass () from the thread only.
+   */
+  uint64_t sample[2][WB_SAMPLE];
+  size_t nsample[2];
+  int cur;
 };
 
 struct wb_page {
@@ -170,6 +182,8 @@ write_group (struct cache *c, const struct cache_backend *be,
 
 /* writeback_pass, skipping pages changed after sequence number
  * hot_after: returns 2 if every dirty page was hot (nothing done).
+ * Pages cleaned with hot_after set (background cleaning above the high
+ * watermark, from the thread) go into the window's sample.
  */
 static int
 pass (struct cache *c, const struct cache_backend *be, uint64_t target,
@@ -328,6 +342,9 @@ pass (struct cache *c, const struct cache_backend *be, uint64_t target,
         cache_stale_add (c, p->slot, p->page, true);
       }
       STATS_ADD (&c->stats, pages_written_back, 1);
+      if (wb && hot_after != UINT64_MAX &&
+          wb->nsample[wb->cur] < WB_SAMPLE)
+        wb->sample[wb->cur][wb->nsample[wb->cur]++] = p->page;
     }
     rangelock_release (&c->ranges, p->page, p->page);
     cache_unpin (c, p->slot);
@@ -412,6 +429,56 @@ writeback_page_locked (struct cache *c, const struct cache_backend *be,
   return 0;
 }
 
+/* The hot window: above the high watermark, background cleaning skips
+ * pages changed in the last one to two windows.  One second suits a
+ * workload with a hot set and cold pages; but where writes spread over
+ * every dirty page (random rewrites of a disk that fits in the cache),
+ * no page stays cold that long, the pages cleaned are dirty again a
+ * moment later, and every clean costs a backend write, a cache read
+ * and an entry write that take CPU and bandwidth from the clients for
+ * nothing.  So the window follows what cleaning achieves: sampled of
+ * the pages cleaned in the window before the last, redirtied were
+ * dirty again by the end of the last one.  At least half: cleaning was
+ * wasted, the window grows fourfold (at most WB_HOT_MAX_MS); under a
+ * quarter: it halves (at least WB_HOT_MS).  A writer waiting for a slot
+ * sets it back to WB_HOT_MS (writeback_thread).  Pure.
+ */
+uint64_t
+writeback_hot_next (uint64_t hot_ms, size_t sampled, size_t redirtied)
+{
+  if (sampled < WB_SAMPLE_MIN)
+    return hot_ms;
+  if (redirtied * 2 >= sampled)
+    return hot_ms * 4 < WB_HOT_MAX_MS ? hot_ms * 4 : WB_HOT_MAX_MS;
+  if (redirtied * 4 < sampled)
+    return hot_ms / 2 > WB_HOT_MS ? hot_ms / 2 : WB_HOT_MS;
+  return hot_ms;
+}
+
+/* End of a hot window: judge the sample of the window before, start a
+ * new one.
+ */
+static void
+hot_window_end (struct writeback *wb)
+{
+  const int prev = !wb->cur;
+  size_t redirtied = 0;
+  uint64_t next;
+
+  for (size_t k = 0; k < wb->nsample[prev]; k++)
+    redirtied += cache_page_dirty (wb->c, wb->sample[prev][k]);
+  next = writeback_hot_next (wb->hot_ms, wb->nsample[prev], redirtied);
+  if (next != wb->hot_ms && ssdcache_debug_verbose)
+    log_debug ("writeback: %zu of %zu pages cleaned were rewritten: "
+               "pages changed in the last %llu ms are hot",
+               redirtied, wb->nsample[prev], (unsigned long long) next);
+  wb->hot_ms = next;
+  atomic_store_explicit (&wb->c->stats.writeback_hot_ms, next,
+                         memory_order_relaxed);
+  wb->nsample[prev] = 0;
+  wb->cur = prev;
+}
+
 static void *
 writeback_thread (void *arg)
 {
@@ -434,7 +501,8 @@ writeback_thread (void *arg)
     pthread_mutex_lock (&c->lock);
     seq = c->seq;
     pthread_mutex_unlock (&c->lock);
-    if (cache_now_ms () - wb->mark_ms >= WB_HOT_MS) {
+    if (cache_now_ms () - wb->mark_ms >= wb->hot_ms) {
+      hot_window_end (wb);
       wb->seen_seq = wb->mark_seq;
       wb->mark_seq = seq;
       wb->mark_ms = cache_now_ms ();
@@ -451,6 +519,13 @@ writeback_thread (void *arg)
 
     ndirty = cache_dirty_pages (c);
     kicked = atomic_exchange (&wb->kicked, false);
+    if (kicked && wb->hot_ms != WB_HOT_MS) {
+      /* Slots are wanted: cleaning is worth it again. */
+      wb->hot_ms = WB_HOT_MS;
+      atomic_store_explicit (&c->stats.writeback_hot_ms, WB_HOT_MS,
+                             memory_order_relaxed);
+      wb->nsample[0] = wb->nsample[1] = 0;
+    }
     idle_for = cache_now_ms () - atomic_load (&c->last_io_ms);
     run = true;
     if (full)
@@ -524,6 +599,9 @@ writeback_start (struct cache *c, const struct cache_backend *be)
   }
   wb->c = c;
   wb->be = *be;
+  wb->hot_ms = WB_HOT_MS;
+  atomic_store_explicit (&c->stats.writeback_hot_ms, WB_HOT_MS,
+                         memory_order_relaxed);
   pthread_mutex_init (&wb->lock, NULL);
   pthread_mutex_init (&wb->pass_lock, NULL);
   pthread_cond_init (&wb->wake, NULL);
@@ -535,6 +613,8 @@ writeback_start (struct cache *c, const struct cache_backend *be)
     errno = r;
     log_error ("cannot start the writeback thread: %m");
     c->wb = NULL;
+    atomic_store_explicit (&c->stats.writeback_hot_ms, 0,
+                           memory_order_relaxed);
     free (wb);
     return -1;
   }
@@ -557,6 +637,7 @@ writeback_stop (struct cache *c)
   if (wb->started)
     pthread_join (wb->thread, NULL);
   c->wb = NULL;
+  atomic_store_explicit (&c->stats.writeback_hot_ms, 0, memory_order_relaxed);
   pthread_mutex_destroy (&wb->lock);
   pthread_mutex_destroy (&wb->pass_lock);
   pthread_cond_destroy (&wb->wake);

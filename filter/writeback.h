@@ -17,6 +17,7 @@
 #define SSDCACHE_WRITEBACK_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cache.h"
@@ -46,6 +47,13 @@ extern int writeback_pass (struct cache *c, const struct cache_backend *be,
 extern int writeback_page_locked (struct cache *c,
                                   const struct cache_backend *be,
                                   uint64_t page, uint32_t s, int *err);
+
+/* The next length of the hot window (ms), given its length now and how
+ * many of the sampled pages that background cleaning wrote back were
+ * dirty again one window later (writeback.c).  Pure.
+ */
+extern uint64_t writeback_hot_next (uint64_t hot_ms, size_t sampled,
+                                    size_t redirtied);
 
 /* Ask the thread for a full pass (and backend flush) and wait for it. */
 extern int writeback_request_all (struct cache *c, int *err);

@@ -2354,6 +2354,107 @@ test_wb_hot_pages_left_alone (void **state)
   free (model);
 }
 
+/* The hot window's rule (writeback_hot_next): grows fourfold when at
+ * least half the sampled cleaned pages were dirty again, halves when
+ * under a quarter were, keeps within 1-32 s, and needs 16 samples.
+ */
+static void
+test_wb_hot_window_rule (void **state)
+{
+  assert_int_equal (writeback_hot_next (1000, 15, 15), 1000);
+  assert_int_equal (writeback_hot_next (4000, 15, 0), 4000);
+  assert_int_equal (writeback_hot_next (1000, 100, 50), 4000);
+  assert_int_equal (writeback_hot_next (1000, 16, 16), 4000);
+  assert_int_equal (writeback_hot_next (16000, 100, 100), 32000);
+  assert_int_equal (writeback_hot_next (32000, 256, 256), 32000);
+  assert_int_equal (writeback_hot_next (4000, 100, 49), 4000);
+  assert_int_equal (writeback_hot_next (4000, 100, 25), 4000);
+  assert_int_equal (writeback_hot_next (4000, 100, 24), 2000);
+  assert_int_equal (writeback_hot_next (32000, 100, 0), 16000);
+  assert_int_equal (writeback_hot_next (1000, 100, 0), 1000);
+  assert_int_equal (writeback_hot_next (1500, 100, 0), 1000);
+}
+
+/* Writes spread over every dirty page, each rewritten every 2.5 s:
+ * what background cleaning writes back is dirty again at once, so
+ * cleaning is wasted.  The hot window grows past the rewrite cycle and
+ * then nothing more is written back (with the fixed one-second window,
+ * pages were cleaned and redirtied every cycle).  A writer that needs
+ * a slot sets it back.
+ */
+static void
+test_wb_hot_window_grows (void **state)
+{
+  const uint32_t npages = 200;
+  const uint64_t size = 300 * (uint64_t) PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = make_cfg (256 * PS, PS);
+  struct cache *c;
+  uint8_t *model;
+  uint64_t written_back, deadline, end;
+  int err = 0;
+  unsigned round = 0;
+
+  cfg.wb.high_pct = 50;           /* 128 dirty pages */
+  cfg.wb.low_pct = 0;
+  rambackend_init (&rb, size, 31);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+  for (uint32_t p = 0; p < npages; ++p)
+    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 500 + p);
+  assert_int_equal (ST (c, writeback_hot_ms), 0);
+  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+  assert_int_equal (ST (c, writeback_hot_ms), 1000);
+
+  /* Round robin, one page every 12.5 ms.  About 8 s are needed (two
+   * windows of one second, then one of four).
+   */
+  deadline = cache_now_ms_for_tests () + 40000;
+  while (ST (c, writeback_hot_ms) < 16000) {
+    if (cache_now_ms_for_tests () >= deadline)
+      fail_msg ("the hot window stayed at %llu ms; %llu pages written "
+                "back", (unsigned long long) ST (c, writeback_hot_ms),
+                (unsigned long long) ST (c, pages_written_back));
+    mwrite (c, &t.be, model, (uint64_t) (round % npages) * PS + 512, 1024,
+            1000 + round);
+    round++;
+    usleep (12500);
+  }
+  assert_true (ST (c, pages_written_back) > 0);
+
+  /* Five more seconds of the same: no write-back at all. */
+  written_back = ST (c, pages_written_back);
+  end = cache_now_ms_for_tests () + 5000;
+  while (cache_now_ms_for_tests () < end) {
+    mwrite (c, &t.be, model, (uint64_t) (round % npages) * PS + 512, 1024,
+            1000 + round);
+    round++;
+    usleep (12500);
+  }
+  assert_int_equal (ST (c, pages_written_back), written_back);
+  assert_int_equal (cache_dirty_pages (c), npages);
+
+  /* New pages: once the free slots are gone a writer needs a slot,
+   * everything may be cleaned, and the window is one second again.
+   */
+  for (uint32_t p = npages; p < 300; ++p)
+    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 3000 + p);
+  assert_int_equal (ST (c, write_through_full), 0);
+  assert_true (ST (c, pages_written_back) > written_back);
+  assert_int_equal (ST (c, writeback_hot_ms), 1000);
+  read_all_check (c, &t.be, model, size, 7 * PS);
+
+  cache_writeback_stop (c);
+  assert_int_equal (ST (c, writeback_hot_ms), 0);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown (f, setup_file, teardown_file)
 
 /*----------------------------------------------------------------------
@@ -2476,6 +2577,8 @@ main (void)
     T (test_wb_unsealed_sealed),
     T (test_wb_unsealed_crash_backend_newer),
     T (test_wb_hot_pages_left_alone),
+    T (test_wb_hot_window_rule),
+    T (test_wb_hot_window_grows),
     T (test_wb_partial_maps_none),
     T (test_wb_partial_maps_tiny),
     T (test_wb_partial_maps_default),

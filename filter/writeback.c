@@ -455,6 +455,15 @@ writeback_hot_next (uint64_t hot_ms, size_t sampled, size_t redirtied)
   return hot_ms;
 }
 
+/* Set the hot window's length, and the counter that shows it. */
+static void
+hot_set (struct writeback *wb, uint64_t ms)
+{
+  wb->hot_ms = ms;
+  atomic_store_explicit (&wb->c->stats.writeback_hot_ms, ms,
+                         memory_order_relaxed);
+}
+
 /* End of a hot window: judge the sample of the window before, start a
  * new one.
  */
@@ -472,9 +481,7 @@ hot_window_end (struct writeback *wb)
     log_debug ("writeback: %zu of %zu pages cleaned were rewritten: "
                "pages changed in the last %llu ms are hot",
                redirtied, wb->nsample[prev], (unsigned long long) next);
-  wb->hot_ms = next;
-  atomic_store_explicit (&wb->c->stats.writeback_hot_ms, next,
-                         memory_order_relaxed);
+  hot_set (wb, next);
   wb->nsample[prev] = 0;
   wb->cur = prev;
 }
@@ -521,9 +528,7 @@ writeback_thread (void *arg)
     kicked = atomic_exchange (&wb->kicked, false);
     if (kicked && wb->hot_ms != WB_HOT_MS) {
       /* Slots are wanted: cleaning is worth it again. */
-      wb->hot_ms = WB_HOT_MS;
-      atomic_store_explicit (&c->stats.writeback_hot_ms, WB_HOT_MS,
-                             memory_order_relaxed);
+      hot_set (wb, WB_HOT_MS);
       wb->nsample[0] = wb->nsample[1] = 0;
     }
     idle_for = cache_now_ms () - atomic_load (&c->last_io_ms);
@@ -599,9 +604,7 @@ writeback_start (struct cache *c, const struct cache_backend *be)
   }
   wb->c = c;
   wb->be = *be;
-  wb->hot_ms = WB_HOT_MS;
-  atomic_store_explicit (&c->stats.writeback_hot_ms, WB_HOT_MS,
-                         memory_order_relaxed);
+  hot_set (wb, WB_HOT_MS);
   pthread_mutex_init (&wb->lock, NULL);
   pthread_mutex_init (&wb->pass_lock, NULL);
   pthread_cond_init (&wb->wake, NULL);
@@ -613,8 +616,7 @@ writeback_start (struct cache *c, const struct cache_backend *be)
     errno = r;
     log_error ("cannot start the writeback thread: %m");
     c->wb = NULL;
-    atomic_store_explicit (&c->stats.writeback_hot_ms, 0,
-                           memory_order_relaxed);
+    hot_set (wb, 0);
     free (wb);
     return -1;
   }
@@ -637,7 +639,7 @@ writeback_stop (struct cache *c)
   if (wb->started)
     pthread_join (wb->thread, NULL);
   c->wb = NULL;
-  atomic_store_explicit (&c->stats.writeback_hot_ms, 0, memory_order_relaxed);
+  hot_set (wb, 0);
   pthread_mutex_destroy (&wb->lock);
   pthread_mutex_destroy (&wb->pass_lock);
   pthread_cond_destroy (&wb->wake);

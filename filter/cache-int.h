@@ -45,6 +45,7 @@
 #include <stdint.h>
 
 #include "cache.h"
+#include "defer.h"
 #include "evict.h"
 #include "pagetable.h"
 #include "pool.h"
@@ -99,6 +100,9 @@ struct cache {
   struct cache_writeback_config wbcfg;
   unsigned policy;               /* enum evict_policy */
   bool verify;                   /* ssdcache-verify=lazy */
+  bool defer_writes;             /* ssdcache-defer-writes */
+  struct defer defer;            /* writethrough's deferred rewrites
+                                    (started by cache_attach) */
   struct admit_seq *seqcut;      /* sequential cutoff, or NULL (c->lock) */
   unsigned promote;              /* n-miss promotion: misses needed */
   uint32_t partial_pages;        /* side-table bound */

@@ -96,6 +96,7 @@ cache_open (const struct cache_config *cfg)
   c->wbcfg = cfg->wb;
   c->policy = cfg->policy;
   c->verify = cfg->verify;
+  c->defer_writes = cfg->defer_writes;
   c->promote = cfg->promote;
   c->partial_pages = cfg->partial_pages == 0 ? PT_SIDE_DEFAULT
     : cfg->partial_pages == CACHE_PARTIAL_NONE ? 0 : cfg->partial_pages;
@@ -646,6 +647,19 @@ check_size (struct cache *c, uint32_t *data_end)
   return 0;
 }
 
+/* A deferred write failed (defer.c): the cache device is failing.
+ * The queue fails every later slot read, so the stale cached copy is
+ * never served; the backend has the data.
+ */
+static void
+defer_error (void *opaque, uint64_t slot, int err)
+{
+  struct cache *c = opaque;
+
+  errno = err;
+  cache_io_error (c, "writing deferred data", (uint32_t) slot);
+}
+
 int
 cache_attach (struct cache *c, uint64_t backend_size)
 {
@@ -744,6 +758,12 @@ cache_attach (struct cache *c, uint64_t backend_size)
   sb.mode = c->mode;
   if (pool_write_sb (&c->pool, &sb) == -1)
     return -1;
+
+  if (c->mode == LAYOUT_MODE_WRITETHROUGH && c->defer_writes &&
+      defer_start (&c->defer, &c->pool, &c->stats, defer_error, c) == -1) {
+    log_error ("cannot start the deferred-write thread: %m");
+    return -1;
+  }
   return 0;
 }
 
@@ -782,6 +802,7 @@ cache_close (struct cache *c)
     return;
   prefetch_stop (c);
   writeback_stop (c);
+  defer_stop (&c->defer);       /* writes its queue out */
   if (c->pool.fd >= 0 && c->ev != NULL) {
     struct layout_sb sb = c->pool.sb;
     int err;

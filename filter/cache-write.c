@@ -358,7 +358,13 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
         goto io_error;
     }
     wrote = true;
-    if (pool_write_data (&c->pool, s, span, span_len, span_off) == -1)
+    /* Clean data (writethrough) may reach the file later (defer.h):
+     * the slot is unsealed, and every other use of its data waits for
+     * the queued write.
+     */
+    if ((kind == W_CLEAN
+         ? pool_write_data_later (&c->pool, s, span, span_len, span_off)
+         : pool_write_data (&c->pool, s, span, span_len, span_off)) == -1)
       goto io_error;
     pthread_mutex_lock (&c->lock);
     pt_maps_set (&c->pt, s, upd.valid, upd.dirty);

@@ -73,6 +73,9 @@ struct cache_config {
   uint64_t readahead_window;   /* fixed mode: the window */
   uint64_t readahead_max;      /* adaptive mode: the largest window */
   bool direct;                 /* open the cache file with O_DIRECT */
+  bool defer_writes;           /* writethrough: rewrites of cached data
+                                  reach the cache file from a background
+                                  thread (defer.h) */
   uint32_t partial_pages;      /* side-table bound (pagetable.h): pages
                                   whose maps are not one run each (0: the
                                   default, CACHE_PARTIAL_NONE: none) */

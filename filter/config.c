@@ -25,6 +25,7 @@ struct config config = {
   .flush_mode = CACHE_FLUSH_CACHE,
   .wb = { .high_pct = 50, .low_pct = 10, .rate = 0, .idle_ms = 1000 },
   .writeback_on_exit = true,
+  .defer_writes = true,
   .policy = EVICT_DEFAULT,
   .seq_cutoff = 0,
   .seq_streams = 16,
@@ -138,6 +139,13 @@ config_set (const char *key, const char *value)
     if (r == -1)
       return bad_value (key, value);
     config.direct = r;
+    return 0;
+  }
+  if (strcmp (key, "ssdcache-defer-writes") == 0) {
+    int r = nbdkit_parse_bool (value);
+    if (r == -1)
+      return bad_value (key, value);
+    config.defer_writes = r;
     return 0;
   }
   if (strcmp (key, "ssdcache-stats") == 0) {

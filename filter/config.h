@@ -22,6 +22,7 @@ struct config {
   char *id;                    /* ssdcache-id, or NULL */
   bool reset;
   bool direct;                 /* ssdcache-direct */
+  bool defer_writes;           /* ssdcache-defer-writes */
   char *stats_file;            /* ssdcache-stats, or NULL */
   enum cache_flush_mode flush_mode;
   struct cache_writeback_config wb;

@@ -89,6 +89,8 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "ssdcache-id=STRING         Backend identity (default: from parameters).\n" \
   "ssdcache-reset=BOOL        Re-initialise a mismatched cache.\n" \
   "ssdcache-direct=BOOL       Open the cache file with O_DIRECT (false).\n" \
+  "ssdcache-defer-writes=BOOL Writethrough: update cached copies in the\n" \
+  "                           background (true).\n" \
   "ssdcache-stats=FILE        Write counters to FILE at exit.\n" \
   "ssdcache-policy=s3fifo|clock  Replacement policy (s3fifo).\n" \
   "ssdcache-seq-cutoff=SIZE   Sequential streams past SIZE bypass the\n" \
@@ -134,6 +136,7 @@ ssdcache_get_ready (int thread_model)
     .readahead_window = config.ra_window,
     .readahead_max = config.ra_max,
     .direct = config.direct,
+    .defer_writes = config.defer_writes,
   };
 
   cache = cache_open (&cfg);

@@ -21,7 +21,8 @@
   X (bytes_written_back) X (writeback_errors) X (write_through_full) \
   X (wait_ms) X (dirty_pages) X (degraded) \
   X (partial_maps) X (partial_maps_full) X (pt_rebases) \
-  X (writes_not_cached) X (writeback_hot_ms)
+  X (writes_not_cached) X (writes_deferred) X (deferred_waits) \
+  X (writeback_hot_ms)
 
 void
 stats_print (const struct stats *st, FILE *fp)

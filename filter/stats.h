@@ -67,6 +67,12 @@ struct stats {
   _Atomic uint64_t pt_rebases;        /* page-table epoch rebases */
   _Atomic uint64_t writes_not_cached; /* writethrough partial writes to
                                           sectors not cached: backend only */
+  _Atomic uint64_t writes_deferred;   /* writethrough rewrites of cached
+                                         data queued for the background
+                                         (defer.c) */
+  _Atomic uint64_t deferred_waits;    /* times a request waited for queued
+                                         writes (to read the slot, or the
+                                         queue was full) */
   _Atomic uint64_t writeback_hot_ms;  /* gauge: background cleaning's hot
                                          window (writeback.c); 0: no
                                          writeback thread */

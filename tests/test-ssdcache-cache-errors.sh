@@ -111,3 +111,46 @@ stop_nbdkit "$pid"
 cat "$tmpdir/stats"
 [ "$(stat_get "$tmpdir/stats" dirty_lost)" -gt 0 ] ||
     fail "lost dirty data was not counted"
+
+# Writethrough's deferred cache update (ssdcache-defer-writes) fails in
+# the background thread: the page's cached copy is stale from then on
+# and must never be served; the filter degrades and the backend (which
+# has the write) serves it.  The first write unseals the page, so the
+# second makes no entry write: its only cache-file write is the queued
+# one.
+random_file "$tmpdir/disk.img" $size
+rm -f "$tmpdir/c" "$trigger" "$tmpdir/stats"
+export LD_PRELOAD="$shim" FAULTIO_PATH="$tmpdir/c"
+export FAULTIO_TRIGGER="$trigger" FAULTIO_OPS=w
+start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
+             file "$tmpdir/disk.img" ssdcache-file="$tmpdir/c" \
+             ssdcache-stats="$tmpdir/stats"
+unset LD_PRELOAD
+"$PYTHON" - "$sock" "$trigger" "$tmpdir/disk.img" <<'PY'
+import sys, time
+import nbd
+h = nbd.NBD(); h.connect_unix(sys.argv[1])
+off = 65536 + 4096
+h.pread(1 << 20, 0)                # cached
+h.pwrite(b"1" * 1024, off)
+time.sleep(0.1)                    # the queued write is in the file
+open(sys.argv[2], "w").close()     # the cache device refuses writes
+h.pwrite(b"2" * 1024, off)
+time.sleep(0.1)                    # the queued write has failed
+got = h.pread(65536, 65536)
+with open(sys.argv[3], "rb") as f:
+    f.seek(65536)
+    want = f.read(65536)
+if want[4096:5120] != b"2" * 1024:
+    sys.exit("the backing file does not hold the second write")
+if got != want:
+    sys.exit("after a deferred write failed, the page read back is not "
+             "the backing file's (stale cached copy served?)")
+PY
+rm -f "$trigger"
+stop_nbdkit "$pid"
+cat "$tmpdir/stats"
+[ "$(stat_get "$tmpdir/stats" writes_deferred)" -eq 2 ] ||
+    fail "the two writes were not both deferred"
+[ "$(stat_get "$tmpdir/stats" degraded)" -eq 1 ] ||
+    fail "a failed deferred write did not degrade the cache"

@@ -60,6 +60,8 @@ bad ssdcache-file      ssdcache-file=/nonexistent-dir/x.ssdcache
 bad ssdcache-file      ssdcache-file="$tmpdir/a-directory"
 bad ssdcache-file      ssdcache-file=
 bad ssdcache-reset     "$c" ssdcache-reset=maybe
+bad ssdcache-defer-writes "$c" ssdcache-defer-writes=maybe
+good "$c" ssdcache-defer-writes=false
 
 # A cache smaller than one page: page size larger than the cache.
 bad 'ssdcache-\(page-\)\?size' \

@@ -27,6 +27,7 @@ a = h.pread($size, 0)
 b = h.pread($size, 0)
 assert a == b
 h.pwrite(b\"x\" * 4096, 8192)
+assert h.pread(4096, 8192) == b\"x\" * 4096
 "'
 cat "$stats"
 for c in $counters; do
@@ -43,8 +44,27 @@ done
 [ "$(stat_get "$stats" write_ops)" -eq 1 ] || fail "write_ops != 1"
 [ "$(stat_get "$stats" bytes_written)" -eq 4096 ] || fail "bytes_written != 4096"
 [ "$(stat_get "$stats" pages_updated)" -ge 1 ] || fail "the write updated no cached page"
+# Writethrough: the update of the cached copy was queued
+# (ssdcache-defer-writes), and the read right after it waited for it.
+[ "$(stat_get "$stats" writes_deferred)" -eq 1 ] || fail "writes_deferred != 1"
+[ "$(stat_get "$stats" deferred_waits)" -le 1 ] || fail "deferred_waits > 1"
 [ "$(stat_get "$stats" verify_failures)" -eq 0 ] || fail "verify failures on a fresh cache"
 [ "$(stat_get "$stats" cache_errors)" -eq 0 ] || fail "cache errors on a fresh cache"
+
+# Without deferral the same write updates the copy at once (the page is
+# read first: after a start it is used only once it has verified).
+nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
+       ssdcache-file="$cache" ssdcache-stats="$stats" \
+       ssdcache-defer-writes=false \
+       --run 'nbdsh -u "$uri" -c "
+h.pread(65536, 0)
+h.pwrite(b\"y\" * 4096, 8192)
+assert h.pread(4096, 8192) == b\"y\" * 4096
+"'
+[ "$(stat_get "$stats" writes_deferred)" -eq 0 ] ||
+    fail "ssdcache-defer-writes=false: writes were deferred"
+[ "$(stat_get "$stats" pages_updated)" -eq 1 ] ||
+    fail "ssdcache-defer-writes=false: the write updated no cached page"
 
 # Lines are exactly "name: number"; no counter twice.
 bad="$(grep -Ev '^[a-z_]+: [0-9]+$' "$stats" || true)"

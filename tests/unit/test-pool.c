@@ -13,6 +13,13 @@
  * alignment against a model, with no unaligned call; concurrent writes
  * of different page-table entries of the same 4 KiB blocks (none may
  * be lost); the refusal of a file system without direct I/O.
+ *
+ * Deferred slot writes (defer.c): queued writes are not made by the
+ * caller; every read or write of a slot sees the writes queued for it
+ * before, in order; pool_sync and defer_stop write the queue out; a
+ * failed queued write fails every later slot read and write, and is
+ * reported once; threads doing all of that on their own slots at once,
+ * buffered and direct, end with the file equal to their models.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -31,6 +38,7 @@
 
 #include <cmocka.h>
 
+#include "defer.h"
 #include "layout.h"
 #include "pool.h"
 #include "testfile.h"
@@ -43,6 +51,8 @@ extern int log_errors_contain (const char *text);
 static atomic_uint unaligned_calls;   /* on O_DIRECT descriptors */
 static atomic_uint direct_calls;      /* all calls on O_DIRECT descriptors */
 static atomic_bool refuse_direct;     /* open: EINVAL for O_DIRECT */
+static atomic_int fail_fd = -1;       /* pwrite: EIO on this descriptor */
+static _Thread_local unsigned my_pwrites;   /* this thread's pwrites */
 
 static void
 check_call (int fd, const void *buf, size_t count, off_t off)
@@ -79,6 +89,11 @@ pwrite (int fd, const void *buf, size_t count, off_t off)
   if (real == NULL)
     real = dlsym (RTLD_NEXT, "pwrite");
   check_call (fd, buf, count, off);
+  my_pwrites++;
+  if (fd == atomic_load (&fail_fd)) {
+    errno = EIO;
+    return -1;
+  }
   return real (fd, buf, count, off);
 }
 
@@ -380,6 +395,294 @@ test_direct_refused (void **state)
   pool_close (&p);
 }
 
+/* -- deferred slot writes (defer.c) -------------------------------------- */
+
+static atomic_uint defer_errors;
+static atomic_ullong defer_error_slot;
+
+static void
+count_error (void *opaque, uint64_t slot, int err)
+{
+  assert_int_equal (err, EIO);
+  atomic_fetch_add (&defer_errors, 1);
+  atomic_store (&defer_error_slot, slot);
+}
+
+static void
+fill_bytes (uint8_t *b, uint32_t n, unsigned seed)
+{
+  for (uint32_t i = 0; i < n; i++)
+    b[i] = (uint8_t) (seed * 131 + i * 7 + (i >> 8));
+}
+
+/* Read slot s bytes [off, off+n) from the file itself, past the queue. */
+static void
+file_read (struct pool *p, uint64_t s, void *buf, uint32_t n, uint32_t off)
+{
+  assert_int_equal (pool_pread (p, buf, n, p->sb.pool_offset + s * PS + off),
+                    0);
+}
+
+/* Queued writes are not the caller's; reads and writes of the slot
+ * see them, in order; other slots are not held up by them.
+ */
+static void
+test_defer_order (void **state)
+{
+  struct pool p;
+  struct defer d;
+  struct stats st;
+  uint8_t a[1000], b[300], c[PS], got[PS];
+  unsigned before;
+
+  memset (&st, 0, sizeof st);
+  format (&p, testfile_direct ());
+  assert_int_equal (defer_start (&d, &p, &st, count_error, NULL), 0);
+  assert_ptr_equal (p.defer, &d);
+
+  /* Two overlapping writes to slot 3, one to slot 4: none by us. */
+  fill_bytes (a, sizeof a, 1);
+  fill_bytes (b, sizeof b, 2);
+  before = my_pwrites;
+  assert_int_equal (pool_write_data_later (&p, 3, a, sizeof a, 100), 0);
+  assert_int_equal (pool_write_data_later (&p, 3, b, sizeof b, 900), 0);
+  assert_int_equal (pool_write_data_later (&p, 4, b, sizeof b, 0), 0);
+  assert_int_equal (my_pwrites, before);
+  assert_int_equal (STATS_GET (&st, writes_deferred), 3);
+
+  /* Read at once: the queued writes come first, the later one on top. */
+  assert_int_equal (pool_read_data (&p, 3, got, 1200, 0), 0);
+  for (uint32_t i = 0; i < 1200; i++) {
+    uint8_t want = i < 100 ? 0 : i < 900 ? a[i - 100] : b[i - 900];
+    if (got[i] != want)
+      fail_msg ("slot 3 byte %u: %u, expected %u (a queued write not "
+                "seen, or seen out of order)", i, got[i], want);
+  }
+  assert_int_equal (pool_read_data (&p, 4, got, sizeof b, 0), 0);
+  assert_memory_equal (got, b, sizeof b);
+
+  /* A write now (not queued) after a queued one to the same bytes:
+   * the file ends with the later one.
+   */
+  fill_bytes (c, PS, 3);
+  assert_int_equal (pool_write_data_later (&p, 5, a, sizeof a, 0), 0);
+  assert_int_equal (pool_write_data (&p, 5, c, PS, 0), 0);
+  /* More than DEFER_MAX_BYTES: written at once, after the queue. */
+  assert_int_equal (pool_write_data_later (&p, 6, a, sizeof a, 0), 0);
+  before = my_pwrites;
+  assert_int_equal (pool_write_data_later (&p, 6, c, DEFER_MAX_BYTES + 512,
+                                           0), 0);
+  assert_true (my_pwrites > before);
+  assert_int_equal (pool_sync (&p), 0);
+  file_read (&p, 5, got, PS, 0);
+  assert_memory_equal (got, c, PS);
+  file_read (&p, 6, got, DEFER_MAX_BYTES + 512, 0);
+  assert_memory_equal (got, c, DEFER_MAX_BYTES + 512);
+
+  defer_stop (&d);
+  assert_null (p.defer);
+  assert_int_equal (atomic_load (&defer_errors), 0);
+  pool_close (&p);
+}
+
+/* pool_sync and defer_stop write the queue out; so does a full queue
+ * (the writer waits), and nothing is lost or reordered.
+ */
+static void
+test_defer_drain (void **state)
+{
+  struct pool p;
+  struct defer d;
+  struct stats st;
+  uint8_t buf[512], got[512];
+
+  memset (&st, 0, sizeof st);
+  format (&p, testfile_direct ());
+  assert_int_equal (defer_start (&d, &p, &st, count_error, NULL), 0);
+  fill_bytes (buf, sizeof buf, 7);
+  assert_int_equal (pool_write_data_later (&p, 10, buf, sizeof buf, 4096),
+                    0);
+  assert_int_equal (pool_sync (&p), 0);
+  file_read (&p, 10, got, sizeof got, 4096);
+  assert_memory_equal (got, buf, sizeof buf);
+
+  /* Many more writes than entries, to the same sector of a few slots:
+   * each slot ends with its last one.
+   */
+  for (unsigned i = 0; i < 5 * DEFER_ENTRIES; i++) {
+    fill_bytes (buf, sizeof buf, 100 + i);
+    assert_int_equal (pool_write_data_later (&p, 20 + i % 7, buf, sizeof buf,
+                                             0), 0);
+  }
+  assert_int_equal (STATS_GET (&st, writes_deferred), 1 + 5 * DEFER_ENTRIES);
+  defer_stop (&d);
+  for (unsigned k = 0; k < 7; k++) {
+    /* the last i with i % 7 == k */
+    unsigned last = k + 7 * ((5 * DEFER_ENTRIES - 1 - k) / 7);
+    fill_bytes (buf, sizeof buf, 100 + last);
+    file_read (&p, 20 + k, got, sizeof got, 0);
+    if (memcmp (got, buf, sizeof buf) != 0)
+      fail_msg ("slot %u does not hold its last write (%u)", 20 + k, last);
+  }
+  assert_int_equal (atomic_load (&defer_errors), 0);
+  pool_close (&p);
+}
+
+/* A queued write that fails: reported once, and from then on every
+ * slot read and write through the pool fails with EIO (the stale data
+ * under the failed write must never be read).
+ */
+static void
+test_defer_error (void **state)
+{
+  struct pool p;
+  struct defer d;
+  uint8_t buf[1024];
+
+  atomic_store (&defer_errors, 0);
+  format (&p, false);
+  assert_int_equal (defer_start (&d, &p, NULL, count_error, NULL), 0);
+  fill_bytes (buf, sizeof buf, 9);
+  atomic_store (&fail_fd, p.fd);
+  assert_int_equal (pool_write_data_later (&p, 8, buf, sizeof buf, 0), 0);
+  assert_int_equal (pool_write_data_later (&p, 9, buf, sizeof buf, 0), 0);
+  errno = 0;
+  assert_int_equal (pool_read_data (&p, 8, buf, sizeof buf, 0), -1);
+  assert_int_equal (errno, EIO);
+  atomic_store (&fail_fd, -1);         /* the device is back: too late */
+  assert_int_equal (atomic_load (&defer_errors), 1);
+  assert_int_equal (atomic_load (&defer_error_slot), 8);
+  errno = 0;
+  assert_int_equal (pool_read_data (&p, 100, buf, sizeof buf, 0), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (pool_write_data (&p, 100, buf, sizeof buf, 0), -1);
+  assert_int_equal (pool_write_data_later (&p, 100, buf, sizeof buf, 0), -1);
+  assert_int_equal (pool_sync (&p), -1);
+  defer_stop (&d);
+  assert_int_equal (atomic_load (&defer_errors), 1);
+  /* Without the queue the pool works again. */
+  assert_int_equal (pool_read_data (&p, 100, buf, sizeof buf, 0), 0);
+  pool_close (&p);
+}
+
+/* Threads, each owning some slots (as range locks make them), queue
+ * small writes, write big ones now and read, at random, against their
+ * own models, while the defer thread writes the queue out.
+ */
+#define DTHREADS 4
+#define DOPS 3000
+
+static struct pool dpool;
+
+struct dworker {
+  unsigned t;
+  uint8_t *model;               /* its slots, zeroes after format */
+  const char *error;            /* NULL: all went well */
+};
+
+static void *
+defer_worker (void *arg)
+{
+  struct dworker *w = arg;
+  const unsigned t = w->t;
+  uint8_t *model = w->model;
+  uint8_t *buf = malloc (PS), *got = malloc (PS);
+  unsigned seed = 1000 + t;
+  const char *ret = NULL;
+
+  if (buf == NULL || got == NULL)
+    ret = "malloc";
+  for (unsigned i = 0; i < DOPS && ret == NULL; i++) {
+    unsigned k = rand_r (&seed) % (NSLOTS / DTHREADS);
+    uint64_t s = (uint64_t) k * DTHREADS + t;
+    uint8_t *m = model + (size_t) k * PS;
+    unsigned what = rand_r (&seed) % 8;
+    uint32_t off = (rand_r (&seed) % (PS / 512)) * 512, n;
+
+    if (what < 4) {               /* small, queued */
+      n = 512 * (1 + rand_r (&seed) % (DEFER_MAX_BYTES / 512));
+      if (n > PS - off)
+        n = PS - off;
+      fill_bytes (buf, n, rand_r (&seed));
+      if (pool_write_data_later (&dpool, s, buf, n, off) != 0)
+        ret = "queued write failed";
+      memcpy (m + off, buf, n);
+    }
+    else if (what < 5) {          /* big, now */
+      n = PS - off;
+      fill_bytes (buf, n, rand_r (&seed));
+      if (pool_write_data (&dpool, s, buf, n, off) != 0)
+        ret = "write failed";
+      memcpy (m + off, buf, n);
+    }
+    else {
+      n = 1 + rand_r (&seed) % (PS - off);
+      if (pool_read_data (&dpool, s, got, n, off) != 0)
+        ret = "read failed";
+      else if (memcmp (got, m + off, n) != 0)
+        ret = "read data differs from the model";
+    }
+  }
+  w->error = ret;
+  free (buf);
+  free (got);
+  return NULL;
+}
+
+static void
+defer_threads (bool direct)
+{
+  pthread_t th[DTHREADS];
+  struct dworker w[DTHREADS];
+  struct defer d;
+  struct stats st;
+  uint8_t *got = malloc (PS);
+
+  memset (&st, 0, sizeof st);
+  reset_counts ();
+  atomic_store (&defer_errors, 0);
+  format (&dpool, direct);
+  assert_int_equal (defer_start (&d, &dpool, &st, count_error, NULL), 0);
+  for (unsigned t = 0; t < DTHREADS; t++) {
+    w[t].t = t;
+    w[t].model = calloc (NSLOTS / DTHREADS, PS);
+    w[t].error = NULL;
+    assert_non_null (w[t].model);
+    assert_int_equal (pthread_create (&th[t], NULL, defer_worker, &w[t]), 0);
+  }
+  for (int t = 0; t < DTHREADS; t++)
+    pthread_join (th[t], NULL);
+  defer_stop (&d);
+  for (int t = 0; t < DTHREADS; t++)
+    if (w[t].error)
+      fail_msg ("worker %d: %s", t, w[t].error);
+  for (unsigned s = 0; s < NSLOTS; s++) {
+    const uint8_t *m = w[s % DTHREADS].model + (size_t) (s / DTHREADS) * PS;
+    file_read (&dpool, s, got, PS, 0);
+    if (memcmp (got, m, PS) != 0)
+      fail_msg ("slot %u in the file differs from its model", s);
+  }
+  assert_true (STATS_GET (&st, writes_deferred) > DOPS);
+  assert_int_equal (atomic_load (&unaligned_calls), 0);
+  assert_int_equal (atomic_load (&defer_errors), 0);
+  for (int t = 0; t < DTHREADS; t++)
+    free (w[t].model);
+  free (got);
+  pool_close (&dpool);
+}
+
+static void
+test_defer_threads (void **state)
+{
+  defer_threads (false);
+}
+
+static void
+test_defer_threads_direct (void **state)
+{
+  defer_threads (true);
+}
+
 int
 main (void)
 {
@@ -392,6 +695,16 @@ main (void)
     cmocka_unit_test_setup_teardown (test_direct_entries_concurrent,
                                      testfile_setup, testfile_teardown),
     cmocka_unit_test_setup_teardown (test_direct_refused,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_defer_order,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_defer_drain,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_defer_error,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_defer_threads,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_defer_threads_direct,
                                      testfile_setup, testfile_teardown),
   };
 

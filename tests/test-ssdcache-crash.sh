@@ -95,3 +95,12 @@ cmp "$img" "$tmpdir/copy.img" || fail "run 3 served data that is not the file's"
 b3="$(backend_read_bytes "$bstats")"
 [ "$b3" -le $((size / 64)) ] ||
     fail "after kill -9 of a read-only run, $b3 bytes came from the backend (limit $((size / 64)))"
+
+# Writethrough under the writeback crash test's client (random
+# unaligned and 1 KiB writes, flushes, FUA, reads checked against the
+# model, kill -9 with requests in flight), with small rewrites of cached
+# pages deferred (ssdcache-defer-writes): after every kill the
+# restarted server must serve exactly the backing file.
+"$PYTHON" "$testsrcdir/crash-writeback.py" --mode writethrough \
+          --iterations "${CRASH_WT_ITERATIONS:-10}" --seed "$seed" \
+          --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/crash-wt"

@@ -163,6 +163,17 @@ defer_stop (struct defer *d)
   d->queued = d->busy = NULL;
 }
 
+/* 0, or -1 with errno EIO once a queued write has failed. */
+static int
+check_failed (struct defer *d)
+{
+  if (atomic_load (&d->failed)) {
+    errno = EIO;
+    return -1;
+  }
+  return 0;
+}
+
 /* Under d->lock: are writes for slot queued or being written? */
 static bool
 slot_pending (const struct defer *d, uint64_t slot)
@@ -191,11 +202,7 @@ defer_wait_slot (struct defer *d, uint64_t slot)
       apply (d);
     }
   }
-  if (atomic_load (&d->failed)) {
-    errno = EIO;
-    return -1;
-  }
-  return 0;
+  return check_failed (d);
 }
 
 int
@@ -203,11 +210,7 @@ defer_drain (struct defer *d)
 {
   if (atomic_load (&d->count) > 0)
     apply (d);
-  if (atomic_load (&d->failed)) {
-    errno = EIO;
-    return -1;
-  }
-  return 0;
+  return check_failed (d);
 }
 
 int
@@ -221,10 +224,8 @@ defer_write (struct defer *d, uint64_t slot, const void *buf,
       return -1;
     return pool_write_data_now (d->pool, slot, buf, count, offset);
   }
-  if (atomic_load (&d->failed)) {
-    errno = EIO;
+  if (check_failed (d) == -1)
     return -1;
-  }
 
   pthread_mutex_lock (&d->lock);
   while (d->nqueued == DEFER_ENTRIES) {

@@ -98,6 +98,18 @@ defer_thread (void *arg)
   return NULL;
 }
 
+/* Destroy the locks and free the queue (the thread is not running). */
+static void
+release (struct defer *d)
+{
+  pthread_cond_destroy (&d->cv);
+  pthread_mutex_destroy (&d->apply);
+  pthread_mutex_destroy (&d->lock);
+  free (d->queued);
+  free (d->busy);
+  d->queued = d->busy = NULL;
+}
+
 int
 defer_start (struct defer *d, struct pool *p, struct stats *st,
              void (*on_error) (void *opaque, uint64_t slot, int err),
@@ -128,12 +140,7 @@ defer_start (struct defer *d, struct pool *p, struct stats *st,
   pthread_condattr_destroy (&ca);
   r = pthread_create (&d->thread, NULL, defer_thread, d);
   if (r != 0) {
-    pthread_cond_destroy (&d->cv);
-    pthread_mutex_destroy (&d->apply);
-    pthread_mutex_destroy (&d->lock);
-    free (d->queued);
-    free (d->busy);
-    d->queued = d->busy = NULL;
+    release (d);
     errno = r;
     return -1;
   }
@@ -155,12 +162,7 @@ defer_stop (struct defer *d)
   d->running = false;
   apply (d);
   d->pool->defer = NULL;
-  pthread_cond_destroy (&d->cv);
-  pthread_mutex_destroy (&d->apply);
-  pthread_mutex_destroy (&d->lock);
-  free (d->queued);
-  free (d->busy);
-  d->queued = d->busy = NULL;
+  release (d);
 }
 
 /* 0, or -1 with errno EIO once a queued write has failed. */

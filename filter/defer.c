@@ -12,14 +12,13 @@
 #include "log.h"
 #include "pool.h"
 
-/* Write out the entries queued so far, in order.  Called with d->apply
- * held and d->lock not held.
- */
+/* Write out the entries queued so far, in order (d->lock not held). */
 static void
-apply_locked (struct defer *d)
+apply (struct defer *d)
 {
   struct defer_entry *t;
 
+  pthread_mutex_lock (&d->apply);
   pthread_mutex_lock (&d->lock);
   t = d->busy;                  /* empty: its last holder emptied it */
   d->busy = d->queued;
@@ -50,13 +49,6 @@ apply_locked (struct defer *d)
   atomic_fetch_sub (&d->count, d->nbusy);
   d->nbusy = 0;
   pthread_mutex_unlock (&d->lock);
-}
-
-static void
-apply (struct defer *d)
-{
-  pthread_mutex_lock (&d->apply);
-  apply_locked (d);
   pthread_mutex_unlock (&d->apply);
 }
 
@@ -221,11 +213,8 @@ defer_write (struct defer *d, uint64_t slot, const void *buf,
 {
   struct defer_entry *e;
 
-  if (count > DEFER_MAX_BYTES) {
-    if (defer_wait_slot (d, slot) == -1)
-      return -1;
-    return pool_write_data_now (d->pool, slot, buf, count, offset);
-  }
+  if (count > DEFER_MAX_BYTES)   /* after the slot's queued writes */
+    return pool_write_data (d->pool, slot, buf, count, offset);
   if (check_failed (d) == -1)
     return -1;
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: parameters and backend identity.
  *
  * Owns the global struct config; see config.h.  Configuration runs
@@ -21,14 +22,15 @@
 #include "readahead.h"
 
 struct config config = {
-  .mode = LAYOUT_MODE_WRITETHROUGH,
-  .flush_mode = CACHE_FLUSH_CACHE,
-  .wb = { .high_pct = 50, .low_pct = 10, .rate = 0, .idle_ms = 1000 },
+  .mode = CACHE_DEFAULT_MODE,
+  .flush_mode = CACHE_DEFAULT_FLUSH,
+  .wb = { .high_pct = CACHE_DEFAULT_WB_HIGH, .low_pct = CACHE_DEFAULT_WB_LOW,
+          .rate = 0, .idle_ms = CACHE_DEFAULT_WB_IDLE_MS },
   .writeback_on_exit = true,
-  .defer_writes = true,
+  .defer_writes = CACHE_DEFAULT_DEFER_WRITES,
   .policy = EVICT_DEFAULT,
   .seq_cutoff = 0,
-  .seq_streams = 16,
+  .seq_streams = CACHE_DEFAULT_SEQ_STREAMS,
   .promote = ADMIT_NHIT_DEFAULT_N,
   .ra_mode = READAHEAD_AUTO,
   .ra_max = READAHEAD_DEFAULT_MAX,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: parameters and backend identity.
  *
  * Owns parsing of the ssdcache-* parameters, the backend identity

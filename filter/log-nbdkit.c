@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: logging shim for the filter (see log.h).
  *
  * Also defines the debug flags nbdkit sets with -D ssdcache.FLAG=N.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: nbdkit callbacks (thin).
  *
  * Owns the glue between nbdkit and the cache engine: parameters go to

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: crash test of writeback mode (kill -9).
 #
 # Each iteration starts nbdkit with ssdcache-mode=writeback over a file

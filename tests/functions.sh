@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter tests: shared shell helpers.
 #
 # Sourced by every test-ssdcache-*.sh script:

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter tests: random I/O verified against a model.
 #
 # Opens one or more NBD connections (to one or more servers) and issues

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: the backing file changed while the cache was
 # offline, with the same identity (same path, same size).
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: backend errors in every mode.
 #
 # Part 1: nbdkit's error filter below ssdcache (over the file plugin)

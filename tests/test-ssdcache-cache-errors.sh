@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: the cache device fails under a running server.
 #
 # An LD_PRELOAD shim (shim/faultio.c) makes I/O on the cache file fail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: a cache file left by kill -9 in writeback mode
 # (superblock not marked clean, clean and dirty pages) and then damaged
 # never yields wrong data.
@@ -13,7 +14,7 @@
 # that read as the backing file's are exactly the lost ones the case
 # expects, counted (dirty_dropped / damaged_entries) and logged loudly.
 #
-# Layout (filter/layout.h): 4 KiB pages and 64 slots here, so the page
+# Layout (filter/core/layout.h): 4 KiB pages and 64 slots here, so the page
 # table is one 4 KiB block at 8192 and the pool starts at 1 MiB.
 
 source "$(dirname "$0")/functions.sh"

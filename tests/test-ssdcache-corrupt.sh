@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: a damaged cache file never yields wrong data.
 # After a clean stop we damage the cache file directly:
 #  - page-table entries (one byte changed): those entries are dropped;
@@ -8,7 +9,7 @@
 #  - one superblock copy: the other one is used, the server starts;
 #  - both superblock copies: the server refuses to start, naming the
 #    cache file.
-# Layout (filter/layout.h): superblocks at 0 and 4096, page table at
+# Layout (filter/core/layout.h): superblocks at 0 and 4096, page table at
 # 8192 with 64 bytes per slot, pool at round_up(8192 + nslots*64, 1M),
 # slot i's data at pool + i*page_size.
 

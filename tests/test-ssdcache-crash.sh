@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: warm restart after kill -9.  A server reads
 # the whole disk, then takes random writes (writethrough: they are in
 # the backing file when they complete), then is killed with SIGKILL.

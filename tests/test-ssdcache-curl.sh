@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter over a real HTTP backend (read-only).  The
 # test starts its own lighttpd (a child of the test) on a free loopback
 # port, serving images with Range support, and reads one through

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter with no ssdcache-file: the cache file is made
 # in $NBDKIT_SSDCACHE_DIR (created, mode 0700), named
 # <16 hex digits>.ssdcache, mode 0600, one per backend; a second run

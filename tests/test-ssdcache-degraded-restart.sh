@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: after the cache device failed (pass-through),
 # the next start never brings back dirty data that was written back and
 # then overwritten on the backend.

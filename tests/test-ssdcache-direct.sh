@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: ssdcache-direct=true (O_DIRECT on the cache
 # file), over a cache file on disk ($tmpdir is under /var/tmp).
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: a short libFuzzer run of the on-disk decoder.
 #
 # Builds tests/fuzz/fuzz-layout.c with clang -fsanitize=fuzzer,address,
@@ -31,9 +32,9 @@ requires "$FUZZ_CC" -fsanitize=fuzzer,address,undefined \
 # Keep these flags in step with FUZZ_CFLAGS in tests/Makefile.am.
 "$FUZZ_CC" -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined \
     -fno-sanitize-recover=all \
-    -I"$abs_top_srcdir/filter" -I"$fuzzdir" \
+    -I"$abs_top_srcdir/filter/core" -I"$fuzzdir" \
     -o "$tmpdir/fuzz-layout" \
-    "$fuzzdir/fuzz-layout.c" "$abs_top_srcdir/filter/layout.c" -lisal
+    "$fuzzdir/fuzz-layout.c" "$abs_top_srcdir/filter/core/layout.c" -lisal
 
 nseeds=$(find "$fuzzdir/corpus" -type f | wc -l)
 [ "$nseeds" -gt 0 ] || fail "no seed corpus in $fuzzdir/corpus"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: hostile parameters and cache paths.
 #
 # Each case must either work (and then serve the right data) or make

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: one cache file, one owner.  While a server
 # uses a cache file, a second nbdkit on the same file fails at start
 # ("in use by another process"), even for another backing file; once

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter over the memory plugin (a backend that starts
 # empty): random writes, zeroes, trims and reads over two connections
 # match the model, with a fresh cache file each time (a memory disk

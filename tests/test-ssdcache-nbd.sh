@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter over nbdkit's nbd plugin: the backend is a
 # second nbdkit (file plugin) on a Unix socket.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: nbdinfo sees the export through the filter
 # with the right size and flags, and nbdsh can read and write it.
 

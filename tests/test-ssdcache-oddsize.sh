@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: a backend whose size (130000 bytes) is not a
 # multiple of the page size.  The size is reported exactly, the last
 # partial page reads and writes correctly, reads past the end fail, and

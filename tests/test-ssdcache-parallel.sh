@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: no lock is held across backend I/O.
 #
 # The backend is slowed down with nbdkit's delay filter (below the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: bad parameters fail at start (nbdkit exits
 # with an error before serving) with a message naming the parameter.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: n-hit promotion (ssdcache-promote).
 #
 # With ssdcache-promote=2 a page read once is not cached: its second

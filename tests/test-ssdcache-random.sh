@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: random reads and writes (plus zero, trim,
 # flush and cache requests) at unaligned offsets over several
 # connections, every read checked against a model of the disk.  The

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: readahead (ssdcache-readahead).
 #
 # Over a backend with 1 ms added to every read (nbdkit's delay filter)

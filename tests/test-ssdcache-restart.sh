@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: warm restart after a clean stop.  Pass 1
 # reads the whole disk (everything comes from the backend), the server
 # stops cleanly, pass 2 on a new server reads the whole disk again and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: a full scan does not flush the hot set, and
 # the hot set is remembered across a restart (policy hints in entries).
 #

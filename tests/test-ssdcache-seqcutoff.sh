@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: sequential cutoff (ssdcache-seq-cutoff).
 #
 # A 16M sequential copy through an 8M cache: with a 1M cutoff only the

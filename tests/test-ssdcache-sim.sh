@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: the trace simulator (tools/ssdcache-sim).
 #
 # 1. Exact hit counts on tiny traces, computed by hand (below).

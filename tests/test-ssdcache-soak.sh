@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: model-based random soak, every mode.
 #
 # Aligned and unaligned reads, writes, zeroes, trims, flushes and cache

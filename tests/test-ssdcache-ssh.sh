@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter over a real SSH backend.  The test starts its
 # own OpenSSH server (sshd, as a child of the test) on a free loopback
 # port, with its own host key, user key and authorized_keys in

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: ssdcache-stats=FILE is written at exit with
 # every counter as "name: value"; reading the disk twice in one run
 # shows hits, misses, fills and bytes from both sides.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: zero and trim requests on cached pages go to
 # the backend and leave the cache correct (the zeroed range reads as
 # zero, never the old cached data), extents pass through unchanged

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: writeback crash test (kill -9 with writes in
 # flight), 20 iterations of crash-writeback.py.  Every byte read back
 # after a restart must be the data it had at the last completed FLUSH

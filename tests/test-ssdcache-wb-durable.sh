@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: writeback with ssdcache-flush=cache keeps
 # flushed data durable on the cache alone.  Nothing is written back
 # (ssdcache-writeback-high=100, ssdcache-writeback-idle=0): after

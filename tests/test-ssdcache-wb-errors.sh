@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: backend write errors during writeback.
 # nbdkit's error filter sits below ssdcache and fails every backend
 # write (EIO) while a trigger file exists.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: extents in writeback mode.  Data written over
 # a hole of a sparse backing file, not flushed and not written back
 # yet (high watermark 100%, no idle writeback), lives only in the

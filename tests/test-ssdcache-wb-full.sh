@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: writeback with a cache much smaller than the
 # data written ("dirty-full").  A 32M backing file behind a 1M cache of
 # 4K pages takes random writes, zeroes, flushes and reads over two

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: rewriting a page whose dirty data is durable,
 # while the cache is full of dirty data and writeback is slow.
 #

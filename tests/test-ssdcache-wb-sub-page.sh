@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: sub-page writes in writeback mode never read
 # the backend.  With 64K pages (512-byte sectors), 1 KiB sector-aligned
 # writes into pages that are not cached must be stored as dirty

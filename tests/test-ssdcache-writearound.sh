@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter, ssdcache-mode=writearound: writes go to the
 # backing file and the cached copies are dropped, so a read after a
 # write returns the new data (never the cached old data), also after

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: a cache built for one backend is never
 # applied to another.  A different backing file (same size) is refused
 # ("built for another backend"); a different size under the same

@@ -1,7 +1,8 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* ssdcache-sim: replay block traces through the ssdcache replacement
  * policies and print hit ratios.
  *
- * Built from the filter's own policy code (filter/evict.c, admit.c): no
+ * Built from the filter's own policy code (filter/core/evict.c, admit.c): no
  * nbdkit needed.  Every policy of evict.h is run, each also with the
  * admission filters of admit.h (sequential cutoff; sequential cutoff +
  * promotion after N misses), next to two references computed here: LRU

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: fuzz target for the on-disk decoder (layout.c).
  *
  * Built two ways from this one file:

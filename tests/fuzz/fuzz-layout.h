@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: the fuzz target's entry point, shared by
  * fuzz-layout.c (the target) and replay.c (its driver without libFuzzer).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: write the seed corpus of the layout fuzz target.
  *
  *   make-seeds DIR

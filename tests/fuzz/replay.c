@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: run fuzz inputs without libFuzzer.
  *
  *   replay-layout [FILE|DIR]...

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter tests: an LD_PRELOAD shim that injects I/O
  * errors into one file.
  *

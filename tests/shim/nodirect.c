@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter tests: an LD_PRELOAD shim that makes the file
  * system refuse direct I/O.
  *

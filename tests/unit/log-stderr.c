@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: log.h implemented on stderr.
  *
  * log_error always prints; log_debug prints only when the environment

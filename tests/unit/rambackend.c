@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: a RAM backend (see rambackend.h). */
 #include <errno.h>
 #include <stdlib.h>

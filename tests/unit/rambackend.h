@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: a RAM backend for the cache engine.
  *
  * Implements struct cache_backend over a malloc'ed buffer, counts calls

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: the cache engine (cache.c, pool.c)
  * over a RAM backend and a real temporary cache file.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: the replacement policy (evict.c).
  *
  * CLOCK on small traces with known victim orders, the can_take

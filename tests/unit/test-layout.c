@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: the on-SSD format (layout.c).
  *
  * CRC32C, geometry, superblock and page-table entry encode/decode, and

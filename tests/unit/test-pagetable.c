@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: the in-RAM page table (pagetable.c).
  *
  * init/free, index insert/lookup/remove, the free list, churn against

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: replacement policies (evict.c, all
  * of them) and admission helpers (admit.c).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: the cache file's I/O (pool.c),
  * above all direct I/O (ssdcache-direct=true).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: page range locks (rangelock.c).
  *
  * Non-overlapping ranges are held at once, an overlapping acquire

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: readahead.
  *
  * The pure decisions (readahead.c): stream detection per connection,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: recovery of a cache file that was
  * left by a crash in writeback mode (clean and dirty pages, superblock
  * not marked clean) and then damaged.
@@ -10,7 +11,7 @@
  * message, or start and serve only the backend's data or the dirty
  * data written, with lost dirty data counted and logged.
  *
- * Layout used (filter/layout.h): 4 KiB pages, 64 slots, so the page
+ * Layout used (filter/core/layout.h): 4 KiB pages, 64 slots, so the page
  * table is exactly one 4 KiB block at 8192 and the pool starts at 1 MiB.
  */
 #ifndef _GNU_SOURCE

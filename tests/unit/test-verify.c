@@ -1,7 +1,8 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: ssdcache-verify=lazy, a backend
  * changed while the cache was offline.
  *
- * The pure comparison (filter/verify.c), then the engine: a cache
+ * The pure comparison (filter/core/verify.c), then the engine: a cache
  * filled and closed, the RAM backend edited behind its back, reopened
  * with and without verification.  Clean pages that differ are dropped
  * and re-read; a dirty page keeps its dirty sectors and loses only its

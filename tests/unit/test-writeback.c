@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: writeback mode of the cache engine
  * (cache.c, cache-write.c, cache-open.c, writeback.c) over a RAM
  * backend and a real temporary cache file.

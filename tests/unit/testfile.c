@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: see testfile.h. */
 #include <fcntl.h>
 #include <setjmp.h>

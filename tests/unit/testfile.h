@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter unit tests: a temporary cache file per test
  * and a watchdog.
  *

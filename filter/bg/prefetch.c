@@ -1,0 +1,309 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit-ssdcache-filter: the readahead engine.
+ *
+ * Owns struct prefetch and its thread, and struct prefetch_conn; see
+ * prefetch.h for what each lock protects.  The thread takes ranges from
+ * a small FIFO queue and reads each in pieces of at most PF_PIECE bytes
+ * (cache_readahead_fill: one backend read per run of pages not cached).
+ * A range that overlaps one queued or being read is trimmed; when the
+ * queue is full the new range is dropped and its stream asks again.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache-int.h"
+#include "log.h"
+#include "prefetch.h"
+#include "readahead.h"
+
+#define PF_QUEUE 32                     /* ranges waiting */
+#define PF_PIECE (4u << 20)             /* bytes read at a time */
+
+struct pf_range {
+  uint64_t lo, hi;
+};
+
+struct prefetch {
+  struct cache *c;
+  struct cache_backend be;
+  pthread_t thread;
+  bool started;
+
+  pthread_mutex_t lock;
+  pthread_cond_t wake, idle;
+  bool stop;
+  struct pf_range q[PF_QUEUE];
+  unsigned head, n;                     /* FIFO: q[head], ... */
+  struct pf_range cur;                  /* being read (lo == hi: none) */
+};
+
+struct prefetch_conn {
+  pthread_mutex_t lock;
+  struct readahead *ra;
+  uint64_t wasted_seen;                 /* prefetch_wasted when last looked */
+};
+
+static void *
+prefetch_thread (void *arg)
+{
+  struct prefetch *pf = arg;
+  struct cache *c = pf->c;
+
+  pthread_mutex_lock (&pf->lock);
+  for (;;) {
+    struct pf_range r;
+    int err = 0;
+
+    while (!pf->stop && pf->n == 0)
+      pthread_cond_wait (&pf->wake, &pf->lock);
+    if (pf->stop)
+      break;
+    r = pf->q[pf->head];
+    pf->head = (pf->head + 1) % PF_QUEUE;
+    pf->n--;
+    pf->cur = r;
+    pthread_mutex_unlock (&pf->lock);
+
+    for (uint64_t lo = r.lo; lo < r.hi;) {
+      uint64_t n = r.hi - lo < PF_PIECE ? r.hi - lo : PF_PIECE;
+      if (cache_readahead_fill (c, &pf->be, lo, n, &err) == -1) {
+        /* The client's own read will meet the error if it persists. */
+        if (ssdcache_debug_readahead)
+          log_debug ("readahead: prefetch at %llu failed: %s",
+                     (unsigned long long) lo, strerror (err));
+        break;
+      }
+      lo += n;
+      pthread_mutex_lock (&pf->lock);
+      pf->cur.lo = lo;
+      if (pf->stop) {
+        pthread_mutex_unlock (&pf->lock);
+        goto out;
+      }
+      pthread_mutex_unlock (&pf->lock);
+    }
+
+    pthread_mutex_lock (&pf->lock);
+    pf->cur.lo = pf->cur.hi = 0;
+    if (pf->n == 0)
+      pthread_cond_broadcast (&pf->idle);
+  }
+  pthread_mutex_unlock (&pf->lock);
+ out:
+  return NULL;
+}
+
+int
+prefetch_start (struct cache *c, const struct cache_backend *be)
+{
+  struct prefetch *pf;
+  int r;
+
+  if (c->ra_mode == READAHEAD_OFF)
+    return 0;
+  pf = calloc (1, sizeof *pf);
+  if (pf == NULL) {
+    log_error ("calloc: %m");
+    return -1;
+  }
+  pf->c = c;
+  pf->be = *be;
+  pthread_mutex_init (&pf->lock, NULL);
+  pthread_cond_init (&pf->wake, NULL);
+  pthread_cond_init (&pf->idle, NULL);
+  r = pthread_create (&pf->thread, NULL, prefetch_thread, pf);
+  if (r != 0) {
+    errno = r;
+    log_error ("cannot start the readahead thread: %m");
+    pthread_mutex_destroy (&pf->lock);
+    pthread_cond_destroy (&pf->wake);
+    pthread_cond_destroy (&pf->idle);
+    free (pf);
+    return -1;
+  }
+  pf->started = true;
+  c->pf = pf;
+  return 0;
+}
+
+void
+prefetch_stop (struct cache *c)
+{
+  struct prefetch *pf = c->pf;
+
+  if (pf == NULL)
+    return;
+  pthread_mutex_lock (&pf->lock);
+  pf->stop = true;
+  pf->n = 0;
+  pthread_cond_broadcast (&pf->wake);
+  pthread_cond_broadcast (&pf->idle);
+  pthread_mutex_unlock (&pf->lock);
+  if (pf->started)
+    pthread_join (pf->thread, NULL);
+  c->pf = NULL;
+  pthread_mutex_destroy (&pf->lock);
+  pthread_cond_destroy (&pf->wake);
+  pthread_cond_destroy (&pf->idle);
+  free (pf);
+}
+
+void
+prefetch_drain (struct cache *c)
+{
+  struct prefetch *pf = c->pf;
+
+  if (pf == NULL)
+    return;
+  pthread_mutex_lock (&pf->lock);
+  while (!pf->stop && (pf->n > 0 || pf->cur.lo < pf->cur.hi))
+    pthread_cond_wait (&pf->idle, &pf->lock);
+  pthread_mutex_unlock (&pf->lock);
+}
+
+struct prefetch_conn *
+prefetch_conn_new (struct cache *c)
+{
+  struct prefetch_conn *pc;
+  struct readahead_config cfg = {
+    .mode = c->ra_mode,
+    .window = c->ra_window,
+    .min = READAHEAD_MIN_WINDOW,
+    .max = c->ra_max,
+    .page_size = c->page_size,
+    .size = c->backend_size,
+  };
+  /* Never more ahead than a quarter of the cache: it would evict
+   * itself before being read.
+   */
+  const uint64_t quarter = (uint64_t) c->nslots * c->page_size / 4;
+
+  if (c->pf == NULL)
+    return NULL;
+  if (cfg.max > quarter)
+    cfg.max = quarter;
+  if (cfg.window > quarter)
+    cfg.window = quarter;
+  if (cfg.min > cfg.max)
+    cfg.min = cfg.max;
+  pc = calloc (1, sizeof *pc);
+  if (pc == NULL)
+    return NULL;
+  pc->ra = readahead_new (&cfg);
+  if (pc->ra == NULL) {
+    free (pc);
+    return NULL;
+  }
+  pthread_mutex_init (&pc->lock, NULL);
+  pc->wasted_seen = STATS_GET (&c->stats, prefetch_wasted);
+  return pc;
+}
+
+void
+prefetch_conn_free (struct prefetch_conn *pc)
+{
+  if (pc == NULL)
+    return;
+  if (ssdcache_debug_readahead) {
+    struct readahead_stats st;
+    readahead_get_stats (pc->ra, &st);
+    log_debug ("readahead: connection done: %llu reads, %llu sequential, "
+               "%llu prefetches (%llu bytes), window grown %llu times, "
+               "shrunk %llu times, %llu bytes left unread",
+               (unsigned long long) st.reads,
+               (unsigned long long) st.sequential,
+               (unsigned long long) st.issued,
+               (unsigned long long) st.issued_bytes,
+               (unsigned long long) st.grows,
+               (unsigned long long) st.shrinks,
+               (unsigned long long) st.unread_bytes);
+  }
+  readahead_free (pc->ra);
+  pthread_mutex_destroy (&pc->lock);
+  free (pc);
+}
+
+/* Under pf->lock: cut from r what is queued or being read already.
+ * Returns false if nothing is left.
+ */
+static bool
+trim_locked (const struct prefetch *pf, struct pf_range *r)
+{
+  for (unsigned i = 0; i <= pf->n; i++) {
+    const struct pf_range *o = i < pf->n
+      ? &pf->q[(pf->head + i) % PF_QUEUE] : &pf->cur;
+    if (o->lo >= o->hi || o->hi <= r->lo || o->lo >= r->hi)
+      continue;
+    if (o->lo <= r->lo && o->hi >= r->hi)
+      return false;             /* wholly covered */
+    if (o->lo <= r->lo)
+      r->lo = o->hi;            /* covered at the start */
+    else if (o->hi >= r->hi)
+      r->hi = o->lo;            /* covered at the end */
+    /* (a hole in the middle: both are read; cached pages are skipped) */
+  }
+  return r->lo < r->hi;
+}
+
+/* Queue r; false if the queue is full or the thread stopped. */
+static bool
+enqueue (struct prefetch *pf, struct pf_range r)
+{
+  bool ok = true;
+
+  pthread_mutex_lock (&pf->lock);
+  if (pf->stop || pf->n == PF_QUEUE)
+    ok = false;
+  else if (trim_locked (pf, &r)) {
+    pf->q[(pf->head + pf->n) % PF_QUEUE] = r;
+    pf->n++;
+    pthread_cond_signal (&pf->wake);
+  }
+  pthread_mutex_unlock (&pf->lock);
+  return ok;
+}
+
+void
+prefetch_note_read (struct cache *c, struct prefetch_conn *pc,
+                    uint64_t offset, uint32_t count, uint64_t used,
+                    uint64_t fill_limit)
+{
+  struct readahead_io io;
+  uint64_t wasted;
+  bool go;
+
+  if (c->pf == NULL || cache_degraded (c))
+    return;
+  pthread_mutex_lock (&pc->lock);
+  wasted = STATS_GET (&c->stats, prefetch_wasted);
+  if (wasted != pc->wasted_seen) {
+    if (ssdcache_debug_readahead)
+      log_debug ("readahead: %llu prefetched pages wasted: smaller windows",
+                 (unsigned long long) (wasted - pc->wasted_seen));
+    readahead_wasted (pc->ra, wasted - pc->wasted_seen);
+    pc->wasted_seen = wasted;
+  }
+  go = readahead_access (pc->ra, offset, count, used, &io);
+  if (go && io.offset + io.len > fill_limit) {
+    /* Past the sequential cutoff nothing of this stream is cached:
+     * prefetching there would defeat it.
+     */
+    readahead_cancel (pc->ra, &io);
+    go = false;
+  }
+  if (go) {
+    struct pf_range r = { io.offset, io.offset + io.len };
+    if (ssdcache_debug_readahead)
+      log_debug ("readahead: read %u at %llu: queue %llu bytes at %llu "
+                 "(window %llu)", count, (unsigned long long) offset,
+                 (unsigned long long) io.len,
+                 (unsigned long long) io.offset,
+                 (unsigned long long) io.window);
+    if (!enqueue (c->pf, r))
+      readahead_cancel (pc->ra, &io);
+  }
+  pthread_mutex_unlock (&pc->lock);
+}

@@ -1,0 +1,24 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit-ssdcache-filter: logging shim.
+ *
+ * The core modules (pool, cache) report through these two functions so
+ * that they do not depend on nbdkit.  log-nbdkit.c maps them to
+ * nbdkit_error/nbdkit_debug in the filter; log-stderr.c maps them to
+ * stderr for the unit tests.
+ */
+#ifndef SSDCACHE_LOG_H
+#define SSDCACHE_LOG_H
+
+extern void log_error (const char *fs, ...)
+  __attribute__ ((format (printf, 1, 2)));
+extern void log_debug (const char *fs, ...)
+  __attribute__ ((format (printf, 1, 2)));
+
+/* Debug flags, set with -D ssdcache.FLAG=1 (see the man page). */
+extern int ssdcache_debug_verbose;   /* every cache decision */
+extern int ssdcache_debug_recovery;  /* page table load details */
+extern int ssdcache_debug_verify;    /* ssdcache-verify: each page that
+                                        differs from the backend */
+extern int ssdcache_debug_readahead; /* streams, windows, prefetches */
+
+#endif /* SSDCACHE_LOG_H */

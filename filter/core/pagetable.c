@@ -1,0 +1,757 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit-ssdcache-filter: the in-RAM page table (pure: no I/O, no nbdkit).
+ *
+ * Owns the slot array, the chained hash index (page -> slot), the free
+ * list and the side table of partial maps.  The caller holds the cache
+ * metadata lock for every call.
+ *
+ * Memory: 26 bytes per slot (struct pt_rec) plus a 4-byte bucket for
+ * every two slots, so 28 bytes per slot in every state, plus the side
+ * table (32 bytes per entry, at most side_limit entries, allocated as
+ * they are needed) and a fixed part.
+ *
+ * Stored form of a slot:
+ *  - page: 32 bits (the cache refuses backends of more than PT_MAX_PAGES
+ *    pages).
+ *  - seq and epoch: 32 bits relative to a base each (see pagetable.h).
+ *  - pins: 8 bits; a slot with more than 254 pins keeps the rest in
+ *    pinx (PT_PINX slots at once: far more users than nbdkit has
+ *    threads).
+ *  - map (28 bits): the valid and dirty maps as one run of sectors each
+ *    (14 bits a run), which is what nearly every page has (whole pages,
+ *    one write or read in a page, one dirty range).  Run code: s << 7 |
+ *    e7, with e = e7 ? e7 : 128; s < e is the run [s, e), s == e (e7 >
+ *    0) is empty, and s > e7 >= 1 is not a run: the valid code then
+ *    names, with the dirty code as low bits, an entry of the side table
+ *    that holds both maps exactly.  The side table has a bound
+ *    (side_limit): when it is full, maps that need an entry do not fit
+ *    and pt_maps_set fails; the cache then stores less (a read fill is
+ *    not kept) or makes the page simple first (see cache-write.c).
+ */
+#include <endian.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pagetable.h"
+
+_Static_assert (LAYOUT_MAX_SECTORS == 128, "map_run and code_fill work on two 64-bit words");
+
+_Static_assert (sizeof (struct pt_rec) == 26, "struct pt_rec is 26 bytes");
+
+uint32_t pagetable_test_seq_span, pagetable_test_epoch_span;
+
+#define SPAN_DEFAULT (UINT32_MAX - 2)   /* below PT_REL_UNKNOWN */
+
+/* Run codes. */
+#define CODE_EMPTY ((1u << 7) | 1u)
+#define CODE_MASK  0x3fffu
+
+static inline uint32_t
+hash_page (const struct pagetable *pt, uint64_t page)
+{
+  /* Fibonacci hashing, then a multiply-shift onto nbuckets. */
+  uint64_t h = page * UINT64_C (0x9E3779B97F4A7C15);
+  return (uint32_t) (((h >> 32) * (uint64_t) pt->nbuckets) >> 32);
+}
+
+int
+pagetable_init (struct pagetable *pt, uint32_t nslots)
+{
+  uint32_t nbuckets;
+
+  memset (pt, 0, sizeof *pt);
+  if (nslots == 0 || nslots == PT_NONE) {
+    errno = EINVAL;
+    return -1;
+  }
+  nbuckets = nslots / 2 > 0 ? nslots / 2 : 1;
+
+  pt->recs = calloc (nslots, sizeof *pt->recs);
+  pt->buckets = malloc ((size_t) nbuckets * sizeof *pt->buckets);
+  if (pt->recs == NULL || pt->buckets == NULL) {
+    free (pt->recs);
+    free (pt->buckets);
+    memset (pt, 0, sizeof *pt);
+    errno = ENOMEM;
+    return -1;
+  }
+  pt->nslots = nslots;
+  pt->nbuckets = nbuckets;
+  for (uint32_t i = 0; i < nbuckets; i++)
+    pt->buckets[i] = PT_NONE;
+  pt->seq_span = pagetable_test_seq_span ? pagetable_test_seq_span
+    : SPAN_DEFAULT;
+  pt->epoch_span = pagetable_test_epoch_span ? pagetable_test_epoch_span
+    : SPAN_DEFAULT;
+  pt->side_limit = nslots < PT_SIDE_DEFAULT ? nslots : PT_SIDE_DEFAULT;
+  pt->side_free = PT_NONE;
+  for (unsigned i = 0; i < PT_PINX; i++)
+    pt->pinx[i].slot = PT_NONE;
+
+  /* Free list in slot order, so a new cache fills the file front to back. */
+  pt->free_head = PT_NONE;
+  for (uint32_t i = nslots; i-- > 0;) {
+    pt->recs[i].map = (CODE_EMPTY << 14) | CODE_EMPTY;
+    pt->recs[i].next = pt->free_head;
+    pt->free_head = i;
+  }
+  pt->nfree = nslots;
+  return 0;
+}
+
+void
+pagetable_free (struct pagetable *pt)
+{
+  free (pt->recs);
+  free (pt->buckets);
+  free (pt->side);
+  memset (pt, 0, sizeof *pt);
+}
+
+int
+pagetable_set_side_limit (struct pagetable *pt, uint32_t limit)
+{
+  if (limit > PT_SIDE_MAX) {
+    errno = ERANGE;
+    return -1;
+  }
+  pt->side_limit = limit;
+  return 0;
+}
+
+uint64_t
+pagetable_heap_bytes (const struct pagetable *pt)
+{
+  return (uint64_t) pt->nslots * sizeof *pt->recs +
+    (uint64_t) pt->nbuckets * sizeof *pt->buckets +
+    (uint64_t) pt->side_cap * sizeof *pt->side;
+}
+
+uint32_t
+pagetable_lookup (const struct pagetable *pt, uint64_t page)
+{
+  uint32_t i;
+
+  if (page > PT_MAX_PAGES)
+    return PT_NONE;
+  i = pt->buckets[hash_page (pt, page)];
+  while (i != PT_NONE) {
+    if (pt->recs[i].page == page)
+      return i;
+    i = pt->recs[i].next;
+  }
+  return PT_NONE;
+}
+
+void
+pagetable_insert (struct pagetable *pt, uint32_t slot, uint64_t page)
+{
+  struct pt_rec *s = &pt->recs[slot];
+  uint32_t b = hash_page (pt, page);
+
+  s->page = (uint32_t) page;
+  s->next = pt->buckets[b];
+  s->flags |= PT_INDEXED;
+  s->flags &= ~PT_ORPHAN;
+  pt->buckets[b] = slot;
+  pt->nindexed++;
+}
+
+void
+pagetable_remove (struct pagetable *pt, uint32_t slot)
+{
+  struct pt_rec *s = &pt->recs[slot];
+  uint32_t b = hash_page (pt, s->page);
+  uint32_t prev = PT_NONE, i;
+
+  if (!(s->flags & PT_INDEXED))
+    return;
+  for (i = pt->buckets[b]; i != PT_NONE && i != slot; i = pt->recs[i].next)
+    prev = i;
+  if (i == slot) {
+    if (prev == PT_NONE)
+      pt->buckets[b] = s->next;
+    else
+      pt->recs[prev].next = s->next;
+  }
+  s->next = PT_NONE;
+  s->flags &= ~PT_INDEXED;
+  pt->nindexed--;
+}
+
+uint32_t
+pagetable_take_free (struct pagetable *pt)
+{
+  uint32_t slot = pt->free_head;
+
+  if (slot == PT_NONE)
+    return PT_NONE;
+  pt->free_head = pt->recs[slot].next;
+  pt->recs[slot].next = PT_NONE;
+  pt->nfree--;
+  return slot;
+}
+
+void
+pagetable_clear_free (struct pagetable *pt)
+{
+  pt->free_head = PT_NONE;
+  pt->nfree = 0;
+}
+
+/*----------------------------------------------------------------------
+ * Pins past 254.
+ */
+
+unsigned
+pt_pins_over (const struct pagetable *pt, uint32_t s)
+{
+  for (unsigned i = 0; i < PT_PINX; i++)
+    if (pt->pinx[i].slot == s)
+      return 255 + pt->pinx[i].extra;
+  return 255;
+}
+
+void
+pt_pin_over (struct pagetable *pt, uint32_t s)
+{
+  unsigned fr = PT_PINX;
+
+  for (unsigned i = 0; i < PT_PINX; i++) {
+    if (pt->pinx[i].slot == s) {
+      pt->pinx[i].extra++;
+      return;
+    }
+    if (pt->pinx[i].slot == PT_NONE && fr == PT_PINX)
+      fr = i;
+  }
+  if (fr == PT_PINX) {
+    /* PT_PINX slots with 255 users each: nbdkit has nowhere near as
+     * many threads.  Going on would corrupt the pin counts.
+     */
+    fprintf (stderr, "nbdkit-ssdcache-filter: more than %u slots with 255 "
+             "pins each\n", PT_PINX);
+    abort ();
+  }
+  pt->pinx[fr].slot = s;
+  pt->pinx[fr].extra = 1;
+}
+
+unsigned
+pt_unpin_over (struct pagetable *pt, uint32_t s)
+{
+  for (unsigned i = 0; i < PT_PINX; i++)
+    if (pt->pinx[i].slot == s) {
+      if (--pt->pinx[i].extra == 0)
+        pt->pinx[i].slot = PT_NONE;
+      return 255 + pt->pinx[i].extra;
+    }
+  return --pt->recs[s].pins;
+}
+
+/*----------------------------------------------------------------------
+ * Sequence numbers and epochs.
+ */
+
+void
+pagetable_seq_rebase (struct pagetable *pt, uint64_t base)
+{
+  uint64_t delta;
+
+  if (base <= pt->seq_base)
+    return;
+  delta = base - pt->seq_base;
+  for (uint32_t i = 0; i < pt->nslots; i++) {
+    struct pt_rec *r = &pt->recs[i];
+    r->seq = r->seq <= delta ? 0 : (uint32_t) (r->seq - delta);
+  }
+  pt->seq_base = base;
+}
+
+void
+pt_set_epoch (struct pagetable *pt, uint32_t s, uint64_t epoch)
+{
+  uint32_t rel;
+
+  if (epoch == PT_EPOCH_PENDING)
+    rel = PT_REL_PENDING;
+  else if (epoch == PT_EPOCH_UNKNOWN || epoch - pt->epoch_base >= pt->epoch_span)
+    rel = epoch <= pt->epoch_base ? 0 : PT_REL_UNKNOWN;
+  else
+    rel = epoch <= pt->epoch_base ? 0 : (uint32_t) (epoch - pt->epoch_base);
+  pt->recs[s].epoch = rel;
+}
+
+uint64_t
+pt_epoch (const struct pagetable *pt, uint32_t s)
+{
+  uint32_t rel = pt->recs[s].epoch;
+
+  if (rel == PT_REL_PENDING)
+    return PT_EPOCH_PENDING;
+  if (rel == PT_REL_UNKNOWN)
+    return PT_EPOCH_UNKNOWN;
+  return pt->epoch_base + rel;
+}
+
+bool
+pt_epoch_may_be_at_most (const struct pagetable *pt, uint32_t s, uint64_t t)
+{
+  uint32_t rel = pt->recs[s].epoch;
+
+  if (rel == PT_REL_PENDING)
+    return false;
+  if (rel == PT_REL_UNKNOWN)
+    return true;
+  if (rel == 0 && t < pt->epoch_base)
+    return true;                /* at or below the base: not known */
+  return pt->epoch_base + rel <= t;
+}
+
+bool
+pt_epoch_surely_at_most (const struct pagetable *pt, uint32_t s, uint64_t t)
+{
+  uint32_t rel = pt->recs[s].epoch;
+
+  if (rel == PT_REL_PENDING || rel == PT_REL_UNKNOWN)
+    return false;
+  if (rel == 0 && t < pt->epoch_base)
+    return false;
+  return pt->epoch_base + rel <= t;
+}
+
+void
+pagetable_epoch_rebase (struct pagetable *pt, uint64_t base)
+{
+  uint64_t delta;
+
+  if (base <= pt->epoch_base)
+    return;
+  delta = base - pt->epoch_base;
+  for (uint32_t i = 0; i < pt->nslots; i++) {
+    struct pt_rec *r = &pt->recs[i];
+    if (r->epoch == PT_REL_PENDING || r->epoch == PT_REL_UNKNOWN)
+      continue;
+    r->epoch = r->epoch <= delta ? 0 : (uint32_t) (r->epoch - delta);
+  }
+  pt->epoch_base = base;
+}
+
+/*----------------------------------------------------------------------
+ * Maps.
+ */
+
+/* A LAYOUT_MAX_SECTORS-bit map as two 64-bit words (bit i of the map
+ * is bit i % 64 of word i / 64), so that runs are found and made a
+ * word at a time: this is on every write's path.
+ */
+static inline void
+map_load (const uint8_t *map, uint64_t w[2])
+{
+  memcpy (w, map, 16);
+  w[0] = le64toh (w[0]);
+  w[1] = le64toh (w[1]);
+}
+
+static inline void
+map_store (uint8_t *map, uint64_t lo, uint64_t hi)
+{
+  lo = htole64 (lo);
+  hi = htole64 (hi);
+  memcpy (map, &lo, 8);
+  memcpy (map + 8, &hi, 8);
+}
+
+/* The map as one run [*a, *b): 0 empty, 1 a run, 2 anything else. */
+static int
+map_run (const uint8_t *map, unsigned *a, unsigned *b)
+{
+  uint64_t w[2], lo, hi, n0, n1;
+  unsigned first;
+
+  map_load (map, w);
+  if (w[0] == 0 && w[1] == 0)
+    return 0;
+  first = w[0] ? (unsigned) __builtin_ctzll (w[0])
+    : 64 + (unsigned) __builtin_ctzll (w[1]);
+  /* Shift the map down by first: bit 0 is then set, and the map is a
+   * run iff it is 2^k - 1, i.e. adding 1 clears every bit.
+   */
+  if (first == 0)
+    lo = w[0], hi = w[1];
+  else if (first < 64)
+    lo = (w[0] >> first) | (w[1] << (64 - first)), hi = w[1] >> first;
+  else
+    lo = w[1] >> (first - 64), hi = 0;
+  n0 = lo + 1;
+  n1 = hi + (n0 == 0);
+  if ((lo & n0) != 0 || (hi & n1) != 0)
+    return 2;
+  *a = first;
+  *b = w[1] ? 128 - (unsigned) __builtin_clzll (w[1])     /* last bit + 1 */
+    : 64 - (unsigned) __builtin_clzll (w[0]);
+  return 1;
+}
+
+/* Run code of a map, or false if it is not a run. */
+static bool
+map_code (const uint8_t *map, uint32_t *code)
+{
+  unsigned a, b;
+
+  switch (map_run (map, &a, &b)) {
+  case 0:
+    *code = CODE_EMPTY;
+    return true;
+  case 1:
+    *code = (a << 7) | (b & 127);
+    return true;
+  default:
+    return false;
+  }
+}
+
+static inline bool
+code_is_side (uint32_t vcode)
+{
+  uint32_t s = vcode >> 7, e7 = vcode & 127;
+  return e7 != 0 && s > e7;
+}
+
+/* The sectors [*s, *e) of run code (none if *s >= *e). */
+static inline void
+code_run (uint32_t code, uint32_t *s, uint32_t *e)
+{
+  *s = code >> 7;
+  *e = code & 127;
+  if (*e == 0)
+    *e = 128;
+}
+
+/* Does run code hold sector i? */
+static inline bool
+code_test (uint32_t code, unsigned i)
+{
+  uint32_t s, e;
+
+  code_run (code, &s, &e);
+  return i >= s && i < e;
+}
+
+/* The lowest n bits (n <= 128) as two words. */
+static inline void
+low_bits (unsigned n, uint64_t *lo, uint64_t *hi)
+{
+  *lo = n >= 64 ? UINT64_MAX : (UINT64_C (1) << n) - 1;
+  *hi = n >= 128 ? UINT64_MAX : n > 64 ? (UINT64_C (1) << (n - 64)) - 1 : 0;
+}
+
+static void
+code_fill (uint32_t code, uint8_t *map)
+{
+  uint32_t s, e;
+  uint64_t slo, shi, elo, ehi;
+
+  code_run (code, &s, &e);
+  if (e <= s) {
+    memset (map, 0, LAYOUT_MAX_SECTORS / 8);
+    return;
+  }
+  low_bits (s, &slo, &shi);
+  low_bits (e, &elo, &ehi);
+  map_store (map, elo & ~slo, ehi & ~shi);
+}
+
+static inline uint32_t
+side_index (uint32_t map)
+{
+  uint32_t v = map >> 14, s = v >> 7, e7 = v & 127;
+  /* s in [2, 127], e7 in [1, s - 1]: 8001 pairs, numbered in order. */
+  return ((s - 1) * (s - 2) / 2 + (e7 - 1)) * 16384u + (map & CODE_MASK);
+}
+
+static uint32_t
+side_map (uint32_t idx)
+{
+  uint32_t hi = idx / 16384u, s = 2;
+
+  while (s * (s - 1) / 2 <= hi)
+    s++;
+  return (((s << 7) | (hi - (s - 1) * (s - 2) / 2 + 1)) << 14) |
+    (idx % 16384u);
+}
+
+bool
+pt_maps_side (const struct pagetable *pt, uint32_t s)
+{
+  return code_is_side (pt->recs[s].map >> 14);
+}
+
+bool
+pt_valid_test (const struct pagetable *pt, uint32_t s, unsigned i)
+{
+  uint32_t m = pt->recs[s].map;
+
+  if (code_is_side (m >> 14))
+    return layout_bit_test (pt->side[side_index (m)].valid, i);
+  return code_test (m >> 14, i);
+}
+
+void
+pt_maps_get (const struct pagetable *pt, uint32_t s, uint8_t *valid,
+             uint8_t *dirty)
+{
+  uint32_t m = pt->recs[s].map;
+
+  if (code_is_side (m >> 14)) {
+    const struct pt_side *e = &pt->side[side_index (m)];
+    if (valid)
+      memcpy (valid, e->valid, sizeof e->valid);
+    if (dirty)
+      memcpy (dirty, e->dirty, sizeof e->dirty);
+    return;
+  }
+  if (valid)
+    code_fill (m >> 14, valid);
+  if (dirty)
+    code_fill (m & CODE_MASK, dirty);
+}
+
+static void
+side_release (struct pagetable *pt, uint32_t idx)
+{
+  memcpy (pt->side[idx].valid, &pt->side_free, sizeof pt->side_free);
+  pt->side_free = idx;
+  pt->side_used--;
+}
+
+/* A free side entry, or PT_NONE.  force: past the limit. */
+static uint32_t
+side_take (struct pagetable *pt, bool force)
+{
+  uint32_t idx;
+
+  if (pt->side_free == PT_NONE) {
+    uint32_t cap = pt->side_cap ? pt->side_cap * 2 : 64;
+    struct pt_side *n;
+
+    if (!force && pt->side_used >= pt->side_limit)
+      return PT_NONE;
+    if (!force && cap > pt->side_limit)
+      cap = pt->side_limit;
+    if (cap > PT_SIDE_MAX)
+      cap = PT_SIDE_MAX;
+    if (cap <= pt->side_cap)
+      return PT_NONE;
+    n = realloc (pt->side, (size_t) cap * sizeof *n);
+    if (n == NULL)
+      return PT_NONE;
+    pt->side = n;
+    for (uint32_t i = cap; i-- > pt->side_cap;) {
+      memcpy (n[i].valid, &pt->side_free, sizeof pt->side_free);
+      pt->side_free = i;
+    }
+    pt->side_cap = cap;
+  }
+  if (!force && pt->side_used >= pt->side_limit)
+    return PT_NONE;
+  idx = pt->side_free;
+  memcpy (&pt->side_free, pt->side[idx].valid, sizeof pt->side_free);
+  pt->side_used++;
+  return idx;
+}
+
+static bool
+maps_reserve (struct pagetable *pt, uint32_t s, bool force)
+{
+  struct pt_rec *r = &pt->recs[s];
+  uint8_t valid[LAYOUT_MAX_SECTORS / 8], dirty[LAYOUT_MAX_SECTORS / 8];
+  uint32_t idx;
+
+  if (code_is_side (r->map >> 14))
+    return true;
+  idx = side_take (pt, force);
+  if (idx == PT_NONE) {
+    pt->side_full++;
+    return false;
+  }
+  pt_maps_get (pt, s, valid, dirty);
+  memcpy (pt->side[idx].valid, valid, sizeof valid);
+  memcpy (pt->side[idx].dirty, dirty, sizeof dirty);
+  r->map = side_map (idx);
+  return true;
+}
+
+bool
+pt_maps_reserve (struct pagetable *pt, uint32_t s)
+{
+  return maps_reserve (pt, s, false);
+}
+
+bool
+pt_maps_reserve_force (struct pagetable *pt, uint32_t s)
+{
+  return maps_reserve (pt, s, true);
+}
+
+bool
+pt_maps_reserve_for (struct pagetable *pt, uint32_t s, const uint8_t *valid,
+                     const uint8_t *dirty)
+{
+  uint32_t vc, dc;
+
+  if (map_code (valid, &vc) && map_code (dirty, &dc))
+    return true;
+  return pt_maps_reserve (pt, s);
+}
+
+static bool
+maps_set (struct pagetable *pt, uint32_t s, const uint8_t *valid,
+          const uint8_t *dirty, bool force)
+{
+  struct pt_rec *r = &pt->recs[s];
+  uint32_t vc, dc, idx;
+
+  if (map_code (valid, &vc) && map_code (dirty, &dc)) {
+    if (code_is_side (r->map >> 14))
+      side_release (pt, side_index (r->map));
+    r->map = (vc << 14) | dc;
+    return true;
+  }
+  if (code_is_side (r->map >> 14))
+    idx = side_index (r->map);
+  else {
+    idx = side_take (pt, force);
+    if (idx == PT_NONE) {
+      pt->side_full++;
+      return false;
+    }
+    r->map = side_map (idx);
+  }
+  memcpy (pt->side[idx].valid, valid, sizeof pt->side[idx].valid);
+  memcpy (pt->side[idx].dirty, dirty, sizeof pt->side[idx].dirty);
+  return true;
+}
+
+bool
+pt_maps_set (struct pagetable *pt, uint32_t s, const uint8_t *valid,
+             const uint8_t *dirty)
+{
+  return maps_set (pt, s, valid, dirty, false);
+}
+
+bool
+pt_maps_set_force (struct pagetable *pt, uint32_t s, const uint8_t *valid,
+                   const uint8_t *dirty)
+{
+  return maps_set (pt, s, valid, dirty, true);
+}
+
+void
+pagetable_put_free (struct pagetable *pt, uint32_t slot)
+{
+  struct pt_rec *s = &pt->recs[slot];
+  uint32_t seq = s->seq;
+
+  if (code_is_side (s->map >> 14))
+    side_release (pt, side_index (s->map));
+  memset (s, 0, sizeof *s);
+  s->map = (CODE_EMPTY << 14) | CODE_EMPTY;
+  s->seq = seq;
+  s->state = LAYOUT_FREE;
+  s->next = pt->free_head;
+  pt->free_head = slot;
+  pt->nfree++;
+}
+
+void
+pagetable_get (const struct pagetable *pt, uint32_t s, struct pt_slot *v)
+{
+  const struct pt_rec *r = &pt->recs[s];
+
+  v->page = r->page;
+  v->seq = pt_seq (pt, s);
+  v->epoch = pt_epoch (pt, s);
+  v->data_crc = r->data_crc;
+  v->pins = pt_pins (pt, s);
+  v->flags = r->flags;
+  v->state = r->state;
+  pt_maps_get (pt, s, v->valid, v->dirty);
+}
+
+void
+pagetable_to_entry (const struct pt_slot *s, struct layout_entry *e)
+{
+  memset (e, 0, sizeof *e);
+  e->state = s->state;
+  e->seq = s->seq;
+  if (s->state != LAYOUT_FREE) {
+    e->page = s->page;
+    e->data_crc = s->data_crc;
+    memcpy (e->valid, s->valid, sizeof e->valid);
+    memcpy (e->dirty, s->dirty, sizeof e->dirty);
+    if (s->flags & PT_UNSEALED)
+      e->flags |= LAYOUT_ENT_UNSEALED;
+  }
+}
+
+bool
+pagetable_from_entry (struct pagetable *pt, uint32_t s,
+                      const struct layout_entry *e)
+{
+  struct pt_rec *r = &pt->recs[s];
+
+  if (e->page > PT_MAX_PAGES ||
+      !pt_maps_set_force (pt, s, e->valid, e->dirty)) {
+    r->state = LAYOUT_FREE;
+    return false;
+  }
+  r->page = (uint32_t) e->page;
+  r->seq = 0;                   /* the loader rebases to c->seq at the end */
+  r->data_crc = e->data_crc;
+  r->state = e->state;
+  return true;
+}
+
+bool
+pt_view_range_valid (const struct pt_slot *v, unsigned first, unsigned last)
+{
+  for (unsigned i = first; i <= last; i++)
+    if (!layout_bit_test (v->valid, i))
+      return false;
+  return true;
+}
+
+bool
+pagetable_range_valid (const struct pagetable *pt, uint32_t s,
+                       unsigned first, unsigned last)
+{
+  uint32_t m = pt->recs[s].map;
+
+  if (!code_is_side (m >> 14))
+    return code_test (m >> 14, first) && code_test (m >> 14, last);
+  for (unsigned i = first; i <= last; i++)
+    if (!layout_bit_test (pt->side[side_index (m)].valid, i))
+      return false;
+  return true;
+}
+
+bool
+pagetable_range_any_valid (const struct pagetable *pt, uint32_t s,
+                           unsigned first, unsigned last)
+{
+  uint32_t m = pt->recs[s].map;
+
+  if (!code_is_side (m >> 14)) {
+    uint32_t a, b;
+
+    code_run (m >> 14, &a, &b);
+    return a < b && first < b && last >= a;     /* [a, b) meets it */
+  }
+  for (unsigned i = first; i <= last; i++)
+    if (layout_bit_test (pt->side[side_index (m)].valid, i))
+      return true;
+  return false;
+}

@@ -1,0 +1,329 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit-ssdcache-filter: the in-RAM page table (pure: no I/O, no nbdkit).
+ *
+ * Owns the per-slot metadata mirrored from the on-SSD entries and the
+ * index from backend page number to slot (a chained hash table sized by
+ * the cache, never by the backend), plus the free-slot list and the
+ * side table of sector maps that are not runs.
+ *
+ * Slots are stored compactly (struct pt_rec, 26 bytes, plus a 4-byte
+ * bucket per two slots: 28 bytes a slot; pagetable.c says how).  The
+ * rest of the filter reads and changes them only through the accessors
+ * below, and reads a whole slot as a value (struct pt_slot) with
+ * pagetable_get.  Limits that come with the compact form: at most
+ * PT_MAX_PAGES backend pages; sequence numbers are change stamps (an
+ * old one may read higher than it was, never lower); epochs are exact
+ * above a base the cache keeps low enough (pt_set_epoch); sector maps
+ * that are not runs need one of a bounded number of side entries.
+ *
+ * Locking: none inside.  Every function must be called with the owning
+ * cache's metadata lock held (cache.c: cache->lock).  Critical sections
+ * are short: no function here does I/O.  The rebase functions walk all
+ * slots, but run once per about 2^31 sequence numbers or sync epochs.
+ */
+#ifndef SSDCACHE_PAGETABLE_H
+#define SSDCACHE_PAGETABLE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "layout.h"
+
+#define PT_NONE UINT32_MAX
+#define PT_EPOCH_PENDING UINT64_MAX
+
+/* Slot flags (RAM only). */
+#define PT_INDEXED   0x01   /* reachable through the index */
+#define PT_VERIFIED  0x02   /* data CRC checked since the cache was opened */
+#define PT_ORPHAN    0x04   /* removed from the index while pinned */
+#define PT_UNSEALED  0x08   /* data_crc is stale: data rewritten in place
+                               since the last flush (the entry says
+                               LAYOUT_ENT_UNSEALED) */
+#define PT_PREFETCHED 0x100 /* filled by readahead, not read by a client
+                               since */
+#define PT_EVICTED   0x200  /* taken by eviction: its on-disk entry still
+                               describes the page evicted */
+#define PT_BAD       0x10   /* dirty data failed its CRC: reads get EIO */
+#define PT_SUPERSEDED 0x20  /* a newer slot holds this page; freed once
+                               the newer one is durable */
+#define PT_HASPRED   0x40   /* an older, superseded slot for this page is
+                               still on disk (not yet freed) */
+#define PT_LISTED    0x80   /* on the cache's list of unsealed slots */
+
+/* A slot's metadata as one value: what callers read with
+ * pagetable_get and hand to cache_commit_entry.  The table itself
+ * stores it in another form; only the accessors below touch that.
+ */
+struct pt_slot {
+  uint64_t page;                      /* backend page number */
+  uint64_t seq;                       /* sequence number of the entry */
+  uint64_t epoch;                     /* cache sync epoch of the last write
+                                         (PT_EPOCH_PENDING: in flight) */
+  uint32_t data_crc;
+  uint16_t pins;                      /* users currently doing I/O on it */
+  uint16_t flags;                     /* PT_* */
+  uint8_t state;                      /* enum layout_state */
+  uint8_t valid[LAYOUT_MAX_SECTORS / 8];
+  uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
+};
+
+/* The stored form of a slot: 26 bytes, see pagetable.c. */
+struct __attribute__ ((__packed__)) pt_rec {
+  uint32_t page;                      /* backend page number */
+  uint32_t next;                      /* hash chain, or free list link */
+  uint32_t data_crc;
+  uint32_t seq;                       /* seq - seq_base (0: at or before) */
+  uint32_t epoch;                     /* epoch - epoch_base, or PT_REL_* */
+  uint64_t flags : 10;                /* PT_* */
+  uint64_t state : 2;                 /* enum layout_state */
+  uint64_t pins : 8;                  /* more: in pinx */
+  uint64_t map : 28;                  /* valid and dirty runs, or a
+                                         side-table index (pagetable.c) */
+};
+
+#define PT_MAX_PAGES   (UINT32_MAX - 1) /* backend pages the table can hold */
+#define PT_REL_PENDING UINT32_MAX       /* stored epoch: write in flight */
+#define PT_REL_UNKNOWN (UINT32_MAX - 1) /* stored epoch: too far past the
+                                           base to be kept (see
+                                           pt_epoch_may_be_at_most) */
+#define PT_PINX        64               /* slots with more than 255 pins */
+#define PT_SIDE_MAX    (8001u * 16384u) /* side-table indexes a map can name */
+
+/* Exact valid and dirty maps of a slot whose maps are not two runs. */
+struct pt_side {
+  uint8_t valid[LAYOUT_MAX_SECTORS / 8];
+  uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
+};
+
+struct pagetable {
+  uint32_t nslots;
+  struct pt_rec *recs;
+  uint32_t *buckets;
+  uint32_t nbuckets;                  /* about nslots / 2 */
+  uint32_t free_head;
+  uint32_t nfree;
+  uint32_t nindexed;
+  /* Sequence numbers and epochs are kept relative to these bases
+   * (pagetable_seq_rebase, pagetable_epoch_rebase).
+   */
+  uint64_t seq_base, epoch_base;
+  uint32_t seq_span, epoch_span;      /* relative values kept below these */
+  /* Side table: maps that are not a run each (a bounded number). */
+  struct pt_side *side;
+  uint32_t side_cap;                  /* entries allocated */
+  uint32_t side_limit;                /* entries that may be taken (the
+                                         bound; only loading may exceed it) */
+  uint32_t side_used;
+  uint32_t side_free;                 /* free list (through valid[0..3]) */
+  uint64_t side_full;                 /* times a map did not fit */
+  struct { uint32_t slot, extra; } pinx[PT_PINX];
+};
+
+/* Test hooks: when non-zero, pagetable_init uses these spans instead of
+ * the defaults (so that tests can force many rebases).
+ */
+extern uint32_t pagetable_test_seq_span, pagetable_test_epoch_span;
+
+/* Accessors: the only code that knows how a slot is stored. */
+static inline uint64_t
+pt_page (const struct pagetable *pt, uint32_t s)
+{
+  return pt->recs[s].page;
+}
+/* Set the page of a slot that is not indexed. */
+static inline void
+pt_set_page (struct pagetable *pt, uint32_t s, uint64_t page)
+{
+  pt->recs[s].page = (uint32_t) page;
+}
+static inline uint8_t
+pt_state (const struct pagetable *pt, uint32_t s)
+{
+  return pt->recs[s].state;
+}
+static inline void
+pt_set_state (struct pagetable *pt, uint32_t s, uint8_t state)
+{
+  pt->recs[s].state = state;
+}
+static inline uint16_t
+pt_flags (const struct pagetable *pt, uint32_t s)
+{
+  return pt->recs[s].flags;
+}
+static inline void
+pt_set_flags (struct pagetable *pt, uint32_t s, uint16_t flags)
+{
+  pt->recs[s].flags = flags;
+}
+static inline void
+pt_flags_on (struct pagetable *pt, uint32_t s, uint16_t f)
+{
+  pt->recs[s].flags |= f;
+}
+static inline void
+pt_flags_off (struct pagetable *pt, uint32_t s, uint16_t f)
+{
+  pt->recs[s].flags &= ~f;
+}
+extern unsigned pt_pins_over (const struct pagetable *pt, uint32_t s);
+extern void pt_pin_over (struct pagetable *pt, uint32_t s);
+extern unsigned pt_unpin_over (struct pagetable *pt, uint32_t s);
+static inline unsigned
+pt_pins (const struct pagetable *pt, uint32_t s)
+{
+  unsigned n = pt->recs[s].pins;
+  return n < 255 ? n : pt_pins_over (pt, s);
+}
+static inline void
+pt_pin (struct pagetable *pt, uint32_t s)
+{
+  if (pt->recs[s].pins < 255)
+    pt->recs[s].pins++;
+  else
+    pt_pin_over (pt, s);
+}
+/* Returns the pins left. */
+static inline unsigned
+pt_unpin (struct pagetable *pt, uint32_t s)
+{
+  if (pt->recs[s].pins < 255)
+    return --pt->recs[s].pins;
+  return pt_unpin_over (pt, s);
+}
+/* The slot's sequence number as a change stamp: it grows with every
+ * change (pt_set_seq), but one older than the last rebase reads as the
+ * base.  (Entries on disk always get a fresh c->seq, never this.)
+ */
+static inline uint64_t
+pt_seq (const struct pagetable *pt, uint32_t s)
+{
+  return pt->seq_base + pt->recs[s].seq;
+}
+extern void pagetable_seq_rebase (struct pagetable *pt, uint64_t base);
+/* seq must be >= every earlier value stored (c->seq grows). */
+static inline void
+pt_set_seq (struct pagetable *pt, uint32_t s, uint64_t seq)
+{
+  if (seq < pt->seq_base)
+    seq = pt->seq_base;
+  if (seq - pt->seq_base >= pt->seq_span)
+    pagetable_seq_rebase (pt, seq - pt->seq_span / 2);
+  pt->recs[s].seq = (uint32_t) (seq - pt->seq_base);
+}
+/* Epochs.  A stored epoch is exact when it lies above the base; at or
+ * below it reads as the base, which the cache keeps at or below every
+ * epoch it compares with (c->flushed_epoch and the epochs of syncs in
+ * flight), so every comparison stays exact.  One too far above the base
+ * (no rebase for pt->epoch_span epochs) is kept as "unknown".
+ */
+extern void pt_set_epoch (struct pagetable *pt, uint32_t s, uint64_t epoch);
+/* Exact epoch, PT_EPOCH_PENDING, or PT_EPOCH_UNKNOWN. */
+#define PT_EPOCH_UNKNOWN (UINT64_MAX - 1)
+extern uint64_t pt_epoch (const struct pagetable *pt, uint32_t s);
+/* Might the slot's epoch be <= t?  (True when unknown.) */
+extern bool pt_epoch_may_be_at_most (const struct pagetable *pt, uint32_t s,
+                                     uint64_t t);
+/* Is it certainly <= t?  (False when unknown.) */
+extern bool pt_epoch_surely_at_most (const struct pagetable *pt, uint32_t s,
+                                     uint64_t t);
+/* Move the epoch base up to base: epochs at or below it read as base. */
+extern void pagetable_epoch_rebase (struct pagetable *pt, uint64_t base);
+static inline uint32_t
+pt_crc (const struct pagetable *pt, uint32_t s)
+{
+  return pt->recs[s].data_crc;
+}
+static inline void
+pt_set_crc (struct pagetable *pt, uint32_t s, uint32_t crc)
+{
+  pt->recs[s].data_crc = crc;
+}
+extern bool pt_valid_test (const struct pagetable *pt, uint32_t s,
+                           unsigned i);
+
+/* Copy slot s's valid and dirty maps out (either may be NULL). */
+extern void pt_maps_get (const struct pagetable *pt, uint32_t s,
+                         uint8_t *valid, uint8_t *dirty);
+/* Store new maps for slot s (dirty a subset of valid).  Returns false,
+ * changing nothing, if they need a side-table entry and the table is
+ * full (pt->side_limit).  A slot that owns an entry keeps it until its
+ * maps are runs again or it is freed, so maps set after a successful
+ * pt_maps_reserve (the slot now owns an entry) or pt_maps_reserve_for
+ * (those maps, or the slot owns an entry) always fit, as long as no one
+ * else changes the slot's maps in between (the page's range lock).
+ * _force: take an entry beyond the limit (loading at open); false then
+ * only on ENOMEM.
+ */
+extern bool pt_maps_set (struct pagetable *pt, uint32_t s,
+                         const uint8_t *valid, const uint8_t *dirty);
+extern bool pt_maps_reserve (struct pagetable *pt, uint32_t s);
+extern bool pt_maps_reserve_force (struct pagetable *pt, uint32_t s);
+extern bool pt_maps_reserve_for (struct pagetable *pt, uint32_t s,
+                                 const uint8_t *valid, const uint8_t *dirty);
+extern bool pt_maps_set_force (struct pagetable *pt, uint32_t s,
+                               const uint8_t *valid, const uint8_t *dirty);
+/* Does slot s keep its maps in the side table? */
+extern bool pt_maps_side (const struct pagetable *pt, uint32_t s);
+/* Bound the side table to limit entries (at most PT_SIDE_MAX). */
+extern int pagetable_set_side_limit (struct pagetable *pt, uint32_t limit);
+/* Heap bytes the table holds: slots, index, side table. */
+extern uint64_t pagetable_heap_bytes (const struct pagetable *pt);
+/* Everything about slot s as one value. */
+extern void pagetable_get (const struct pagetable *pt, uint32_t s,
+                           struct pt_slot *v);
+
+/* Allocate for nslots slots, all free (side table limit: the smaller of
+ * PT_SIDE_DEFAULT and nslots).  Returns 0 or -1 (ENOMEM).
+ */
+extern int pagetable_init (struct pagetable *pt, uint32_t nslots);
+#define PT_SIDE_DEFAULT 65536   /* default side_limit (at most nslots) */
+extern void pagetable_free (struct pagetable *pt);
+
+/* Slot holding backend page, or PT_NONE. */
+extern uint32_t pagetable_lookup (const struct pagetable *pt, uint64_t page);
+
+/* Make slot reachable as page.  The slot must not be indexed and no
+ * other slot may hold page.  The slot must have been taken from the
+ * free list (pagetable_take_free) or reclaimed (pagetable_remove).
+ */
+extern void pagetable_insert (struct pagetable *pt, uint32_t slot,
+                              uint64_t page);
+
+/* Remove slot from the index (it keeps its metadata). */
+extern void pagetable_remove (struct pagetable *pt, uint32_t slot);
+
+/* Take a slot from the free list, or PT_NONE when it is empty. */
+extern uint32_t pagetable_take_free (struct pagetable *pt);
+
+/* Empty the free list (used while loading entries from the cache
+ * file: the loader then puts back every slot it did not fill).
+ */
+extern void pagetable_clear_free (struct pagetable *pt);
+
+/* Reset slot to FREE and put it on the free list.  It must not be
+ * indexed and must have no pins.
+ */
+extern void pagetable_put_free (struct pagetable *pt, uint32_t slot);
+
+/* Fill an entry from a slot and back. */
+extern void pagetable_to_entry (const struct pt_slot *s,
+                                struct layout_entry *e);
+/* Load slot s (not indexed) from an entry read at open.  Returns
+ * false if its maps cannot be stored (the slot is then left FREE).
+ */
+extern bool pagetable_from_entry (struct pagetable *pt, uint32_t s,
+                                  const struct layout_entry *e);
+
+/* True if every sector of [first, last] is valid in slot s. */
+extern bool pagetable_range_valid (const struct pagetable *pt, uint32_t s,
+                                   unsigned first, unsigned last);
+/* True if some sector of [first, last] is valid in slot s. */
+extern bool pagetable_range_any_valid (const struct pagetable *pt,
+                                       uint32_t s, unsigned first,
+                                       unsigned last);
+/* The same for a value. */
+extern bool pt_view_range_valid (const struct pt_slot *v,
+                                 unsigned first, unsigned last);
+
+#endif /* SSDCACHE_PAGETABLE_H */

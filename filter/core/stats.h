@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit-ssdcache-filter: counters.
+ *
+ * Owns the statistics counters.  They are C11 atomics updated with
+ * relaxed ordering, so no lock is needed; a snapshot printed while
+ * requests run may be slightly inconsistent between counters.
+ */
+#ifndef SSDCACHE_STATS_H
+#define SSDCACHE_STATS_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct stats {
+  _Atomic uint64_t read_ops;          /* client reads */
+  _Atomic uint64_t read_hits;         /* pages served wholly from the cache */
+  _Atomic uint64_t read_misses;       /* pages not in the cache */
+  _Atomic uint64_t read_partial;      /* pages cached but missing sectors */
+  _Atomic uint64_t bytes_from_cache;
+  _Atomic uint64_t bytes_from_backend;
+  _Atomic uint64_t write_ops;         /* client writes */
+  _Atomic uint64_t bytes_written;
+  _Atomic uint64_t pages_updated;     /* cached pages updated by writes */
+  _Atomic uint64_t pages_invalidated; /* by writearound, zero, trim, errors */
+  _Atomic uint64_t fills;             /* slots filled from the backend */
+  _Atomic uint64_t evictions;
+  _Atomic uint64_t bypassed;          /* pages not cached: no free slot */
+  _Atomic uint64_t seq_bypassed;      /* pages not cached: beyond the
+                                         sequential cutoff of a stream */
+  _Atomic uint64_t promote_skipped;   /* read-miss pages not cached: not
+                                         missed ssdcache-promote times yet */
+  _Atomic uint64_t prefetch_requests; /* backend reads made by readahead */
+  _Atomic uint64_t prefetch_pages;    /* pages stored by readahead */
+  _Atomic uint64_t prefetch_hits;     /* ... then read by a client */
+  _Atomic uint64_t prefetch_wasted;   /* ... evicted or dropped unread */
+  _Atomic uint64_t verify_failures;   /* slots dropped: data CRC mismatch */
+  _Atomic uint64_t verify_mismatches; /* ssdcache-verify=lazy: cached pages
+                                         whose clean data differed from
+                                         the backend on first use */
+  _Atomic uint64_t cache_errors;      /* cache device I/O errors */
+  _Atomic uint64_t loaded_slots;      /* slots loaded warm at start-up */
+  _Atomic uint64_t dropped_entries;   /* entries rejected at start-up */
+  _Atomic uint64_t damaged_entries;   /* ... of them: entries that fail
+                                         their checks (damage) */
+  _Atomic uint64_t dirty_dropped;     /* torn (never flushed) dirty pages
+                                         found after a crash */
+  _Atomic uint64_t unsealed_dropped;  /* unflushed in-place rewrites (no
+                                         checksum) dropped after a crash */
+  _Atomic uint64_t dirty_lost;        /* dirty pages whose data failed its
+                                         checksum: reads get EIO */
+  _Atomic uint64_t cow_copies;        /* durable dirty pages copied on write */
+  _Atomic uint64_t cache_syncs;       /* fdatasync of the cache file */
+  _Atomic uint64_t pages_written_back;
+  _Atomic uint64_t bytes_written_back;
+  _Atomic uint64_t writeback_errors;
+  _Atomic uint64_t write_through_full;/* writes sent to the backend because
+                                         the cache was full of dirty data */
+  _Atomic uint64_t wait_ms;           /* time writes waited for a slot */
+  _Atomic uint64_t dirty_pages;       /* gauge: pages holding dirty data */
+  _Atomic uint64_t degraded;          /* gauge: 1 once the cache device failed
+                                         and the filter is in pass-through */
+  _Atomic uint64_t partial_maps;      /* gauge: pages whose valid or dirty
+                                         sectors are not one run (kept in
+                                         the page table's side table) */
+  _Atomic uint64_t partial_maps_full; /* times such maps did not fit (the
+                                         side table was full) */
+  _Atomic uint64_t pt_rebases;        /* page-table epoch rebases */
+  _Atomic uint64_t writes_not_cached; /* writethrough partial writes to
+                                          sectors not cached: backend only */
+  _Atomic uint64_t writes_deferred;   /* writethrough rewrites of cached
+                                         data queued for the background
+                                         (defer.c) */
+  _Atomic uint64_t deferred_waits;    /* times a request waited for queued
+                                         writes (to read the slot, or the
+                                         queue was full) */
+  _Atomic uint64_t writeback_hot_ms;  /* gauge: background cleaning's hot
+                                         window (writeback.c); 0: no
+                                         writeback thread */
+};
+
+#define STATS_ADD(st, field, n) \
+  atomic_fetch_add_explicit (&(st)->field, (n), memory_order_relaxed)
+#define STATS_GET(st, field) \
+  atomic_load_explicit (&(st)->field, memory_order_relaxed)
+
+/* Print every counter as "name: value" lines. */
+extern void stats_print (const struct stats *st, FILE *fp);
+/* Same, through log_debug. */
+extern void stats_debug (const struct stats *st);
+
+#endif /* SSDCACHE_STATS_H */

@@ -1,0 +1,254 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit-ssdcache-filter: engine internals shared by cache.c,
+ * cache-write.c, cache-open.c and writeback.c.  Not a public header.
+ *
+ * Locking (see also cache.h):
+ *  - c->lock protects the page table (with its side table of partial
+ *    maps and its seq/epoch bases), the policy, pins, c->seq, c->epoch,
+ *    c->durable_epoch, the list of client syncs in flight
+ *    (c->syncs_head), c->sup and c->ndirty.  Never held across I/O.
+ *    c->space is signalled (with c->lock) whenever a slot
+ *    becomes free or clean.
+ *  - c->ranges: a request that changes what is cached for a page holds
+ *    that page's range across its backend and cache-file I/O.
+ *
+ * Durability of cache-file writes is tracked in sync epochs: a write
+ * that completed while c->epoch was E is durable once a sync that
+ * started later has finished (c->durable_epoch >= E), and flushed once
+ * that sync was a client's FLUSH/FUA (c->flushed_epoch >= E).  A slot
+ * whose dirty data was flushed is never rewritten in place: the new
+ * version goes to another slot (copy on write) and the old one is
+ * freed by a FREE entry once the new one is flushed too (c->sup).
+ * Unflushed dirty data may be rewritten in place: a crash may lose it.
+ * From its second such rewrite on, a slot is "unsealed" (cache-seal.c):
+ * its data checksum is no longer kept, so the rewrites cost one data
+ * write each; the next client flush, writeback or close seals it again.
+ *
+ * The page table keeps slot epochs as 32 bits above a base (pagetable.h),
+ * which sync_epoch moves up to at most c->flushed_epoch and the oldest
+ * client sync in flight: every epoch the cache compares a slot's with
+ * is at or above it, so the comparisons stay exact.
+ *
+ * Sector maps that are not one run each need a side-table entry
+ * (ssdcache-partial-pages of them): a change that needs one reserves it
+ * (pt_maps_reserve_for) under the page's range lock before any I/O, so
+ * the entry write cannot fail for want of one; with none left the
+ * change is made another way (cache-write.c: write_page_simple; cache.c:
+ * fill_sectors rounds out to the whole page, cache_fill_slot stores
+ * nothing).
+ */
+#ifndef SSDCACHE_CACHE_INT_H
+#define SSDCACHE_CACHE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache.h"
+#include "defer.h"
+#include "evict.h"
+#include "pagetable.h"
+#include "pool.h"
+#include "rangelock.h"
+#include "stats.h"
+
+struct writeback;
+struct prefetch;
+struct admit_seq;
+struct admit_nhit;
+
+struct cache_sup {               /* a superseded slot waiting to be freed */
+  uint32_t slot;
+  uint32_t succ;                 /* the slot that replaced it */
+};
+
+struct cache_stale {             /* a slot whose entry on disk is stale */
+  uint32_t slot;
+  bool disk_dirty;               /* ... and says "dirty" */
+  uint64_t page;
+};
+
+struct cache_sync_node {         /* a client sync in flight */
+  uint64_t e;
+  struct cache_sync_node *prev, *next;
+};
+
+struct cache {
+  pthread_mutex_t lock;
+  pthread_cond_t space;
+  /* Held shared by every rewrite of a slot in place, from the
+   * copy-on-write decision to the end of its writes; a client flush
+   * takes it exclusively for a moment (after moving flushing_epoch) to
+   * wait for rewrites that decided before the flush began.
+   */
+  pthread_rwlock_t inplace;
+  struct pool pool;
+  struct pagetable pt;
+  struct evict *ev;
+  struct rangelock ranges;
+  struct stats stats;
+
+  /* Configuration (read-only after open). */
+  char *path;
+  char *id_text;
+  uint64_t cfg_size;
+  uint32_t cfg_page_size;
+  uint64_t id_digest[2];
+  enum layout_mode mode;
+  bool reset;
+  enum cache_flush_mode flush_mode;
+  struct cache_writeback_config wbcfg;
+  unsigned policy;               /* enum evict_policy */
+  bool verify;                   /* ssdcache-verify=lazy */
+  bool defer_writes;             /* ssdcache-defer-writes */
+  struct defer defer;            /* writethrough's deferred rewrites
+                                    (started by cache_attach) */
+  struct admit_seq *seqcut;      /* sequential cutoff, or NULL (c->lock) */
+  unsigned promote;              /* n-miss promotion: misses needed */
+  uint32_t partial_pages;        /* side-table bound */
+  struct admit_nhit *nhit;       /* its counters, or NULL (c->lock) */
+  unsigned ra_mode;              /* enum readahead_mode */
+  uint64_t ra_window, ra_max;
+
+  /* Geometry (read-only after attach). */
+  uint32_t page_size, sector_size, nsectors;
+  uint32_t nslots;
+  uint64_t backend_size;
+  bool have_sb;                  /* an accepted superblock was read */
+  bool was_clean;                /* ... and it was closed cleanly */
+
+  /* Under c->lock. */
+  uint64_t seq;                  /* last sequence number used */
+  uint64_t epoch;                /* current sync epoch */
+  uint64_t durable_epoch;        /* writes of epochs <= this are durable */
+  uint64_t flushing_epoch;       /* a client flush covers epochs <= this */
+  uint64_t flushed_epoch;        /* ... and covered by a client flush */
+  struct cache_sync_node *syncs_head, *syncs_tail; /* client syncs in
+                                    flight, oldest first (on their stacks) */
+  struct cache_sup *sup;
+  size_t nsup, capsup;
+  unsigned nfreeing;             /* free_superseded calls between taking
+                                    entries off c->sup and clearing the
+                                    successors' PT_HASPRED (c->space is
+                                    signalled when one ends) */
+  uint64_t ndirty;               /* slots in state DIRTY (indexed) */
+  uint32_t *unsealed;            /* slots that may be PT_UNSEALED (PT_LISTED) */
+  size_t nunsealed, capunsealed;
+  size_t unseal_reserved;        /* list room promised to writers */
+  struct cache_stale *stale;     /* see cache-stale.c */
+  size_t nstale, capstale;
+
+  /* Lock free. */
+  atomic_bool degraded;          /* the cache device failed: pass-through */
+  atomic_uint read_errors;       /* cache-file read errors so far */
+  atomic_bool backend_unflushed; /* a change went straight to the backend */
+  _Atomic uint64_t last_io_ms;   /* monotonic time of the last client op */
+  uint32_t zero_page_crc;        /* CRC of an all-invalid page */
+
+  struct writeback *wb;
+  struct prefetch *pf;           /* readahead thread, or NULL */
+};
+
+/* cache.c */
+extern uint32_t cache_page_bytes (const struct cache *c, uint64_t page);
+extern void cache_map_fill (const struct cache *c, uint8_t *map);
+extern uint32_t cache_page_crc (const struct cache *c, const uint8_t *buf,
+                                const uint8_t *valid);
+extern void cache_sector_span (const struct cache *c, uint32_t off,
+                               uint32_t n, unsigned *first, unsigned *last);
+extern uint32_t cache_lookup_pin (struct cache *c, uint64_t page);
+extern void cache_unpin (struct cache *c, uint32_t s);
+extern void cache_io_error (struct cache *c, const char *what, uint32_t s);
+extern int cache_commit_entry (struct cache *c, uint32_t s,
+                               const struct pt_slot *upd);
+/* The same, for a write that belongs to sync epoch epoch (an earlier
+ * one than the current: a flush sealing what it covers).
+ */
+#define CACHE_EPOCH_NOW UINT64_MAX
+extern int cache_commit_entry_at (struct cache *c, uint32_t s,
+                                  const struct pt_slot *upd, uint64_t epoch);
+extern void cache_set_state_counts (struct cache *c, uint8_t old_state,
+                                    uint8_t new_state);
+extern int cache_drop_slot (struct cache *c, uint32_t s);
+extern uint32_t cache_alloc_slot (struct cache *c, bool wait);
+extern bool cache_settle (struct cache *c, uint32_t s);
+extern int cache_write_free_entry (struct cache *c, uint32_t s);
+extern bool cache_degraded (const struct cache *c);
+extern bool cache_page_dirty (struct cache *c, uint64_t page);
+/* be: the backend to check clean data against on first use when
+ * c->verify (NULL: no such check).
+ */
+extern int cache_read_verified (struct cache *c,
+                                const struct cache_backend *be,
+                                uint32_t s, uint8_t *buf);
+extern int cache_read_verified_span (struct cache *c,
+                                     const struct cache_backend *be,
+                                     uint32_t s, uint8_t *buf, unsigned sf,
+                                     unsigned sl);
+extern bool cache_must_cow (const struct cache *c, uint32_t s);
+extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
+                             uint64_t page);
+extern int cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
+                            const uint8_t *buf, const uint8_t *dirty,
+                            bool prefetch);
+extern void cache_touch_io (struct cache *c);
+/* fdatasync for the filter's own needs: unlike cache_sync (a client
+ * flush), it does not make dirty data "flushed".
+ */
+extern int cache_sync_device (struct cache *c, int *err);
+extern uint64_t cache_now_ms (void);
+/* Readahead: read the pages of [offset, offset+len) that are not cached
+ * from the backend (one request per run of such pages; len at most
+ * 4 GiB - 1 page) and store them marked as prefetched.  Never evicts
+ * dirty data, never waits for a slot.
+ */
+extern int cache_readahead_fill (struct cache *c,
+                                 const struct cache_backend *be,
+                                 uint64_t offset, uint64_t len, int *err);
+/* Under c->lock: a new resident slot s for page, told to the policy. */
+extern void cache_policy_insert (struct cache *c, uint32_t s, uint64_t page);
+
+/* cache-seal.c (see there) */
+extern bool cache_unseal_reserve_locked (struct cache *c, uint32_t s);
+extern void cache_unseal_unreserve_locked (struct cache *c, uint32_t s);
+extern void cache_unseal_listed_locked (struct cache *c, uint32_t s);
+extern int cache_seal_slot (struct cache *c, uint32_t s, uint64_t epoch);
+extern void cache_seal_epoch (struct cache *c, uint64_t epoch, bool wait,
+                              bool clean_too);
+extern size_t cache_unsealed_count (struct cache *c);
+
+/* cache-write.c */
+enum wkind {
+  W_CLEAN,          /* the backend has this data already */
+  W_DIRTY,          /* only the cache has it */
+  W_FILL,           /* backend data for sectors that were not valid,
+                       merged with the cached ones: dirty bits stay */
+};
+/* Apply bytes [off, off+n) of page (from src) to slot s in place: s is
+ * pinned (consumed), or fresh: newly allocated, then indexed.  Only the
+ * sectors touched are read and written; the data CRC is patched.
+ */
+extern int cache_patch_slot (struct cache *c, const struct cache_backend *be,
+                             uint64_t page, uint32_t s, bool fresh,
+                             const uint8_t *src, uint32_t off, uint32_t n,
+                             enum wkind kind, int *err);
+extern void cache_invalidate_pages (struct cache *c, uint64_t first,
+                                    uint64_t last);
+
+/* cache-stale.c */
+/* The entry of slot s (page) on the cache file could not be rewritten
+ * after a write-back (disk_dirty: it still says dirty) or a drop.
+ */
+extern void cache_stale_add (struct cache *c, uint32_t s, uint64_t page,
+                             bool disk_dirty);
+/* Before the backend gets data for pages [first, last]: record those
+ * pages' entries on the cache file.  Returns 0, or -1 with *err = EIO
+ * if an entry that says dirty cannot be rewritten (logged).
+ */
+extern int cache_stale_settle (struct cache *c, uint64_t first,
+                               uint64_t last, int *err);
+/* Record all of them; true if none is left. */
+extern bool cache_stale_settle_all (struct cache *c);
+
+#endif /* SSDCACHE_CACHE_INT_H */

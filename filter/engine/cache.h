@@ -1,0 +1,185 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit-ssdcache-filter: the cache engine.
+ *
+ * Owns the running cache: the pool (cache file), the page table, the
+ * eviction policy, the range locks and the counters, and implements
+ * read, write, invalidate and prefetch on top of them.  It calls the
+ * backend only through struct cache_backend, so it has no nbdkit
+ * dependency and is unit tested against a RAM backend.
+ *
+ * Locking:
+ *  - cache->lock (a mutex) protects the page table, the policy, the
+ *    sequence counter and the slot pins; it is never held across I/O.
+ *  - cache->ranges serialises requests that change the cached contents
+ *    of the same backend pages (held across the backend and cache I/O
+ *    of those pages only).
+ *  - A slot is pinned (pins > 0) while anybody reads or writes its
+ *    data; pinned slots are never evicted or reused.
+ */
+#ifndef SSDCACHE_CACHE_H
+#define SSDCACHE_CACHE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "layout.h"
+#include "stats.h"
+
+struct cache;
+
+/* How the engine reaches the backend for one request. */
+struct cache_backend {
+  void *h;
+  int (*pread) (void *h, void *buf, uint32_t count, uint64_t offset,
+                int *err);
+  int (*pwrite) (void *h, const void *buf, uint32_t count, uint64_t offset,
+                 bool fua, int *err);
+  /* Optional (NULL: the backend needs no flush). */
+  int (*flush) (void *h, int *err);
+};
+
+/* What a client FLUSH (or FUA) guarantees in writeback mode. */
+enum cache_flush_mode {
+  CACHE_FLUSH_CACHE = 0,       /* durable on the cache device */
+  CACHE_FLUSH_BACKEND = 1,     /* written back and durable on the backend */
+};
+
+struct cache_writeback_config {
+  unsigned high_pct;           /* start cleaning above this % dirty */
+  unsigned low_pct;            /* ... down to this % */
+  uint64_t rate;               /* bytes/s written back, 0: unlimited */
+  unsigned idle_ms;            /* clean everything after this much client
+                                  silence, 0: never */
+};
+
+struct cache_config {
+  const char *path;            /* cache file */
+  uint64_t size;               /* data capacity in bytes (0: default) */
+  uint32_t page_size;          /* 0: default, or the existing cache's */
+  enum layout_mode mode;
+  uint64_t id_digest[2];       /* backend identity */
+  const char *id_text;         /* printable, for messages */
+  bool reset;                  /* re-initialise a mismatched cache */
+  enum cache_flush_mode flush_mode;
+  struct cache_writeback_config wb;
+  unsigned policy;             /* enum evict_policy (0 = CLOCK) */
+  uint64_t seq_cutoff;         /* sequential cutoff in bytes, 0: off */
+  unsigned seq_streams;        /* streams tracked for it */
+  bool verify;                 /* check each cached page's clean data
+                                  against the backend on its first use
+                                  after start (ssdcache-verify=lazy) */
+  unsigned promote;            /* read misses before a page is cached
+                                  (0 or 1: every miss) */
+  unsigned readahead_mode;     /* enum readahead_mode (0: off) */
+  uint64_t readahead_window;   /* fixed mode: the window */
+  uint64_t readahead_max;      /* adaptive mode: the largest window */
+  bool direct;                 /* open the cache file with O_DIRECT */
+  bool defer_writes;           /* writethrough: rewrites of cached data
+                                  reach the cache file from a background
+                                  thread (defer.h) */
+  uint32_t partial_pages;      /* side-table bound (pagetable.h): pages
+                                  whose maps are not one run each (0: the
+                                  default, CACHE_PARTIAL_NONE: none) */
+};
+#define CACHE_PARTIAL_NONE UINT32_MAX
+
+#define CACHE_DEFAULT_SIZE (1024ULL * 1024 * 1024)   /* 1 GiB */
+#define CACHE_DEFAULT_PAGE 65536
+
+/* The filter's defaults for the rest: config.c starts from them, and
+ * so does cache_config_defaults (the unit tests' fixture), so that the
+ * tests exercise the configuration that ships.
+ */
+#define CACHE_DEFAULT_MODE LAYOUT_MODE_WRITETHROUGH
+#define CACHE_DEFAULT_FLUSH CACHE_FLUSH_CACHE
+#define CACHE_DEFAULT_WB_HIGH 50
+#define CACHE_DEFAULT_WB_LOW 10
+#define CACHE_DEFAULT_WB_IDLE_MS 1000
+#define CACHE_DEFAULT_SEQ_STREAMS 16
+#define CACHE_DEFAULT_DEFER_WRITES true
+
+/* Fill cfg with the filter's defaults (path, size, identity: none). */
+extern void cache_config_defaults (struct cache_config *cfg);
+
+/* Open and lock the cache file, read its superblock and check the
+ * identity digest (before nbdkit forks, so errors reach the user).
+ * Returns NULL on error (logged).
+ */
+extern struct cache *cache_open (const struct cache_config *cfg);
+
+/* Second step, once the backend size is known: check it against the
+ * superblock (or format a new cache) and load the page table.
+ * Returns 0 or -1 (logged).
+ */
+extern int cache_attach (struct cache *c, uint64_t backend_size);
+
+/* Clean shutdown: sync, mark the superblock clean, unlock, free. */
+extern void cache_close (struct cache *c);
+
+extern int cache_read (struct cache *c, const struct cache_backend *be,
+                       void *buf, uint32_t count, uint64_t offset,
+                       int *err);
+/* The same for a client connection whose readahead state is pc (NULL:
+ * no readahead): prefetches may be queued after the read.
+ */
+struct prefetch_conn;
+extern int cache_read_conn (struct cache *c, const struct cache_backend *be,
+                            struct prefetch_conn *pc, void *buf,
+                            uint32_t count, uint64_t offset, int *err);
+extern int cache_write (struct cache *c, const struct cache_backend *be,
+                        const void *buf, uint32_t count, uint64_t offset,
+                        bool fua, int *err);
+/* Drop every cached page overlapping [offset, offset+count) (after a
+ * zero or trim went to the backend, or a backend write failed).
+ */
+extern void cache_invalidate (struct cache *c, uint32_t count,
+                              uint64_t offset);
+/* Bring [offset, offset+count) into the cache (NBD_CMD_CACHE). */
+extern int cache_prefetch (struct cache *c, const struct cache_backend *be,
+                           uint32_t count, uint64_t offset, int *err);
+/* Make cache contents durable on the cache device. */
+extern int cache_sync (struct cache *c, int *err);
+
+/* A client FLUSH: everything written before it becomes durable as the
+ * flush mode says (be is the client's backend, flushed if needed).
+ */
+extern int cache_flush (struct cache *c, const struct cache_backend *be,
+                        int *err);
+
+/* zero / trim: the backend gets the operation for whole pages (do_op),
+ * cached copies of those pages are dropped; in writeback mode partial
+ * pages at the edges of a zero become dirty zeroes in the cache (a trim
+ * leaves them alone).  do_op is called with the pages range locked.
+ */
+typedef int (*cache_backend_op) (void *opaque, uint32_t count,
+                                 uint64_t offset, int *err);
+extern int cache_zero_trim (struct cache *c, const struct cache_backend *be,
+                            bool is_zero, cache_backend_op do_op,
+                            void *opaque, uint32_t count, uint64_t offset,
+                            bool fua, int *err);
+
+/* Extents: true if any page in [offset, offset+count) holds dirty data;
+ * *next_change is set to the end of the first run of pages that all
+ * have the same answer.
+ */
+extern bool cache_range_dirty (struct cache *c, uint64_t offset,
+                               uint64_t count, uint64_t *run_end);
+
+/* Writeback (mode writeback, or dirty data left by an earlier run):
+ * start the background thread using be (a backend context it owns),
+ * write back everything now (synchronously, from the caller), stop.
+ */
+extern int cache_writeback_start (struct cache *c,
+                                  const struct cache_backend *be);
+extern int cache_writeback_all (struct cache *c,
+                                const struct cache_backend *be, int *err);
+extern void cache_writeback_stop (struct cache *c);
+extern uint64_t cache_dirty_pages (struct cache *c);
+extern enum layout_mode cache_mode (const struct cache *c);
+
+extern struct stats *cache_stats (struct cache *c);
+extern uint32_t cache_page_size (const struct cache *c);
+extern uint64_t cache_nslots (const struct cache *c);
+extern uint64_t cache_backend_size (const struct cache *c);
+
+#endif /* SSDCACHE_CACHE_H */

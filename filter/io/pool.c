@@ -1,0 +1,732 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit-ssdcache-filter: the cache file (page pool and its metadata).
+ *
+ * Owns the cache file descriptor, its one-owner lock, all positioned
+ * I/O on it and, with direct I/O, the alignment of that I/O (bounce
+ * buffers, read-modify-write of partial blocks, the block stripe
+ * locks).  See pool.h for the locking rules.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <linux/fs.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+
+#include "defer.h"
+#include "log.h"
+#include "pool.h"
+
+static int
+full_pread (int fd, void *buf, size_t count, off_t off)
+{
+  while (count > 0) {
+    ssize_t r = pread (fd, buf, count, off);
+    if (r == -1) {
+      if (errno == EINTR)
+        continue;
+      return -1;
+    }
+    if (r == 0) {               /* file shrank under us */
+      errno = EIO;
+      return -1;
+    }
+    buf = (char *) buf + r;
+    count -= r;
+    off += r;
+  }
+  return 0;
+}
+
+static int
+full_pwrite (int fd, const void *buf, size_t count, off_t off)
+{
+  while (count > 0) {
+    ssize_t r = pwrite (fd, buf, count, off);
+    if (r == -1) {
+      if (errno == EINTR)
+        continue;
+      return -1;
+    }
+    buf = (const char *) buf + r;
+    count -= r;
+    off += r;
+  }
+  return 0;
+}
+
+#define ALIGN_DOWN(x, a) ((x) & ~(uint64_t) ((a) - 1))
+#define ALIGN_UP(x, a) ALIGN_DOWN ((x) + (a) - 1, (a))
+#define IS_ALIGNED(x, a) (((uint64_t) (x) & ((a) - 1)) == 0)
+
+/* Largest aligned span read or written through one bounce buffer. */
+#define BOUNCE_MAX (1024 * 1024)
+/* Spans up to this size bounce through the stack (no allocation on the
+ * hot path: a 4 KiB read at any offset spans at most two blocks).
+ */
+#define BOUNCE_STACK (2 * POOL_DIRECT_ALIGN)
+
+void
+pool_split_span (uint64_t off, uint64_t len, uint32_t align,
+                 struct pool_span *sp)
+{
+  uint64_t end = off + len, pos = off;
+
+  memset (sp, 0, sizeof *sp);
+  if (!IS_ALIGNED (off, align)) {
+    uint64_t h_end = ALIGN_UP (off, align);
+    if (h_end > end)
+      h_end = end;
+    sp->head_off = off;
+    sp->head_len = h_end - off;
+    pos = h_end;
+  }
+  if (pos >= end)
+    return;
+  if (ALIGN_DOWN (end, align) > pos) {
+    sp->mid_off = pos;
+    sp->mid_len = ALIGN_DOWN (end, align) - pos;
+    pos += sp->mid_len;
+  }
+  if (pos < end) {
+    sp->tail_off = pos;
+    sp->tail_len = end - pos;
+  }
+}
+
+static void *
+bounce_alloc (size_t n)
+{
+  void *b;
+  int r = posix_memalign (&b, POOL_DIRECT_ALIGN, n);
+
+  if (r != 0) {
+    errno = r;
+    return NULL;
+  }
+  return b;
+}
+
+/* Aligned read of n bytes at a into b.  The end of the file may cut
+ * the aligned span short (a truncated cache file): bytes after it read
+ * as zeroes, provided everything before need was there.
+ */
+static int
+read_span (struct pool *p, uint8_t *b, size_t n, uint64_t a, uint64_t need)
+{
+  size_t done = 0;
+
+  while (done < n) {
+    ssize_t r = pread (p->fd, b + done, n - done, a + done);
+    if (r == -1) {
+      if (errno == EINTR)
+        continue;
+      return -1;
+    }
+    if (r == 0) {
+      if (a + done < need) {
+        errno = EIO;
+        return -1;
+      }
+      memset (b + done, 0, n - done);
+      break;
+    }
+    done += r;
+  }
+  return 0;
+}
+
+/* Direct I/O read of [off, off+count) into buf, any alignment: the
+ * enclosing aligned span is read, a piece at a time, into a bounce
+ * buffer.
+ */
+static int
+direct_pread_bounce (struct pool *p, void *buf, size_t count, uint64_t off)
+{
+  uint8_t stackbuf[BOUNCE_STACK] __attribute__ ((aligned (POOL_DIRECT_ALIGN)));
+  uint64_t a = ALIGN_DOWN (off, POOL_DIRECT_ALIGN);
+  uint64_t aend = ALIGN_UP (off + count, POOL_DIRECT_ALIGN);
+  uint64_t piece = aend - a < BOUNCE_MAX ? aend - a : BOUNCE_MAX;
+  uint8_t *b = piece <= BOUNCE_STACK ? stackbuf : bounce_alloc (piece);
+  int ret = 0;
+
+  if (b == NULL)
+    return -1;
+  for (; a < aend; a += piece) {
+    uint64_t n = aend - a < piece ? aend - a : piece;
+    uint64_t from = off > a ? off : a;
+    uint64_t to = off + count < a + n ? off + count : a + n;
+
+    if (read_span (p, b, n, a, to) == -1) {
+      ret = -1;
+      break;
+    }
+    memcpy ((uint8_t *) buf + (from - off), b + (from - a), to - from);
+  }
+  if (b != stackbuf) {
+    int e = errno;
+    free (b);
+    errno = e;
+  }
+  return ret;
+}
+
+/* Patch bytes [off, off+count) of the aligned block that holds them:
+ * read the block, copy, write it back, under the block's stripe lock.
+ */
+static int
+direct_rmw_block (struct pool *p, const void *buf, size_t count,
+                  uint64_t off)
+{
+  uint8_t blk[POOL_DIRECT_ALIGN] __attribute__ ((aligned (POOL_DIRECT_ALIGN)));
+  uint64_t a = ALIGN_DOWN (off, POOL_DIRECT_ALIGN);
+  pthread_mutex_t *m = &p->blk_locks[(a / POOL_DIRECT_ALIGN) %
+                                     POOL_BLOCK_LOCKS];
+  int r;
+
+  pthread_mutex_lock (m);
+  r = read_span (p, blk, sizeof blk, a, a);   /* past the end: zeroes */
+  if (r == 0) {
+    memcpy (blk + (off - a), buf, count);
+    r = full_pwrite (p->fd, blk, sizeof blk, a);
+  }
+  pthread_mutex_unlock (m);
+  return r;
+}
+
+/* Whole blocks [off, off+count) from buf, any memory alignment.  No
+ * stripe lock: whoever writes whole blocks owns them (a slot's data
+ * under its range lock; the page table only while single-threaded).
+ */
+static int
+direct_pwrite_blocks (struct pool *p, const void *buf, size_t count,
+                      uint64_t off)
+{
+  const uint8_t *src = buf;
+  uint8_t *b = NULL;
+  int ret = 0;
+
+  if (!IS_ALIGNED (buf, POOL_DIRECT_ALIGN)) {
+    b = bounce_alloc (count < BOUNCE_MAX ? count : BOUNCE_MAX);
+    if (b == NULL)
+      return -1;
+  }
+  while (count > 0 && ret == 0) {
+    size_t n = count < BOUNCE_MAX ? count : BOUNCE_MAX;
+    const uint8_t *w = src;
+
+    if (b) {
+      memcpy (b, src, n);
+      w = b;
+    }
+    ret = full_pwrite (p->fd, w, n, off);
+    src += n;
+    off += n;
+    count -= n;
+  }
+  if (b) {
+    int e = errno;
+    free (b);
+    errno = e;
+  }
+  return ret;
+}
+
+int
+pool_pread (struct pool *p, void *buf, size_t count, uint64_t off)
+{
+  if (!p->direct)
+    return full_pread (p->fd, buf, count, off);
+  if (count == 0)
+    return 0;
+  if (IS_ALIGNED (buf, POOL_DIRECT_ALIGN) &&
+      IS_ALIGNED (off, POOL_DIRECT_ALIGN) &&
+      IS_ALIGNED (count, POOL_DIRECT_ALIGN))
+    return full_pread (p->fd, buf, count, off);
+  return direct_pread_bounce (p, buf, count, off);
+}
+
+int
+pool_pwrite (struct pool *p, const void *buf, size_t count, uint64_t off)
+{
+  struct pool_span sp;
+  const uint8_t *src = buf;
+
+  if (!p->direct)
+    return full_pwrite (p->fd, buf, count, off);
+  if (count == 0)
+    return 0;
+  pool_split_span (off, count, POOL_DIRECT_ALIGN, &sp);
+  if (sp.head_len &&
+      direct_rmw_block (p, src, sp.head_len, sp.head_off) == -1)
+    return -1;
+  if (sp.mid_len &&
+      direct_pwrite_blocks (p, src + (sp.mid_off - off), sp.mid_len,
+                            sp.mid_off) == -1)
+    return -1;
+  if (sp.tail_len &&
+      direct_rmw_block (p, src + (sp.tail_off - off), sp.tail_len,
+                        sp.tail_off) == -1)
+    return -1;
+  return 0;
+}
+
+/* Direct I/O: make sure POOL_DIRECT_ALIGN is enough for this file or
+ * device, and that direct I/O works on it (the file system may accept
+ * O_DIRECT at open and refuse the I/O).
+ */
+static int
+check_direct (struct pool *p)
+{
+  unsigned need = 0;
+  struct stat st;
+
+  if (fstat (p->fd, &st) == -1) {
+    log_error ("ssdcache-file: fstat: %s: %m", p->path);
+    return -1;
+  }
+  if (S_ISBLK (st.st_mode)) {
+    int ssz;
+    if (ioctl (p->fd, BLKSSZGET, &ssz) == 0 && ssz > 0)
+      need = ssz;
+  }
+#ifdef STATX_DIOALIGN
+  else {
+    struct statx stx;
+    if (statx (p->fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
+        (stx.stx_mask & STATX_DIOALIGN)) {
+      if (stx.stx_dio_offset_align == 0) {
+        log_error ("ssdcache-direct: the file system of %s does not "
+                   "support direct I/O on it; use ssdcache-direct=false "
+                   "or put ssdcache-file on another file system", p->path);
+        return -1;
+      }
+      need = stx.stx_dio_offset_align;
+      if (stx.stx_dio_mem_align > need)
+        need = stx.stx_dio_mem_align;
+    }
+  }
+#endif
+  if (need > POOL_DIRECT_ALIGN) {
+    log_error ("ssdcache-direct: %s needs direct I/O aligned to %u bytes, "
+               "more than the %u this filter uses; use "
+               "ssdcache-direct=false", p->path, need, POOL_DIRECT_ALIGN);
+    return -1;
+  }
+  /* A read of the first block, if there is one. */
+  if ((S_ISBLK (st.st_mode) || st.st_size >= POOL_DIRECT_ALIGN)) {
+    uint8_t blk[POOL_DIRECT_ALIGN]
+      __attribute__ ((aligned (POOL_DIRECT_ALIGN)));
+    if (pread (p->fd, blk, sizeof blk, 0) == -1 && errno == EINVAL) {
+      log_error ("ssdcache-direct: direct I/O on %s fails (%m); use "
+                 "ssdcache-direct=false or put ssdcache-file on another "
+                 "file system", p->path);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int
+pool_open (struct pool *p, const char *path, bool direct)
+{
+  struct stat st;
+
+  memset (p, 0, sizeof *p);
+  p->fd = -1;
+  p->path = strdup (path);
+  if (p->path == NULL) {
+    log_error ("strdup: %m");
+    return -1;
+  }
+  if (direct) {
+    p->blk_locks = malloc (POOL_BLOCK_LOCKS * sizeof *p->blk_locks);
+    if (p->blk_locks == NULL) {
+      log_error ("malloc: %m");
+      goto err;
+    }
+    for (int i = 0; i < POOL_BLOCK_LOCKS; i++)
+      pthread_mutex_init (&p->blk_locks[i], NULL);
+    p->direct = true;
+  }
+
+  p->fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0),
+                0600);
+  if (p->fd == -1 && direct && errno == EINVAL) {
+    /* Linux refuses O_DIRECT at open on file systems without it (tmpfs
+     * before Linux 6.6, some FUSE file systems).
+     */
+    log_error ("ssdcache-direct: the file system of %s does not support "
+               "direct I/O (O_DIRECT: %m); use ssdcache-direct=false or "
+               "put ssdcache-file on another file system", path);
+    goto err;
+  }
+  if (p->fd == -1) {
+    log_error ("ssdcache-file: cannot open %s: %m", path);
+    goto err;
+  }
+  if (direct && check_direct (p) == -1)
+    goto err;
+  if (fstat (p->fd, &st) == -1) {
+    log_error ("ssdcache-file: fstat: %s: %m", path);
+    goto err;
+  }
+  if (S_ISBLK (st.st_mode)) {
+    p->is_blockdev = true;
+    if (ioctl (p->fd, BLKGETSIZE64, &p->dev_size) == -1) {
+      log_error ("ssdcache-file: %s: cannot get device size: %m", path);
+      goto err;
+    }
+  }
+  else if (S_ISREG (st.st_mode))
+    p->dev_size = st.st_size;
+  else {
+    log_error ("ssdcache-file: %s is not a regular file or block device",
+               path);
+    goto err;
+  }
+
+  /* One owner: the flock lives on this open file description, so it
+   * survives nbdkit's fork into the background and is released by the
+   * kernel whenever the process dies, however it dies.
+   */
+  if (flock (p->fd, LOCK_EX | LOCK_NB) == -1) {
+    if (errno == EWOULDBLOCK)
+      log_error ("ssdcache-file: cache file %s is in use by another process "
+                 "(another nbdkit holds its lock)", path);
+    else
+      log_error ("ssdcache-file: cannot lock %s: %m", path);
+    goto err;
+  }
+  return 0;
+
+ err:
+  pool_close (p);
+  return -1;
+}
+
+void
+pool_close (struct pool *p)
+{
+  if (p->fd >= 0)
+    close (p->fd);          /* also drops the flock */
+  p->fd = -1;
+  free (p->path);
+  p->path = NULL;
+  if (p->blk_locks) {
+    for (int i = 0; i < POOL_BLOCK_LOCKS; i++)
+      pthread_mutex_destroy (&p->blk_locks[i]);
+    free (p->blk_locks);
+    p->blk_locks = NULL;
+  }
+  p->direct = false;
+}
+
+static bool
+all_zero (const uint8_t *b, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    if (b[i])
+      return false;
+  return true;
+}
+
+/* Does the start of the page-table region (right after the
+ * superblocks, whatever the geometry) hold anything?  Used when both
+ * superblocks read as zeroes: a new cache, or one whose superblocks
+ * were wiped.  Returns 1 (something there), 0 (all zeroes) or -1.
+ */
+static int
+pt_start_used (struct pool *p)
+{
+  uint8_t *buf;
+  uint64_t n = LAYOUT_POOL_ALIGN - LAYOUT_PT_OFFSET;
+  int r;
+
+  if (p->dev_size <= LAYOUT_PT_OFFSET)
+    return 0;
+  if (n > p->dev_size - LAYOUT_PT_OFFSET)
+    n = p->dev_size - LAYOUT_PT_OFFSET;
+  buf = bounce_alloc (n);
+  if (buf == NULL) {
+    log_error ("malloc: %m");
+    return -1;
+  }
+  if (pool_pread (p, buf, n, LAYOUT_PT_OFFSET) == -1) {
+    log_error ("cache file %s: reading page table: %m", p->path);
+    free (buf);
+    return -1;
+  }
+  r = !all_zero (buf, n);
+  free (buf);
+  return r;
+}
+
+int
+pool_load_sb (struct pool *p)
+{
+  uint8_t *buf;
+  struct layout_sb sb[2];
+  const char *why[2] = { NULL, NULL };
+  int ok[2], best = -1;
+
+  p->sb_damaged = false;
+  if (p->dev_size < LAYOUT_PT_OFFSET) {
+    if (p->dev_size == 0)
+      return 0;
+    log_error ("cache file %s: too small to hold a cache (%llu bytes)",
+               p->path, (unsigned long long) p->dev_size);
+    return -1;
+  }
+  buf = bounce_alloc (LAYOUT_PT_OFFSET);
+  if (buf == NULL) {
+    log_error ("malloc: %m");
+    return -1;
+  }
+  if (pool_pread (p, buf, LAYOUT_PT_OFFSET, 0) == -1) {
+    log_error ("cache file %s: reading superblocks: %m", p->path);
+    free (buf);
+    return -1;
+  }
+  if (all_zero (buf, LAYOUT_PT_OFFSET)) {
+    int used;
+
+    free (buf);
+    /* Zeroes everywhere: a new (or pre-zeroed) file.  Zeroed
+     * superblocks in front of a page table: a damaged cache, which may
+     * hold dirty data; never format over it unasked.
+     */
+    used = pt_start_used (p);
+    if (used == 0)
+      return 0;
+    if (used == 1)
+      log_error ("cache file %s: both superblocks are zeroed, but the page "
+                 "table behind them is not: a damaged cache, not a new "
+                 "one", p->path);
+    return -1;
+  }
+  for (int i = 0; i < 2; i++) {
+    const uint8_t *raw = buf + i * LAYOUT_SB_SIZE;
+
+    ok[i] = layout_sb_decode (raw, &sb[i], &why[i]) == 0;
+    if (!ok[i] && memcmp (raw, LAYOUT_MAGIC, 8) == 0 &&
+        sb[i].version > LAYOUT_VERSION && layout_sb_crc_ok (raw)) {
+      /* A newer filter's cache (its checksum holds, so this is not a
+       * flipped bit): using the other, older copy would misread it, and
+       * writing ours would destroy it.
+       */
+      log_error ("cache file %s: superblock copy %c is in format version "
+                 "%u, newer than this filter supports (%u): use the newer "
+                 "nbdkit-ssdcache-filter with it", p->path, 'A' + i,
+                 sb[i].version, LAYOUT_VERSION);
+      free (buf);
+      return -1;
+    }
+    if (ok[i] && (best == -1 || sb[i].generation > sb[best].generation))
+      best = i;
+  }
+  free (buf);
+  if (best == -1) {
+    log_error ("cache file %s: no valid superblock (copy A: %s; copy B: %s)",
+               p->path, why[0], why[1]);
+    return -1;
+  }
+  if (!ok[!best]) {
+    /* The lost copy may have been the newer one: what the survivor says
+     * about the last shutdown cannot be trusted.
+     */
+    p->sb_damaged = true;
+    log_error ("cache file %s: superblock copy %c is damaged (%s); using "
+               "copy %c (generation %llu) and recovering as after a crash",
+               p->path, 'A' + !best, why[!best], 'A' + best,
+               (unsigned long long) sb[best].generation);
+  }
+  p->sb = sb[best];
+  p->next_sb = !best;
+  return 1;
+}
+
+/* FREE entries (sequence number 0) for slots [0, nslots). */
+static int
+write_free_entries (struct pool *p, uint64_t pt, uint64_t nslots)
+{
+  const uint64_t per = 16384;   /* entries per write (1 MiB) */
+  struct layout_entry e;
+  uint8_t *buf;
+
+  buf = bounce_alloc (per * LAYOUT_ENTRY_SIZE);
+  if (buf == NULL) {
+    log_error ("malloc: %m");
+    return -1;
+  }
+  memset (&e, 0, sizeof e);
+  e.state = LAYOUT_FREE;
+  layout_entry_encode (&e, buf);
+  for (uint64_t i = 1; i < per; i++)
+    memcpy (buf + i * LAYOUT_ENTRY_SIZE, buf, LAYOUT_ENTRY_SIZE);
+  for (uint64_t s = 0; s < nslots; s += per) {
+    uint64_t n = nslots - s < per ? nslots - s : per;
+    if (pool_pwrite (p, buf, n * LAYOUT_ENTRY_SIZE,
+                     pt + s * LAYOUT_ENTRY_SIZE) == -1) {
+      log_error ("cache file %s: writing the page table: %m", p->path);
+      free (buf);
+      return -1;
+    }
+  }
+  free (buf);
+  return 0;
+}
+
+int
+pool_format (struct pool *p, const struct layout_sb *sb_in)
+{
+  struct layout_sb sb = *sb_in;
+  uint64_t pt, pool, total;
+  int r;
+
+  if (!layout_geometry (sb.page_size, sb.nslots, &pt, &pool, &total)) {
+    log_error ("ssdcache-size: cache geometry overflows");
+    return -1;
+  }
+  sb.pt_offset = pt;
+  sb.pool_offset = pool;
+
+  if (p->is_blockdev) {
+    if (p->dev_size < total) {
+      log_error ("ssdcache-size: device %s has %llu bytes, %llu needed",
+                 p->path, (unsigned long long) p->dev_size,
+                 (unsigned long long) total);
+      return -1;
+    }
+  }
+  else {
+    /* Drop any old contents, then reserve the space so that the cache
+     * cannot run out of room later.
+     */
+    if (ftruncate (p->fd, 0) == -1 || ftruncate (p->fd, total) == -1) {
+      log_error ("cache file %s: cannot size to %llu bytes: %m",
+                 p->path, (unsigned long long) total);
+      return -1;
+    }
+    r = posix_fallocate (p->fd, 0, total);
+    if (r == ENOSPC) {
+      log_error ("ssdcache-size: not enough space for %s (%llu bytes)",
+                 p->path, (unsigned long long) total);
+      ftruncate (p->fd, 0);
+      return -1;
+    }
+    if (r != 0 && r != EOPNOTSUPP && r != EINVAL)
+      log_debug ("cache file %s: fallocate: %s", p->path, strerror (r));
+    p->dev_size = total;
+  }
+  /* A FREE entry in every slot (the superblock says so), so that an
+   * entry that reads as zeroes later is known to be damage.
+   */
+  if (write_free_entries (p, pt, sb.nslots) == -1)
+    return -1;
+  sb.flags |= LAYOUT_SB_PTINIT;
+
+  /* Both copies, same generation: either one is a valid start. */
+  p->next_sb = 0;
+  sb.generation = 0;
+  if (pool_write_sb (p, &sb) == -1)
+    return -1;
+  sb.generation--;
+  return pool_write_sb (p, &sb);
+}
+
+int
+pool_write_sb (struct pool *p, struct layout_sb *sb)
+{
+  uint8_t *buf = bounce_alloc (LAYOUT_SB_SIZE);
+
+  if (buf == NULL) {
+    log_error ("malloc: %m");
+    return -1;
+  }
+  sb->generation++;
+  layout_sb_encode (sb, buf);
+  if (pool_pwrite (p, buf, LAYOUT_SB_SIZE,
+                   (off_t) p->next_sb * LAYOUT_SB_SIZE) == -1 ||
+      fdatasync (p->fd) == -1) {
+    log_error ("cache file %s: writing superblock: %m", p->path);
+    free (buf);
+    return -1;
+  }
+  free (buf);
+  p->sb = *sb;
+  p->next_sb ^= 1;
+  return 0;
+}
+
+int
+pool_read_entries (struct pool *p, uint64_t first, uint64_t n, void *buf)
+{
+  return pool_pread (p, buf, n * LAYOUT_ENTRY_SIZE,
+                     p->sb.pt_offset + first * LAYOUT_ENTRY_SIZE);
+}
+
+int
+pool_write_entries (struct pool *p, uint64_t first, uint64_t n,
+                    const void *buf)
+{
+  return pool_pwrite (p, buf, n * LAYOUT_ENTRY_SIZE,
+                      p->sb.pt_offset + first * LAYOUT_ENTRY_SIZE);
+}
+
+int
+pool_write_entry (struct pool *p, uint64_t slot, const struct layout_entry *e)
+{
+  uint8_t buf[LAYOUT_ENTRY_SIZE];
+
+  layout_entry_encode (e, buf);
+  return pool_pwrite (p, buf, sizeof buf,
+                      p->sb.pt_offset + slot * LAYOUT_ENTRY_SIZE);
+}
+
+int
+pool_read_data (struct pool *p, uint64_t slot, void *buf,
+                uint32_t count, uint32_t offset)
+{
+  if (p->defer && defer_wait_slot (p->defer, slot) == -1)
+    return -1;
+  return pool_pread (p, buf, count,
+                     p->sb.pool_offset + slot * p->sb.page_size + offset);
+}
+
+int
+pool_write_data_now (struct pool *p, uint64_t slot, const void *buf,
+                     uint32_t count, uint32_t offset)
+{
+  return pool_pwrite (p, buf, count,
+                      p->sb.pool_offset + slot * p->sb.page_size + offset);
+}
+
+int
+pool_write_data (struct pool *p, uint64_t slot, const void *buf,
+                 uint32_t count, uint32_t offset)
+{
+  if (p->defer && defer_wait_slot (p->defer, slot) == -1)
+    return -1;
+  return pool_write_data_now (p, slot, buf, count, offset);
+}
+
+int
+pool_write_data_later (struct pool *p, uint64_t slot, const void *buf,
+                       uint32_t count, uint32_t offset)
+{
+  if (p->defer)
+    return defer_write (p->defer, slot, buf, count, offset);
+  return pool_write_data_now (p, slot, buf, count, offset);
+}
+
+int
+pool_sync (struct pool *p)
+{
+  if (p->defer && defer_drain (p->defer) == -1)
+    return -1;
+  return fdatasync (p->fd);
+}

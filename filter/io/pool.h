@@ -1,0 +1,144 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit-ssdcache-filter: the cache file (page pool and its metadata).
+ *
+ * Owns the file descriptor of the cache file or device: opening,
+ * creating (mode 0600), the one-owner lock (flock, held for the life of
+ * the process), sizing, and positioned I/O of superblocks, page-table
+ * entries and slot data.  It keeps no per-slot state.
+ *
+ * Direct I/O (ssdcache-direct=true): the file is opened with O_DIRECT
+ * and every pread/pwrite on it is aligned to POOL_DIRECT_ALIGN (offset,
+ * length and memory).  The callers do not need to care: unaligned
+ * reads go through an aligned bounce buffer (the enclosing aligned
+ * span is read), unaligned writes are split into a read-modify-write of
+ * the partial first and last blocks and an aligned middle.  That is how
+ * a 64-byte page-table entry is written: its 4 KiB block is read,
+ * patched and written back, under that block's stripe lock, so that two
+ * threads writing different entries of one block never lose each
+ * other's update.
+ *
+ * Locking: the pool fields are written only during open/format/close,
+ * which run single-threaded.  pool_write_sb is serialised by the caller.
+ * Slot I/O uses pread/pwrite and needs no lock; the caller guarantees
+ * that nobody reuses a slot while it is being read or written (pins),
+ * and that writes to one slot are serialised (range locks).  With
+ * direct I/O, p->blk_locks[i] serialises the read-modify-write of the
+ * blocks whose number is i modulo POOL_BLOCK_LOCKS; it is held across
+ * that block's pread and pwrite only, and no other lock is taken while
+ * it is held.
+ */
+#ifndef SSDCACHE_POOL_H
+#define SSDCACHE_POOL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "layout.h"
+
+/* Alignment of every I/O with direct I/O: at least the logical block
+ * size of any device in use today (a device or file system asking for
+ * more is refused at open).  The layout keeps superblocks, the page
+ * table and every slot on such boundaries.
+ */
+#define POOL_DIRECT_ALIGN 4096
+#define POOL_BLOCK_LOCKS 64
+
+struct pool {
+  int fd;
+  char *path;
+  bool is_blockdev;
+  bool direct;                /* opened with O_DIRECT */
+  pthread_mutex_t *blk_locks; /* direct: POOL_BLOCK_LOCKS stripes */
+  uint64_t dev_size;          /* size of the file/device when opened */
+  struct layout_sb sb;        /* last superblock read or written */
+  unsigned next_sb;           /* copy (0/1) the next pool_write_sb writes */
+  bool sb_damaged;            /* pool_load_sb found one copy unusable */
+  struct defer *defer;        /* deferred slot writes, or NULL (defer.h);
+                                 set and unset while single-threaded */
+};
+
+/* Open (creating it if missing, mode 0600) and lock the cache file,
+ * with O_DIRECT if direct (a file system that refuses it is an error
+ * naming ssdcache-direct).  Errors are reported with log_error, naming
+ * the file.  Returns 0 or -1.
+ */
+extern int pool_open (struct pool *p, const char *path, bool direct);
+extern void pool_close (struct pool *p);
+
+/* Read both superblock copies and keep the valid one with the highest
+ * generation in p->sb.  Returns 1 if one was found (p->sb_damaged: the
+ * other copy is damaged, logged), 0 if the file has no superblock at
+ * all (new, or zeroes up to the page table), -1 if superblocks exist
+ * but none is usable, if either copy is from a newer format version,
+ * or if zeroed superblocks sit in front of a page table (reason logged
+ * with the file name).
+ */
+extern int pool_load_sb (struct pool *p);
+
+/* Lay out a new, empty cache described by sb (geometry fields must be
+ * filled): size the file, write a FREE entry for every slot, write both
+ * superblocks (with LAYOUT_SB_PTINIT).
+ */
+extern int pool_format (struct pool *p, const struct layout_sb *sb);
+
+/* Write sb (generation incremented) to the older copy, then fdatasync.
+ * Returns 0 or -1.
+ */
+extern int pool_write_sb (struct pool *p, struct layout_sb *sb);
+
+/* Page-table entries. */
+extern int pool_read_entries (struct pool *p, uint64_t first, uint64_t n,
+                              void *buf);
+extern int pool_write_entry (struct pool *p, uint64_t slot,
+                             const struct layout_entry *e);
+extern int pool_write_entries (struct pool *p, uint64_t first, uint64_t n,
+                               const void *buf);
+
+/* Slot data: count bytes at offset within the slot's page.  With
+ * deferred writes (p->defer), the slot's queued writes are written
+ * first, and a failed queue fails these with EIO.
+ */
+extern int pool_read_data (struct pool *p, uint64_t slot, void *buf,
+                           uint32_t count, uint32_t offset);
+extern int pool_write_data (struct pool *p, uint64_t slot, const void *buf,
+                            uint32_t count, uint32_t offset);
+/* Queued in p->defer if there is one (writethrough's rewrites of
+ * unsealed slots only: see defer.h), else pool_write_data.
+ */
+extern int pool_write_data_later (struct pool *p, uint64_t slot,
+                                  const void *buf, uint32_t count,
+                                  uint32_t offset);
+/* pool_write_data without looking at the queue (defer.c's own). */
+extern int pool_write_data_now (struct pool *p, uint64_t slot,
+                                const void *buf, uint32_t count,
+                                uint32_t offset);
+
+/* Make all completed writes durable (fdatasync), after writing out the
+ * deferred ones.
+ */
+extern int pool_sync (struct pool *p);
+
+/* Positioned I/O of any span of the cache file, aligned as needed for
+ * direct I/O (see above).  Return 0 or -1 (errno set).
+ */
+extern int pool_pread (struct pool *p, void *buf, size_t count, uint64_t off);
+extern int pool_pwrite (struct pool *p, const void *buf, size_t count,
+                        uint64_t off);
+
+/* How pool_pwrite cuts [off, off+len) for blocks of align bytes (a
+ * power of two; pure, exposed for the unit tests): a partial first
+ * block [head_off, head_off+head_len), whole blocks [mid_off,
+ * mid_off+mid_len) and a partial last block [tail_off,
+ * tail_off+tail_len).  Empty parts have length 0; a span inside one
+ * block that touches neither of its ends is all head.
+ */
+struct pool_span {
+  uint64_t head_off, mid_off, tail_off;
+  uint64_t head_len, mid_len, tail_len;
+};
+extern void pool_split_span (uint64_t off, uint64_t len, uint32_t align,
+                             struct pool_span *sp);
+
+#endif /* SSDCACHE_POOL_H */

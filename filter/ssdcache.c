@@ -23,6 +23,7 @@
 #include "log.h"
 #include "pagetable.h"
 #include "prefetch.h"
+#include "writeback.h"
 #include "readahead.h"
 
 static struct cache *cache;
@@ -332,7 +333,7 @@ attach_backend (nbdkit_backend *backend)
   }
   {
     struct cache_backend be = backend_of (wb_next);
-    return cache_writeback_start (cache, &be);
+    return writeback_start (cache, &be);
   }
 }
 
@@ -346,7 +347,7 @@ ssdcache_cleanup (nbdkit_backend *backend)
     close_context (ra_next);
     ra_next = NULL;
   }
-  cache_writeback_stop (cache);
+  writeback_stop (cache);
   if (wb_next) {
     if (config.writeback_on_exit && cache_dirty_pages (cache) > 0) {
       struct cache_backend be = backend_of (wb_next);

@@ -126,6 +126,8 @@ prefetch_start (struct cache *c, const struct cache_backend *be)
   }
   pf->started = true;
   c->pf = pf;
+  c->hooks.ra_note_read = prefetch_note_read;
+  c->hooks.ra_stop = prefetch_stop;
   return 0;
 }
 
@@ -144,6 +146,8 @@ prefetch_stop (struct cache *c)
   pthread_mutex_unlock (&pf->lock);
   if (pf->started)
     pthread_join (pf->thread, NULL);
+  c->hooks.ra_note_read = NULL;
+  c->hooks.ra_stop = NULL;
   c->pf = NULL;
   pthread_mutex_destroy (&pf->lock);
   pthread_cond_destroy (&pf->wake);

@@ -1,16 +1,63 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* nbdkit-ssdcache-filter: engine internals shared by cache.c,
- * cache-write.c, cache-open.c and writeback.c.  Not a public header.
+/* nbdkit-ssdcache-filter: engine internals shared by the files of
+ * engine/ and by the background threads (bg/).  Not a public header.
  *
- * Locking (see also cache.h):
- *  - c->lock protects the page table (with its side table of partial
- *    maps and its seq/epoch bases), the policy, pins, c->seq, c->epoch,
- *    c->durable_epoch, the list of client syncs in flight
- *    (c->syncs_head), c->sup and c->ndirty.  Never held across I/O.
- *    c->space is signalled (with c->lock) whenever a slot
- *    becomes free or clean.
- *  - c->ranges: a request that changes what is cached for a page holds
- *    that page's range across its backend and cache-file I/O.
+ * THE LOCK TABLE.  Every lock of the filter, what it protects, whether
+ * it is held across I/O, and the order in which they nest.  The
+ * headers of the other files only point here.
+ *
+ *  lock                 kind     protects                      across I/O
+ *  -------------------  -------  ----------------------------  ----------
+ *  c->ranges            range    what is cached for a page:    yes (1)
+ *   (core/rangelock)    locks    its slot, maps and data
+ *  c->clean_lock        mutex    one cleaning pass at a time   yes (2)
+ *                                (engine/clean.c)
+ *  c->inplace           rwlock   rewrites of a slot in place   yes (3)
+ *                                vs. a client flush's fdatasync
+ *  c->lock              mutex    the page table (and its side  never
+ *                                table, seq/epoch bases, pins),
+ *                                the policy (c->ev), c->seq,
+ *                                the epochs, c->syncs_head/
+ *                                tail, c->sup, c->nfreeing,
+ *                                c->ndirty, the unsealed list,
+ *                                c->stale, c->seqcut, c->nhit
+ *  c->space             cond     with c->lock: signalled when a slot
+ *                                becomes free or clean, or a freeing
+ *                                of superseded slots ends
+ *  c->defer.apply       mutex    one writer of the deferred    yes (4)
+ *   (io/defer)                   queue (writes it to the file)
+ *  c->defer.lock        mutex    the deferred queue            never
+ *  pool blk_locks[i]    mutex    read-modify-write of direct   yes (5)
+ *   (io/pool)                    I/O blocks i mod N
+ *  rl->lock (rangelock) mutex    the held ranges               never
+ *  wb->lock             mutex    writeback requests/answers,   never
+ *   (bg/writeback)               the stop flag; conds wake, done
+ *  pc->lock             mutex    one connection's readahead    never
+ *   (bg/prefetch)                state
+ *  pf->lock             mutex    the prefetch queue, the range never
+ *   (bg/prefetch)                being read, the stop flag
+ *
+ *  (1) A request that changes what is cached for pages [a, b] holds
+ *      their range across its backend and cache-file I/O; that is what
+ *      serialises writers of one page.  Read hits take no range lock:
+ *      they pin the slot (pins are under c->lock).  Background code
+ *      (cleaning, eviction in can_take) only try-locks ranges.
+ *  (2) Held across a pass's backend writes; only passes take it.
+ *  (3) Held shared by a rewrite in place from its copy-on-write
+ *      decision to the end of its data writes; a client flush takes it
+ *      exclusively, with no I/O, to wait for rewrites that decided
+ *      before the flush began.
+ *  (4) Held while the queue is written out; the writers of a slot that
+ *      has queued writes wait for it (defer_wait_slot).
+ *  (5) Held across one block's pread and pwrite; nothing nests in it.
+ *
+ *  Lock order (a lock may be taken while holding the ones before it):
+ *    c->clean_lock -> c->ranges -> c->inplace -> c->lock
+ *    c->ranges -> c->defer.apply -> c->defer.lock
+ *    pc->lock -> pf->lock
+ *  c->lock is the innermost engine lock: nothing is taken under it but
+ *  a range try-lock (which never waits) and rl->lock.  No bg/ lock
+ *  (wb->lock, pf->lock, pc->lock) is taken while holding c->lock.
  *
  * Durability of cache-file writes is tracked in sync epochs: a write
  * that completed while c->epoch was E is durable once a sync that
@@ -20,9 +67,9 @@
  * version goes to another slot (copy on write) and the old one is
  * freed by a FREE entry once the new one is flushed too (c->sup).
  * Unflushed dirty data may be rewritten in place: a crash may lose it.
- * From its second such rewrite on, a slot is "unsealed" (cache-seal.c):
- * its data checksum is no longer kept, so the rewrites cost one data
- * write each; the next client flush, writeback or close seals it again.
+ * From its second such rewrite on, a slot is "unsealed" (seal.c): its
+ * data checksum is no longer kept, so the rewrites cost one data write
+ * each; the next client flush, writeback or close seals it again.
  *
  * The page table keeps slot epochs as 32 bits above a base (pagetable.h),
  * which sync_epoch moves up to at most c->flushed_epoch and the oldest
@@ -33,9 +80,27 @@
  * (ssdcache-partial-pages of them): a change that needs one reserves it
  * (pt_maps_reserve_for) under the page's range lock before any I/O, so
  * the entry write cannot fail for want of one; with none left the
- * change is made another way (cache-write.c: write_page_simple; cache.c:
+ * change is made another way (write.c: write_page_simple; read.c:
  * fill_sectors rounds out to the whole page, cache_fill_slot stores
  * nothing).
+ *
+ * The files of engine/, each calling only the ones before it:
+ *   slot.c    geometry, pins, state counts, entry commits, allocation
+ *   seal.c    unsealed slots and sealing
+ *   stale.c   entries the cache file could not be told
+ *   epoch.c   sync epochs, superseded slots, dropping a slot
+ *   fill.c    storing whole pages, reading slots back verified
+ *   clean.c   writing dirty data back (passes, one page)
+ *   patch.c   changing a cached page in place
+ *   read.c    the read path, readahead fills, extents
+ *   through.c requests that go around the cache, invalidation
+ *   flush.c   a client flush
+ *   write.c   the write path
+ *   zero.c    zero and trim
+ *   recover.c loading the page table after a start (crash recovery)
+ *   open.c    open, attach, close
+ * The background threads (bg/) call the engine; the engine reaches
+ * them only through c->hooks, which they set when they start.
  */
 #ifndef SSDCACHE_CACHE_INT_H
 #define SSDCACHE_CACHE_INT_H
@@ -58,6 +123,8 @@ struct prefetch;
 struct admit_seq;
 struct admit_nhit;
 
+#define CACHE_LOAD_CHUNK 4096    /* entries read at a time */
+
 struct cache_sup {               /* a superseded slot waiting to be freed */
   uint32_t slot;
   uint32_t succ;                 /* the slot that replaced it */
@@ -74,9 +141,26 @@ struct cache_sync_node {         /* a client sync in flight */
   struct cache_sync_node *prev, *next;
 };
 
+struct prefetch_conn;
+
+/* How the engine wakes the background threads (bg/): each sets its
+ * hooks when it starts and clears them when it stops, while no request
+ * runs.  NULL: that thread does not run.
+ */
+struct cache_hooks {
+  void (*wb_kick) (struct cache *c);       /* a writer waits for a slot */
+  int (*wb_request_all) (struct cache *c, int *err); /* full pass, wait */
+  void (*wb_stop) (struct cache *c);       /* at close, if still running */
+  void (*ra_note_read) (struct cache *c, struct prefetch_conn *pc,
+                        uint64_t offset, uint32_t count, uint64_t used,
+                        uint64_t fill_limit);
+  void (*ra_stop) (struct cache *c);
+};
+
 struct cache {
   pthread_mutex_t lock;
   pthread_cond_t space;
+  pthread_mutex_t clean_lock;    /* clean.c: one pass at a time */
   /* Held shared by every rewrite of a slot in place, from the
    * copy-on-write decision to the end of its writes; a client flush
    * takes it exclusively for a moment (after moving flushing_epoch) to
@@ -146,11 +230,22 @@ struct cache {
   _Atomic uint64_t last_io_ms;   /* monotonic time of the last client op */
   uint32_t zero_page_crc;        /* CRC of an all-invalid page */
 
-  struct writeback *wb;
-  struct prefetch *pf;           /* readahead thread, or NULL */
+  struct cache_hooks hooks;
+  struct writeback *wb;          /* bg/writeback.c's, or NULL */
+  struct prefetch *pf;           /* bg/prefetch.c's, or NULL */
 };
 
-/* cache.c */
+/* Under c->lock: must the cache file be synced before slot s may stop
+ * holding its page?  True while an older version of the page is still
+ * on disk (not yet freed): losing s could bring it back after a crash.
+ */
+static inline bool
+cache_needs_settling (const struct cache *c, uint32_t s)
+{
+  return pt_flags (&c->pt, s) & PT_HASPRED;
+}
+
+/* slot.c */
 extern uint32_t cache_page_bytes (const struct cache *c, uint64_t page);
 extern void cache_map_fill (const struct cache *c, uint8_t *map);
 extern uint32_t cache_page_crc (const struct cache *c, const uint8_t *buf,
@@ -159,6 +254,10 @@ extern void cache_sector_span (const struct cache *c, uint32_t off,
                                uint32_t n, unsigned *first, unsigned *last);
 extern uint32_t cache_lookup_pin (struct cache *c, uint64_t page);
 extern void cache_unpin (struct cache *c, uint32_t s);
+/* Under c->lock: the last pin of s went: a slot that left its page is
+ * free again.
+ */
+extern void cache_release_slot_locked (struct cache *c, uint32_t s);
 extern void cache_io_error (struct cache *c, const char *what, uint32_t s);
 extern int cache_commit_entry (struct cache *c, uint32_t s,
                                const struct pt_slot *upd);
@@ -198,6 +297,7 @@ extern void cache_touch_io (struct cache *c);
  */
 extern int cache_sync_device (struct cache *c, int *err);
 extern uint64_t cache_now_ms (void);
+extern void cache_sleep_ms (uint64_t ms);
 /* Readahead: read the pages of [offset, offset+len) that are not cached
  * from the backend (one request per run of such pages; len at most
  * 4 GiB - 1 page) and store them marked as prefetched.  Never evicts
@@ -209,7 +309,7 @@ extern int cache_readahead_fill (struct cache *c,
 /* Under c->lock: a new resident slot s for page, told to the policy. */
 extern void cache_policy_insert (struct cache *c, uint32_t s, uint64_t page);
 
-/* cache-seal.c (see there) */
+/* seal.c (see there) */
 extern bool cache_unseal_reserve_locked (struct cache *c, uint32_t s);
 extern void cache_unseal_unreserve_locked (struct cache *c, uint32_t s);
 extern void cache_unseal_listed_locked (struct cache *c, uint32_t s);
@@ -218,7 +318,7 @@ extern void cache_seal_epoch (struct cache *c, uint64_t epoch, bool wait,
                               bool clean_too);
 extern size_t cache_unsealed_count (struct cache *c);
 
-/* cache-write.c */
+/* patch.c */
 enum wkind {
   W_CLEAN,          /* the backend has this data already */
   W_DIRTY,          /* only the cache has it */
@@ -233,10 +333,61 @@ extern int cache_patch_slot (struct cache *c, const struct cache_backend *be,
                              uint64_t page, uint32_t s, bool fresh,
                              const uint8_t *src, uint32_t off, uint32_t n,
                              enum wkind kind, int *err);
+/* Merge a write of src, bytes [off, off+n) of page, into span, which
+ * holds sectors [sf, sl] of the page as stored, and update the maps
+ * (see patch.c).
+ */
+extern int patch_merge_span (struct cache *c, const struct cache_backend *be,
+                             uint64_t page, uint8_t *span, unsigned sf,
+                             unsigned sl, const uint8_t *src, uint32_t off,
+                             uint32_t n, enum wkind kind, uint8_t *valid,
+                             uint8_t *dirty, int *err);
+
+/* clean.c */
+struct clean_opts {
+  uint64_t target;               /* dirty pages that may remain (0: all) */
+  bool limited;                  /* keep to ssdcache-writeback-rate */
+  bool skip_hot;                 /* skip pages changed after hot_after */
+  uint64_t hot_after;            /* a sequence number */
+  /* Told of each page marked clean (or NULL). */
+  void (*cleaned) (void *opaque, uint64_t page);
+  void *opaque;
+};
+/* Write back dirty pages until at most o->target remain, in backend
+ * offset order, adjacent pages coalesced.  Returns 0, 1 if some pages
+ * were busy and skipped, 2 if every dirty page was hot (nothing done),
+ * -1 (*err) if some page could not be written back (it stays dirty).
+ */
+extern int clean_pass (struct cache *c, const struct cache_backend *be,
+                       const struct clean_opts *o, int *err);
+/* Write back the dirty sectors of one page now, from the caller's
+ * thread: slot s holds page, is pinned (the pin stays), and the page is
+ * range locked by the caller.  The backend is flushed, then the slot is
+ * marked clean.  For a writer that needs a slot when there is none.
+ */
+extern int clean_page_locked (struct cache *c,
+                              const struct cache_backend *be,
+                              uint64_t page, uint32_t s, int *err);
+
+/* through.c */
 extern void cache_invalidate_pages (struct cache *c, uint64_t first,
                                     uint64_t last);
+/* Write back the dirty pages of [first, last] (range locked). */
+extern int cache_clean_pages (struct cache *c, const struct cache_backend *be,
+                              uint64_t first, uint64_t last, int *err);
+/* A request that goes around the cache (see through.c). */
+extern int through_op (struct cache *c, const struct cache_backend *be,
+                       cache_backend_op do_op, void *opaque, const void *buf,
+                       uint32_t count, uint64_t offset, bool fua, int *err);
 
-/* cache-stale.c */
+/* recover.c */
+/* Load the page table from the entries (cache_attach, after an
+ * accepted superblock); slots at or past data_end have no data.
+ * Returns 0 or -1 (logged).
+ */
+extern int recover_load_entries (struct cache *c, uint32_t data_end);
+
+/* stale.c */
 /* The entry of slot s (page) on the cache file could not be rewritten
  * after a write-back (disk_dirty: it still says dirty) or a drop.
  */

@@ -165,15 +165,12 @@ extern int cache_zero_trim (struct cache *c, const struct cache_backend *be,
 extern bool cache_range_dirty (struct cache *c, uint64_t offset,
                                uint64_t count, uint64_t *run_end);
 
-/* Writeback (mode writeback, or dirty data left by an earlier run):
- * start the background thread using be (a backend context it owns),
- * write back everything now (synchronously, from the caller), stop.
+/* Write back everything now, synchronously, from the caller, using be
+ * (at exit, or before a mode switch: no request runs).  The background
+ * thread is bg/writeback.h's.
  */
-extern int cache_writeback_start (struct cache *c,
-                                  const struct cache_backend *be);
 extern int cache_writeback_all (struct cache *c,
                                 const struct cache_backend *be, int *err);
-extern void cache_writeback_stop (struct cache *c);
 extern uint64_t cache_dirty_pages (struct cache *c);
 extern enum layout_mode cache_mode (const struct cache *c);
 

@@ -33,8 +33,8 @@ apply (struct defer *d)
 
     if (atomic_load (&d->failed))
       continue;                 /* reads of the slot fail from now on */
-    if (pool_write_data_now (d->pool, e->slot, e->data, e->len,
-                             e->off) == -1) {
+    if (pool_write_data (d->pool, e->slot, e->data, e->len,
+                         e->off) == -1) {
       int err = errno;
 
       /* Before the entry leaves the queue: whoever finds the slot no
@@ -138,7 +138,7 @@ defer_start (struct defer *d, struct pool *p, struct stats *st,
     return -1;
   }
   d->running = true;
-  p->defer = d;
+  atomic_store (&d->active, true);
   return 0;
 }
 
@@ -154,7 +154,7 @@ defer_stop (struct defer *d)
   pthread_join (d->thread, NULL);
   d->running = false;
   apply (d);
-  d->pool->defer = NULL;
+  atomic_store (&d->active, false);
   release (d);
 }
 
@@ -215,7 +215,7 @@ defer_write (struct defer *d, uint64_t slot, const void *buf,
   struct defer_entry *e;
 
   if (count > DEFER_MAX_BYTES)   /* after the slot's queued writes */
-    return pool_write_data (d->pool, slot, buf, count, offset);
+    return defer_write_data (d, d->pool, slot, buf, count, offset);
   if (check_failed (d) == -1)
     return -1;
 
@@ -242,4 +242,39 @@ defer_write (struct defer *d, uint64_t slot, const void *buf,
   if (d->stats)
     STATS_ADD (d->stats, writes_deferred, 1);
   return 0;
+}
+
+int
+defer_read_data (struct defer *d, struct pool *p, uint64_t slot, void *buf,
+                 uint32_t count, uint32_t offset)
+{
+  if (atomic_load (&d->active) && defer_wait_slot (d, slot) == -1)
+    return -1;
+  return pool_read_data (p, slot, buf, count, offset);
+}
+
+int
+defer_write_data (struct defer *d, struct pool *p, uint64_t slot,
+                  const void *buf, uint32_t count, uint32_t offset)
+{
+  if (atomic_load (&d->active) && defer_wait_slot (d, slot) == -1)
+    return -1;
+  return pool_write_data (p, slot, buf, count, offset);
+}
+
+int
+defer_write_data_later (struct defer *d, struct pool *p, uint64_t slot,
+                        const void *buf, uint32_t count, uint32_t offset)
+{
+  if (atomic_load (&d->active))
+    return defer_write (d, slot, buf, count, offset);
+  return pool_write_data (p, slot, buf, count, offset);
+}
+
+int
+defer_sync (struct defer *d, struct pool *p)
+{
+  if (atomic_load (&d->active) && defer_drain (d) == -1)
+    return -1;
+  return pool_sync (p);
 }

@@ -9,12 +9,12 @@
  * thread, off the request's path.
  *
  * The rule that keeps this invisible: every other read or write of a
- * slot's data (pool_read_data, pool_write_data) first waits until the
- * writes queued for that slot are in the file, and pool_sync first
+ * slot's data (defer_read_data, defer_write_data) first waits until the
+ * writes queued for that slot are in the file, and defer_sync first
  * writes out the whole queue.  So the file sees each slot's writes in
  * the order they were issued, and nobody ever reads a slot's data
  * without its queued writes.  When a queued write fails, the queue is
- * marked failed: every later slot read or write through the pool fails
+ * marked failed: every later slot read or write through here fails
  * with EIO (the cache is then degraded by on_error, and the backend
  * has the data).
  *
@@ -67,12 +67,13 @@ struct defer {
   pthread_t thread;
   bool running;
 
+  _Atomic bool active;          /* between defer_start and defer_stop */
   _Atomic unsigned count;       /* nqueued + nbusy */
   _Atomic bool failed;
 };
 
-/* Start deferring p's slot writes (pool_write_data_later): allocate
- * the queue and start the thread, then set p->defer.  on_error is
+/* Start deferring p's slot writes (defer_write_data_later): allocate
+ * the queue and start the thread.  on_error is
  * called (from whichever thread wrote the entry) when a queued write
  * fails.  Returns 0 or -1 (errno).
  */
@@ -81,8 +82,8 @@ extern int defer_start (struct defer *d, struct pool *p, struct stats *st,
                                           int err),
                         void *opaque);
 
-/* Write out everything, stop the thread, unset p->defer.  Safe on a
- * defer never started (zeroed).
+/* Write out everything, stop the thread.  Safe on a defer never
+ * started (zeroed).
  */
 extern void defer_stop (struct defer *d);
 
@@ -101,5 +102,22 @@ extern int defer_wait_slot (struct defer *d, uint64_t slot);
 
 /* Write out the whole queue.  Returns 0, or -1 (EIO) if it has failed. */
 extern int defer_drain (struct defer *d);
+
+/* The engine's slot-data I/O: the pool's, in order with the deferred
+ * writes while d is started (otherwise simply the pool's).  Reads and
+ * writes first write out the slot's queued writes, and fail with EIO
+ * once the queue has failed; _later queues the write (see defer_write);
+ * sync writes out the whole queue, then syncs the file.  Return 0 or
+ * -1 (errno).
+ */
+extern int defer_read_data (struct defer *d, struct pool *p, uint64_t slot,
+                            void *buf, uint32_t count, uint32_t offset);
+extern int defer_write_data (struct defer *d, struct pool *p, uint64_t slot,
+                             const void *buf, uint32_t count,
+                             uint32_t offset);
+extern int defer_write_data_later (struct defer *d, struct pool *p,
+                                   uint64_t slot, const void *buf,
+                                   uint32_t count, uint32_t offset);
+extern int defer_sync (struct defer *d, struct pool *p);
 
 #endif /* SSDCACHE_DEFER_H */

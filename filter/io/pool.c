@@ -16,7 +16,6 @@
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 
-#include "defer.h"
 #include "log.h"
 #include "pool.h"
 
@@ -691,42 +690,20 @@ int
 pool_read_data (struct pool *p, uint64_t slot, void *buf,
                 uint32_t count, uint32_t offset)
 {
-  if (p->defer && defer_wait_slot (p->defer, slot) == -1)
-    return -1;
   return pool_pread (p, buf, count,
                      p->sb.pool_offset + slot * p->sb.page_size + offset);
-}
-
-int
-pool_write_data_now (struct pool *p, uint64_t slot, const void *buf,
-                     uint32_t count, uint32_t offset)
-{
-  return pool_pwrite (p, buf, count,
-                      p->sb.pool_offset + slot * p->sb.page_size + offset);
 }
 
 int
 pool_write_data (struct pool *p, uint64_t slot, const void *buf,
                  uint32_t count, uint32_t offset)
 {
-  if (p->defer && defer_wait_slot (p->defer, slot) == -1)
-    return -1;
-  return pool_write_data_now (p, slot, buf, count, offset);
-}
-
-int
-pool_write_data_later (struct pool *p, uint64_t slot, const void *buf,
-                       uint32_t count, uint32_t offset)
-{
-  if (p->defer)
-    return defer_write (p->defer, slot, buf, count, offset);
-  return pool_write_data_now (p, slot, buf, count, offset);
+  return pool_pwrite (p, buf, count,
+                      p->sb.pool_offset + slot * p->sb.page_size + offset);
 }
 
 int
 pool_sync (struct pool *p)
 {
-  if (p->defer && defer_drain (p->defer) == -1)
-    return -1;
   return fdatasync (p->fd);
 }

@@ -55,8 +55,6 @@ struct pool {
   struct layout_sb sb;        /* last superblock read or written */
   unsigned next_sb;           /* copy (0/1) the next pool_write_sb writes */
   bool sb_damaged;            /* pool_load_sb found one copy unusable */
-  struct defer *defer;        /* deferred slot writes, or NULL (defer.h);
-                                 set and unset while single-threaded */
 };
 
 /* Open (creating it if missing, mode 0600) and lock the cache file,
@@ -96,28 +94,16 @@ extern int pool_write_entry (struct pool *p, uint64_t slot,
 extern int pool_write_entries (struct pool *p, uint64_t first, uint64_t n,
                                const void *buf);
 
-/* Slot data: count bytes at offset within the slot's page.  With
- * deferred writes (p->defer), the slot's queued writes are written
- * first, and a failed queue fails these with EIO.
+/* Slot data: count bytes at offset within the slot's page.  (The
+ * engine goes through io/defer.h, which keeps deferred writes in
+ * order with these.)
  */
 extern int pool_read_data (struct pool *p, uint64_t slot, void *buf,
                            uint32_t count, uint32_t offset);
 extern int pool_write_data (struct pool *p, uint64_t slot, const void *buf,
                             uint32_t count, uint32_t offset);
-/* Queued in p->defer if there is one (writethrough's rewrites of
- * unsealed slots only: see defer.h), else pool_write_data.
- */
-extern int pool_write_data_later (struct pool *p, uint64_t slot,
-                                  const void *buf, uint32_t count,
-                                  uint32_t offset);
-/* pool_write_data without looking at the queue (defer.c's own). */
-extern int pool_write_data_now (struct pool *p, uint64_t slot,
-                                const void *buf, uint32_t count,
-                                uint32_t offset);
 
-/* Make all completed writes durable (fdatasync), after writing out the
- * deferred ones.
- */
+/* Make all completed writes durable (fdatasync). */
 extern int pool_sync (struct pool *p);
 
 /* Positioned I/O of any span of the cache file, aligned as needed for

@@ -439,49 +439,49 @@ test_defer_order (void **state)
   memset (&st, 0, sizeof st);
   format (&p, testfile_direct ());
   assert_int_equal (defer_start (&d, &p, &st, count_error, NULL), 0);
-  assert_ptr_equal (p.defer, &d);
+  assert_true (atomic_load (&d.active));
 
   /* Two overlapping writes to slot 3, one to slot 4: none by us. */
   fill_bytes (a, sizeof a, 1);
   fill_bytes (b, sizeof b, 2);
   before = my_pwrites;
-  assert_int_equal (pool_write_data_later (&p, 3, a, sizeof a, 100), 0);
-  assert_int_equal (pool_write_data_later (&p, 3, b, sizeof b, 900), 0);
-  assert_int_equal (pool_write_data_later (&p, 4, b, sizeof b, 0), 0);
+  assert_int_equal (defer_write_data_later (&d, &p, 3, a, sizeof a, 100), 0);
+  assert_int_equal (defer_write_data_later (&d, &p, 3, b, sizeof b, 900), 0);
+  assert_int_equal (defer_write_data_later (&d, &p, 4, b, sizeof b, 0), 0);
   assert_int_equal (my_pwrites, before);
   assert_int_equal (STATS_GET (&st, writes_deferred), 3);
 
   /* Read at once: the queued writes come first, the later one on top. */
-  assert_int_equal (pool_read_data (&p, 3, got, 1200, 0), 0);
+  assert_int_equal (defer_read_data (&d, &p, 3, got, 1200, 0), 0);
   for (uint32_t i = 0; i < 1200; i++) {
     uint8_t want = i < 100 ? 0 : i < 900 ? a[i - 100] : b[i - 900];
     if (got[i] != want)
       fail_msg ("slot 3 byte %u: %u, expected %u (a queued write not "
                 "seen, or seen out of order)", i, got[i], want);
   }
-  assert_int_equal (pool_read_data (&p, 4, got, sizeof b, 0), 0);
+  assert_int_equal (defer_read_data (&d, &p, 4, got, sizeof b, 0), 0);
   assert_memory_equal (got, b, sizeof b);
 
   /* A write now (not queued) after a queued one to the same bytes:
    * the file ends with the later one.
    */
   fill_bytes (c, PS, 3);
-  assert_int_equal (pool_write_data_later (&p, 5, a, sizeof a, 0), 0);
-  assert_int_equal (pool_write_data (&p, 5, c, PS, 0), 0);
+  assert_int_equal (defer_write_data_later (&d, &p, 5, a, sizeof a, 0), 0);
+  assert_int_equal (defer_write_data (&d, &p, 5, c, PS, 0), 0);
   /* More than DEFER_MAX_BYTES: written at once, after the queue. */
-  assert_int_equal (pool_write_data_later (&p, 6, a, sizeof a, 0), 0);
+  assert_int_equal (defer_write_data_later (&d, &p, 6, a, sizeof a, 0), 0);
   before = my_pwrites;
-  assert_int_equal (pool_write_data_later (&p, 6, c, DEFER_MAX_BYTES + 512,
+  assert_int_equal (defer_write_data_later (&d, &p, 6, c, DEFER_MAX_BYTES + 512,
                                            0), 0);
   assert_true (my_pwrites > before);
-  assert_int_equal (pool_sync (&p), 0);
+  assert_int_equal (defer_sync (&d, &p), 0);
   file_read (&p, 5, got, PS, 0);
   assert_memory_equal (got, c, PS);
   file_read (&p, 6, got, DEFER_MAX_BYTES + 512, 0);
   assert_memory_equal (got, c, DEFER_MAX_BYTES + 512);
 
   defer_stop (&d);
-  assert_null (p.defer);
+  assert_false (atomic_load (&d.active));
   assert_int_equal (atomic_load (&defer_errors), 0);
   pool_close (&p);
 }
@@ -501,9 +501,9 @@ test_defer_drain (void **state)
   format (&p, testfile_direct ());
   assert_int_equal (defer_start (&d, &p, &st, count_error, NULL), 0);
   fill_bytes (buf, sizeof buf, 7);
-  assert_int_equal (pool_write_data_later (&p, 10, buf, sizeof buf, 4096),
+  assert_int_equal (defer_write_data_later (&d, &p, 10, buf, sizeof buf, 4096),
                     0);
-  assert_int_equal (pool_sync (&p), 0);
+  assert_int_equal (defer_sync (&d, &p), 0);
   file_read (&p, 10, got, sizeof got, 4096);
   assert_memory_equal (got, buf, sizeof buf);
 
@@ -512,7 +512,7 @@ test_defer_drain (void **state)
    */
   for (unsigned i = 0; i < 5 * DEFER_ENTRIES; i++) {
     fill_bytes (buf, sizeof buf, 100 + i);
-    assert_int_equal (pool_write_data_later (&p, 20 + i % 7, buf, sizeof buf,
+    assert_int_equal (defer_write_data_later (&d, &p, 20 + i % 7, buf, sizeof buf,
                                              0), 0);
   }
   assert_int_equal (STATS_GET (&st, writes_deferred), 1 + 5 * DEFER_ENTRIES);
@@ -545,24 +545,24 @@ test_defer_error (void **state)
   assert_int_equal (defer_start (&d, &p, NULL, count_error, NULL), 0);
   fill_bytes (buf, sizeof buf, 9);
   atomic_store (&fail_fd, p.fd);
-  assert_int_equal (pool_write_data_later (&p, 8, buf, sizeof buf, 0), 0);
-  assert_int_equal (pool_write_data_later (&p, 9, buf, sizeof buf, 0), 0);
+  assert_int_equal (defer_write_data_later (&d, &p, 8, buf, sizeof buf, 0), 0);
+  assert_int_equal (defer_write_data_later (&d, &p, 9, buf, sizeof buf, 0), 0);
   errno = 0;
-  assert_int_equal (pool_read_data (&p, 8, buf, sizeof buf, 0), -1);
+  assert_int_equal (defer_read_data (&d, &p, 8, buf, sizeof buf, 0), -1);
   assert_int_equal (errno, EIO);
   atomic_store (&fail_fd, -1);         /* the device is back: too late */
   assert_int_equal (atomic_load (&defer_errors), 1);
   assert_int_equal (atomic_load (&defer_error_slot), 8);
   errno = 0;
-  assert_int_equal (pool_read_data (&p, 100, buf, sizeof buf, 0), -1);
+  assert_int_equal (defer_read_data (&d, &p, 100, buf, sizeof buf, 0), -1);
   assert_int_equal (errno, EIO);
-  assert_int_equal (pool_write_data (&p, 100, buf, sizeof buf, 0), -1);
-  assert_int_equal (pool_write_data_later (&p, 100, buf, sizeof buf, 0), -1);
-  assert_int_equal (pool_sync (&p), -1);
+  assert_int_equal (defer_write_data (&d, &p, 100, buf, sizeof buf, 0), -1);
+  assert_int_equal (defer_write_data_later (&d, &p, 100, buf, sizeof buf, 0), -1);
+  assert_int_equal (defer_sync (&d, &p), -1);
   defer_stop (&d);
   assert_int_equal (atomic_load (&defer_errors), 1);
   /* Without the queue the pool works again. */
-  assert_int_equal (pool_read_data (&p, 100, buf, sizeof buf, 0), 0);
+  assert_int_equal (defer_read_data (&d, &p, 100, buf, sizeof buf, 0), 0);
   pool_close (&p);
 }
 
@@ -574,6 +574,7 @@ test_defer_error (void **state)
 #define DOPS 3000
 
 static struct pool dpool;
+static struct defer ddefer;
 
 struct dworker {
   unsigned t;
@@ -605,20 +606,20 @@ defer_worker (void *arg)
       if (n > PS - off)
         n = PS - off;
       fill_bytes (buf, n, rand_r (&seed));
-      if (pool_write_data_later (&dpool, s, buf, n, off) != 0)
+      if (defer_write_data_later (&ddefer, &dpool, s, buf, n, off) != 0)
         ret = "queued write failed";
       memcpy (m + off, buf, n);
     }
     else if (what < 5) {          /* big, now */
       n = PS - off;
       fill_bytes (buf, n, rand_r (&seed));
-      if (pool_write_data (&dpool, s, buf, n, off) != 0)
+      if (defer_write_data (&ddefer, &dpool, s, buf, n, off) != 0)
         ret = "write failed";
       memcpy (m + off, buf, n);
     }
     else {
       n = 1 + rand_r (&seed) % (PS - off);
-      if (pool_read_data (&dpool, s, got, n, off) != 0)
+      if (defer_read_data (&ddefer, &dpool, s, got, n, off) != 0)
         ret = "read failed";
       else if (memcmp (got, m + off, n) != 0)
         ret = "read data differs from the model";
@@ -635,7 +636,6 @@ defer_threads (bool direct)
 {
   pthread_t th[DTHREADS];
   struct dworker w[DTHREADS];
-  struct defer d;
   struct stats st;
   uint8_t *got = malloc (PS);
 
@@ -643,7 +643,7 @@ defer_threads (bool direct)
   reset_counts ();
   atomic_store (&defer_errors, 0);
   format (&dpool, direct);
-  assert_int_equal (defer_start (&d, &dpool, &st, count_error, NULL), 0);
+  assert_int_equal (defer_start (&ddefer, &dpool, &st, count_error, NULL), 0);
   for (unsigned t = 0; t < DTHREADS; t++) {
     w[t].t = t;
     w[t].model = calloc (NSLOTS / DTHREADS, PS);
@@ -653,7 +653,7 @@ defer_threads (bool direct)
   }
   for (int t = 0; t < DTHREADS; t++)
     pthread_join (th[t], NULL);
-  defer_stop (&d);
+  defer_stop (&ddefer);
   for (int t = 0; t < DTHREADS; t++)
     if (w[t].error)
       fail_msg ("worker %d: %s", t, w[t].error);

@@ -892,7 +892,7 @@ test_wb_full_thread (void **state)
   assert_int_equal (cache_dirty_pages (c), 8);
 
   atomic_store (&rb.delay_max_us, 300);
-  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+  assert_int_equal (writeback_start (c, &t.be), 0);
 
   /* Copies of durable dirty pages (partial and whole), new pages,
    * sub-page writes into new pages: all need slots.
@@ -918,7 +918,7 @@ test_wb_full_thread (void **state)
   assert_true (ST (c, pages_written_back) > 0);
   read_all_check (c, &t.be, model, size, 3 * PS + 5);
 
-  cache_writeback_stop (c);
+  writeback_stop (c);
   atomic_store (&rb.delay_max_us, 0);
   assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
   assert_int_equal (cache_dirty_pages (c), 0);
@@ -1362,7 +1362,7 @@ written_back_succ_body (struct cache *c, const struct cache_backend *be)
   fill_pattern (buf, 700, 912);           /* version 2: a copy */
   if (cache_write (c, be, buf, 700, 9 * PS + 1500, false, &err) != 0)
     return 5;
-  if (writeback_pass (c, be, 0, false, &err) != 0)
+  if (cache_writeback_all (c, be, &err) != 0)
     return 6;                             /* the backend has version 2 */
   for (unsigned k = 0; k < 2; k++) {      /* unflushed rewrites */
     fill_pattern (buf, 200, 913 + k);
@@ -1432,7 +1432,7 @@ test_wb_flush_backend (void **state)
   tbe_init (&t, &rb);
   model = model_new (&rb);
   c = open_attach (&cfg, size);
-  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+  assert_int_equal (writeback_start (c, &t.be), 0);
 
   mwrite (c, &t.be, model, 0, 3 * PS, 1);
   mwrite (c, &t.be, model, 10 * PS + 100, 100, 2);
@@ -1491,7 +1491,7 @@ test_wb_flush_backend (void **state)
   assert_int_equal (cache_dirty_pages (c), 0);
   backend_check (&rb, model, PS);
 
-  cache_writeback_stop (c);
+  writeback_stop (c);
   cache_close (c);
   rambackend_free (&rb);
   free (model);
@@ -1515,7 +1515,7 @@ test_wb_flush_cache (void **state)
   model = model_new (&rb);
   orig = model_new (&rb);
   c = open_attach (&cfg, size);
-  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+  assert_int_equal (writeback_start (c, &t.be), 0);
 
   mwrite (c, &t.be, model, 0, 3 * PS, 1);
   mwrite (c, &t.be, model, 10 * PS + 100, 100, 2);
@@ -1544,7 +1544,7 @@ test_wb_flush_cache (void **state)
   atomic_store (&t.fail_write, 0);
   mread_check (c, &t.be, model, 0, size);
 
-  cache_writeback_stop (c);
+  writeback_stop (c);
   assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
   backend_check (&rb, model, PS);
   cache_close (c);
@@ -1813,7 +1813,7 @@ test_wb_backend_errors (void **state)
   mwrite (c, &t.be, model, 7 * PS, 3 * PS, 430);
   atomic_store (&t.failed_writes, 0);
   atomic_store (&t.fail_write, EIO);
-  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+  assert_int_equal (writeback_start (c, &t.be), 0);
   while (atomic_load (&t.failed_writes) < 2)
     usleep (10000);
   assert_int_equal (cache_dirty_pages (c), 3);
@@ -1823,7 +1823,7 @@ test_wb_backend_errors (void **state)
     usleep (10000);
   assert_int_equal (cache_dirty_pages (c), 0);
   backend_check (&rb, model, PS);
-  cache_writeback_stop (c);
+  writeback_stop (c);
   cache_close (c);
   rambackend_free (&rb);
   free (model);
@@ -1960,7 +1960,7 @@ run_mt (enum cache_flush_mode fm, uint32_t slots, int ops, unsigned delay)
   tbe_init (&t, &rb);
   model = model_new (&rb);
   c = open_attach (&cfg, MT_SIZE);
-  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+  assert_int_equal (writeback_start (c, &t.be), 0);
   atomic_store (&rb.delay_max_us, delay);
 
   for (int i = 0; i < MT_THREADS; ++i) {
@@ -1980,7 +1980,7 @@ run_mt (enum cache_flush_mode fm, uint32_t slots, int ops, unsigned delay)
   assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
   assert_int_equal (cache_dirty_pages (c), 0);
   backend_check (&rb, model, PS);
-  cache_writeback_stop (c);
+  writeback_stop (c);
   atomic_store (&rb.delay_max_us, 0);
   assert_int_equal (rb.out_of_range, 0);
   cache_close (c);
@@ -2319,7 +2319,7 @@ test_wb_hot_pages_left_alone (void **state)
   c = open_attach (&cfg, size);
   for (int p = 0; p < 12; ++p)
     mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 120 + p);
-  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+  assert_int_equal (writeback_start (c, &t.be), 0);
 
   /* Pages 0-1 are rewritten all the time; 2-11 are cold.  Within 20 s
    * (about two seconds are needed) the cold ones are clean.
@@ -2347,7 +2347,7 @@ test_wb_hot_pages_left_alone (void **state)
   assert_int_equal (ST (c, write_through_full), 0);
   read_all_check (c, &t.be, model, size, 3 * PS);
 
-  cache_writeback_stop (c);
+  writeback_stop (c);
   assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
   backend_check (&rb, model, PS);
   cache_close (c);
@@ -2406,7 +2406,7 @@ test_wb_hot_window_grows (void **state)
   for (uint32_t p = 0; p < npages; ++p)
     mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 500 + p);
   assert_int_equal (ST (c, writeback_hot_ms), 0);
-  assert_int_equal (cache_writeback_start (c, &t.be), 0);
+  assert_int_equal (writeback_start (c, &t.be), 0);
   assert_int_equal (ST (c, writeback_hot_ms), 1000);
 
   /* Round robin, one page every 12.5 ms.  About 8 s are needed (two
@@ -2447,7 +2447,7 @@ test_wb_hot_window_grows (void **state)
   assert_int_equal (ST (c, writeback_hot_ms), 1000);
   read_all_check (c, &t.be, model, size, 7 * PS);
 
-  cache_writeback_stop (c);
+  writeback_stop (c);
   assert_int_equal (ST (c, writeback_hot_ms), 0);
   assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
   backend_check (&rb, model, PS);

@@ -98,7 +98,7 @@ settle (struct cache *c, uint64_t first, uint64_t last, bool dirty_only)
   for (size_t i = 0; ok && i < n; i++)
     if (pool_write_entry (&c->pool, slots[i], &e[i]) == -1)
       ok = false;
-  if (ok && n > 0 && pool_sync (&c->pool) == -1)
+  if (ok && n > 0 && defer_sync (&c->defer, &c->pool) == -1)
     ok = false;
 
   pthread_mutex_lock (&c->lock);

@@ -96,20 +96,6 @@ cache_unseal_unreserve_locked (struct cache *c, uint32_t s)
   c->unseal_reserved--;
 }
 
-/* Under c->lock, from cache_commit_entry: slot s has just become
- * unsealed; list it (using the caller's reservation).
- */
-void
-cache_unseal_listed_locked (struct cache *c, uint32_t s)
-{
-  if (c->unseal_reserved > 0)
-    c->unseal_reserved--;
-  if (pt_flags (&c->pt, s) & PT_LISTED)
-    return;
-  pt_flags_on (&c->pt, s, PT_LISTED);
-  c->unsealed[c->nunsealed++] = s;
-}
-
 /* Seal slot s if it is unsealed: its page is range locked by the
  * caller, so its data cannot change.  The entry is written as part of
  * sync epoch epoch (CACHE_EPOCH_NOW: the current one).  Returns 0 or -1
@@ -133,7 +119,7 @@ cache_seal_slot (struct cache *c, uint32_t s, uint64_t epoch)
     log_error ("malloc: %m");
     return -1;
   }
-  if (pool_read_data (&c->pool, s, buf, c->page_size, 0) == -1) {
+  if (defer_read_data (&c->defer, &c->pool, s, buf, c->page_size, 0) == -1) {
     cache_io_error (c, "reading data to seal", s);
     free (buf);
     return -1;

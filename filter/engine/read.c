@@ -1,0 +1,587 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit-ssdcache-filter: the read path.
+ *
+ * Owns cache_read and its helpers: a hit is served from the slot under
+ * a pin only (try_hit); a miss reads the backend and fills the pages
+ * the admission policy lets in (read_slow), under the range lock of the
+ * pages it changes.  Also NBD_CMD_CACHE, the readahead thread's fills
+ * and the extents query.  See the lock table in cache-int.h.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache-int.h"
+#include "log.h"
+#include "admit.h"
+
+/*----------------------------------------------------------------------
+ * Reads.
+ */
+
+/* Serve [off, off+n) of page from the cache without any range lock if
+ * the page is cached, verified and has all those sectors.
+ */
+/* Under c->lock: a client read uses slot s.  The first read of a page
+ * that readahead brought in is a prefetch hit (its bytes are added to
+ * *used, which may be NULL) and counts for the policy as the page's
+ * first access, which its insertion stood for: not as a re-use, or a
+ * prefetched scan would look hot to S3-FIFO and flush the hot set.
+ * Any other hit is a re-use.
+ */
+static void
+note_use_locked (struct cache *c, uint32_t s, uint32_t n, uint64_t *used)
+{
+  if (pt_flags (&c->pt, s) & PT_PREFETCHED) {
+    pt_flags_off (&c->pt, s, PT_PREFETCHED);
+    STATS_ADD (&c->stats, prefetch_hits, 1);
+    if (used)
+      *used += n;
+  }
+  else
+    evict_touch (c->ev, s);
+}
+
+static bool
+try_hit (struct cache *c, uint64_t page, uint8_t *dst, uint32_t off,
+         uint32_t n, uint64_t *used)
+{
+  unsigned first, last;
+  uint32_t s;
+  int r;
+
+  cache_sector_span (c, off, n, &first, &last);
+  pthread_mutex_lock (&c->lock);
+  s = pagetable_lookup (&c->pt, page);
+  if (s == PT_NONE) {
+    pthread_mutex_unlock (&c->lock);
+    return false;
+  }
+  if ((pt_flags (&c->pt, s) & (PT_VERIFIED | PT_BAD)) != PT_VERIFIED ||
+      !pagetable_range_valid (&c->pt, s, first, last)) {
+    pthread_mutex_unlock (&c->lock);
+    return false;
+  }
+  pt_pin (&c->pt, s);
+  note_use_locked (c, s, n, used);
+  pthread_mutex_unlock (&c->lock);
+
+  r = defer_read_data (&c->defer, &c->pool, s, dst, n, off);
+  cache_unpin (c, s);
+  if (r == -1) {
+    cache_io_error (c, "reading data", s);
+    return false;               /* the slow path deals with it */
+  }
+  return true;
+}
+
+/* Would try_hit serve this page?  (A hint only: no pin.) */
+static bool
+peek_hit (struct cache *c, uint64_t page, uint32_t off, uint32_t n)
+{
+  unsigned first, last;
+  uint32_t s;
+  bool r = false;
+
+  cache_sector_span (c, off, n, &first, &last);
+  pthread_mutex_lock (&c->lock);
+  s = pagetable_lookup (&c->pt, page);
+  if (s != PT_NONE)
+    r = (pt_flags (&c->pt, s) & (PT_VERIFIED | PT_BAD)) == PT_VERIFIED &&
+      pagetable_range_valid (&c->pt, s, first, last);
+  pthread_mutex_unlock (&c->lock);
+  return r;
+}
+
+/* Complete a partly valid page: buf holds the slot's data (read and
+ * verified); only the span of sectors that are not valid is read from
+ * the backend, and the slot's valid sectors (maybe dirty) win.  The
+ * whole page is then stored, all valid.  Consumes the pin on s.
+ */
+static int
+complete_partial (struct cache *c, const struct cache_backend *be,
+                  uint64_t page, uint32_t s, uint8_t *buf, int *err)
+{
+  const uint32_t ss = c->sector_size;
+  const uint32_t pbytes = cache_page_bytes (c, page);
+  struct pt_slot snap;
+  unsigned lo = c->nsectors, hi = 0;
+  uint8_t *tmp;
+  uint32_t n;
+
+  pthread_mutex_lock (&c->lock);
+  pagetable_get (&c->pt, s, &snap);
+  pthread_mutex_unlock (&c->lock);
+  for (unsigned i = 0; i < c->nsectors; i++)
+    if (!layout_bit_test (snap.valid, i)) {
+      if (i < lo)
+        lo = i;
+      hi = i;
+    }
+  if (lo > hi) {                /* all valid after all */
+    cache_unpin (c, s);
+    return 0;
+  }
+  tmp = calloc (hi - lo + 1, ss);
+  if (tmp == NULL) {
+    cache_unpin (c, s);
+    *err = ENOMEM;
+    return -1;
+  }
+  n = lo * ss >= pbytes ? 0
+    : ((hi + 1) * ss > pbytes ? pbytes : (hi + 1) * ss) - lo * ss;
+  if (n > 0 &&
+      be->pread (be->h, tmp, n, page * c->page_size + lo * ss, err) == -1) {
+    free (tmp);
+    cache_unpin (c, s);
+    return -1;
+  }
+  STATS_ADD (&c->stats, bytes_from_backend, n);
+  for (unsigned i = lo; i <= hi; i++)
+    if (!layout_bit_test (snap.valid, i))
+      memcpy (buf + (size_t) i * ss, tmp + (size_t) (i - lo) * ss, ss);
+  free (tmp);
+  cache_fill_slot (c, page, s, buf,
+                   snap.state == LAYOUT_DIRTY ? snap.dirty : NULL, false);
+  return 0;
+}
+
+/* A read of bytes [a, b) of a partly valid page (slot s, pinned, whose
+ * data is in buf): read from the backend just the sectors [a, b) needs,
+ * keep the cached ones (maybe dirty), and store the result in place;
+ * buf then holds the answer.  A slot with flushed dirty data may not be
+ * rewritten in place: it is completed whole into a copy instead.
+ * Consumes the pin.
+ */
+static int
+fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
+              uint32_t s, uint8_t *buf, uint32_t a, uint32_t b, int *err)
+{
+  const uint32_t ss = c->sector_size;
+  const uint32_t pbytes = cache_page_bytes (c, page);
+  uint32_t lo = a / ss * ss, hi = (b + ss - 1) / ss * ss, n;
+  struct pt_slot snap;
+  bool cow;
+  int r;
+
+  pthread_rwlock_rdlock (&c->inplace);
+  pthread_mutex_lock (&c->lock);
+  pagetable_get (&c->pt, s, &snap);
+  cow = cache_must_cow (c, s);
+  pthread_mutex_unlock (&c->lock);
+  if (cow) {
+    pthread_rwlock_unlock (&c->inplace);
+    /* The copy needs the whole page (the caller read only [a, b)). */
+    if (cache_read_verified (c, be, s, buf) == -1) {
+      *err = EIO;
+      return -1;
+    }
+    return complete_partial (c, be, page, s, buf, err);
+  }
+
+  n = hi > pbytes ? (lo < pbytes ? pbytes - lo : 0) : hi - lo;
+  {
+    uint8_t *tmp = calloc (1, hi - lo);
+    if (tmp == NULL) {
+      *err = ENOMEM;
+      r = -1;
+      goto out;
+    }
+    if (n > 0 &&
+        be->pread (be->h, tmp, n, page * c->page_size + lo, err) == -1) {
+      free (tmp);
+      r = -1;
+      goto out;
+    }
+    STATS_ADD (&c->stats, bytes_from_backend, n);
+    /* The cache's own sectors win. */
+    for (uint32_t i = lo / ss; i < hi / ss; i++)
+      if (layout_bit_test (snap.valid, i))
+        memcpy (tmp + (i * ss - lo), buf + (size_t) i * ss, ss);
+    memcpy (buf + lo, tmp, hi - lo);
+    free (tmp);
+  }
+  r = cache_patch_slot (c, be, page, s, false, buf + lo, lo, hi - lo,
+                        W_FILL, err);
+  pthread_rwlock_unlock (&c->inplace);
+  if (r == 2) {
+    /* The valid sectors would not be one run and the side table is
+     * full: round out to the whole page instead (one more backend read
+     * of the sectors still missing), which needs no entry.  The answer
+     * in buf stays as it is.
+     */
+    uint8_t *whole = malloc (c->page_size);
+    uint32_t s2 = whole ? cache_lookup_pin (c, page) : PT_NONE;
+    int e2;
+
+    if (s2 != PT_NONE && cache_read_verified (c, be, s2, whole) == 0)
+      complete_partial (c, be, page, s2, whole, &e2);
+    free (whole);
+    return 0;
+  }
+  return r == -1 && *err == EIO ? 0 : r;   /* the answer is in buf */
+ out:
+  cache_unpin (c, s);
+  pthread_rwlock_unlock (&c->inplace);
+  return r;
+}
+
+/* How read_slow treats the pages it reads from the backend. */
+struct read_opts {
+  uint64_t nofill_from;   /* pages from here on are not stored (a long
+                             sequential stream past its cutoff) */
+  bool promote;           /* a client read miss: n-miss promotion applies */
+  bool readahead;         /* a readahead prefetch: pages are marked, and
+                             the client counters are left alone */
+  uint64_t *used;         /* client reads: bytes of prefetched pages
+                             read for the first time are added here */
+};
+
+/* Under nothing: should a read miss of page be stored (n-miss
+ * promotion)?  Counts the miss.
+ */
+static bool
+admit_miss (struct cache *c, uint64_t page)
+{
+  bool r;
+
+  if (c->nhit == NULL)
+    return true;
+  pthread_mutex_lock (&c->lock);
+  r = admit_nhit_miss (c->nhit, page);
+  pthread_mutex_unlock (&c->lock);
+  if (!r && ssdcache_debug_verbose)
+    log_debug ("read miss page %llu: not cached (promotion after %u misses)",
+               (unsigned long long) page, c->promote);
+  return r;
+}
+
+/* Read [pos, pos+len) (dst may be NULL: prefetch only) with the pages
+ * range locked: serve what is cached, read the rest from the backend in
+ * as few requests as possible and store it (as o says).
+ */
+static int
+read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
+           uint64_t pos, uint32_t len, const struct read_opts *o, int *err)
+{
+  const uint32_t ps = c->page_size;
+  const uint64_t first = pos / ps, last = (pos + len - 1) / ps;
+  const uint64_t np = last - first + 1;
+  bool *need = calloc (np, sizeof *need);
+  uint8_t *page_buf = malloc (ps);
+  int ret = -1;
+
+  if (need == NULL || page_buf == NULL) {
+    *err = ENOMEM;
+    goto out_free;
+  }
+  if (rangelock_acquire (&c->ranges, first, last) == -1) {
+    *err = errno;
+    goto out_free;
+  }
+
+  /* Pass 1: serve what the cache has (verifying on first use). */
+  for (uint64_t i = 0; i < np; i++) {
+    uint64_t page = first + i;
+    uint64_t pstart = page * ps;
+    uint32_t a = pos > pstart ? pos - pstart : 0;
+    uint32_t b = pos + len < pstart + ps ? pos + len - pstart : ps;
+    unsigned sf, sl;
+    uint32_t s = cache_lookup_pin (c, page);
+    bool ok, bad;
+
+    need[i] = true;
+    if (s == PT_NONE) {
+      if (!o->readahead)
+        STATS_ADD (&c->stats, read_misses, 1);
+      continue;
+    }
+    cache_sector_span (c, a, b - a, &sf, &sl);
+    if (cache_read_verified_span (c, be, s, page_buf, sf, sl) == -1) {
+      pthread_mutex_lock (&c->lock);
+      bad = pagetable_lookup (&c->pt, page) == s &&
+        (pt_flags (&c->pt, s) & PT_BAD);
+      pthread_mutex_unlock (&c->lock);
+      if (bad) {
+        *err = EIO;
+        goto out;
+      }
+      if (!o->readahead)
+        STATS_ADD (&c->stats, read_misses, 1);
+      continue;                 /* dropped */
+    }
+    pthread_mutex_lock (&c->lock);
+    ok = pagetable_range_valid (&c->pt, s, sf, sl);
+    if (ok && !o->readahead)
+      note_use_locked (c, s, b - a, o->used);
+    pthread_mutex_unlock (&c->lock);
+    if (ok) {
+      if (dst)
+        memcpy (dst + (pstart + a - pos), page_buf + a, b - a);
+      if (!o->readahead) {
+        STATS_ADD (&c->stats, read_hits, 1);
+        STATS_ADD (&c->stats, bytes_from_cache, b - a);
+      }
+      need[i] = false;
+      cache_unpin (c, s);
+    }
+    else {
+      STATS_ADD (&c->stats, read_partial, 1);
+      if (fill_sectors (c, be, page, s, page_buf, a, b, err) == -1)
+        goto out;
+      if (dst)
+        memcpy (dst + (pstart + a - pos), page_buf + a, b - a);
+      need[i] = false;
+    }
+  }
+
+  /* Pass 2: runs of needed pages, one backend read per run. */
+  for (uint64_t i = 0; i < np;) {
+    uint64_t j, run_start, run_end, read_lo, read_hi;
+    uint8_t *bounce;
+
+    if (!need[i]) {
+      i++;
+      continue;
+    }
+    for (j = i; j + 1 < np && need[j + 1]; j++)
+      ;
+    run_start = (first + i) * ps;
+    run_end = (first + j + 1) * ps;
+    if (run_end > c->backend_size)
+      run_end = c->backend_size;
+    /* A miss reads only the sectors asked for, not the whole page:
+     * never more backend traffic than the client's own request needs.
+     * (Pages in the middle of a long request are read whole.)
+     */
+    read_lo = run_start;
+    read_hi = run_end;
+    if (pos > run_start)
+      read_lo = pos / c->sector_size * c->sector_size;
+    if (pos + len < run_end) {
+      read_hi = (pos + len + c->sector_size - 1) / c->sector_size *
+        c->sector_size;
+      if (read_hi > run_end)
+        read_hi = run_end;
+    }
+
+    bounce = calloc (j - i + 1, ps);
+    if (bounce == NULL) {
+      *err = ENOMEM;
+      goto out;
+    }
+    if (be->pread (be->h, bounce + (read_lo - run_start), read_hi - read_lo,
+                   read_lo, err) == -1) {
+      free (bounce);
+      goto out;
+    }
+    STATS_ADD (&c->stats, bytes_from_backend, read_hi - read_lo);
+
+    for (uint64_t k = i; k <= j; k++) {
+      uint64_t pstart = (first + k) * ps;
+      uint32_t a = pos > pstart ? pos - pstart : 0;
+      uint32_t b = pos + len < pstart + ps ? pos + len - pstart : ps;
+      uint8_t *data = bounce + (k - i) * ps;
+      uint64_t plo = read_lo > pstart ? read_lo : pstart;
+      uint64_t phi = read_hi < pstart + ps ? read_hi : pstart + ps;
+
+      if (pstart >= o->nofill_from)
+        STATS_ADD (&c->stats, seq_bypassed, 1);   /* a long stream */
+      else if (o->promote && !admit_miss (c, first + k))
+        STATS_ADD (&c->stats, promote_skipped, 1);
+      else if (plo == pstart && phi >= pstart + cache_page_bytes (c, first + k))
+        cache_fill_slot (c, first + k, PT_NONE, data, NULL, o->readahead);
+      else if (!cache_degraded (c)) {
+        uint32_t ns = cache_alloc_slot (c, false);
+        int e;
+        if (ns == PT_NONE)
+          STATS_ADD (&c->stats, bypassed, 1);
+        else
+          cache_patch_slot (c, be, first + k, ns, true, data + (plo - pstart),
+                            plo - pstart, phi - plo, W_CLEAN, &e);
+      }
+      if (dst)
+        memcpy (dst + (pstart + a - pos), data + a, b - a);
+      need[k] = false;
+    }
+    free (bounce);
+    i = j + 1;
+  }
+  ret = 0;
+
+ out:
+  rangelock_release (&c->ranges, first, last);
+ out_free:
+  free (need);
+  free (page_buf);
+  return ret;
+}
+
+int
+cache_read (struct cache *c, const struct cache_backend *be,
+            void *buf, uint32_t count, uint64_t offset, int *err)
+{
+  return cache_read_conn (c, be, NULL, buf, count, offset, err);
+}
+
+int
+cache_read_conn (struct cache *c, const struct cache_backend *be,
+                 struct prefetch_conn *pc, void *buf, uint32_t count,
+                 uint64_t offset, int *err)
+{
+  const uint32_t ps = c->page_size;
+  const uint64_t end = offset + count;
+  uint8_t *dst = buf;
+  uint64_t pos = offset, nofill_from = UINT64_MAX, used = 0;
+  uint64_t fill_limit = UINT64_MAX;   /* readahead stops there */
+  struct read_opts o = { .promote = true, .used = &used };
+
+  STATS_ADD (&c->stats, read_ops, 1);
+  cache_touch_io (c);
+  if (c->seqcut) {
+    /* Sequential cutoff: past it, a long stream's misses are read from
+     * the backend without filling the cache (hits are still served).
+     */
+    pthread_mutex_lock (&c->lock);
+    nofill_from = offset + admit_seq_access (c->seqcut, offset, count);
+    fill_limit = admit_seq_left (c->seqcut, end);
+    fill_limit = fill_limit > UINT64_MAX - end ? UINT64_MAX : end + fill_limit;
+    if (nofill_from < end)
+      fill_limit = nofill_from;
+    pthread_mutex_unlock (&c->lock);
+    /* The page holding the boundary is still admitted. */
+    nofill_from = (nofill_from + ps - 1) / ps * ps;
+  }
+  o.nofill_from = nofill_from;
+  while (pos < end) {
+    uint64_t page = pos / ps, run_end;
+    uint32_t off = pos % ps;
+    uint32_t n = end - pos < ps - off ? end - pos : ps - off;
+
+    if (cache_degraded (c) && !cache_page_dirty (c, page)) {
+      /* Pass-through, but for pages whose newest data is in the cache. */
+      run_end = (page + 1) * ps;
+      while (run_end < end && !cache_page_dirty (c, run_end / ps))
+        run_end += ps;
+      if (run_end > end)
+        run_end = end;
+      if (be->pread (be->h, dst + (pos - offset), run_end - pos, pos,
+                     err) == -1)
+        return -1;
+      STATS_ADD (&c->stats, bytes_from_backend, run_end - pos);
+      pos = run_end;
+      continue;
+    }
+
+    if (try_hit (c, page, dst + (pos - offset), off, n, &used)) {
+      STATS_ADD (&c->stats, read_hits, 1);
+      STATS_ADD (&c->stats, bytes_from_cache, n);
+      pos += n;
+      continue;
+    }
+    /* Gather the following pages that are not hits either. */
+    run_end = (page + 1) * ps;
+    while (run_end < end) {
+      uint32_t m = end - run_end < ps ? end - run_end : ps;
+      if (peek_hit (c, run_end / ps, 0, m))
+        break;
+      run_end += ps;
+    }
+    if (run_end > end)
+      run_end = end;
+    if (read_slow (c, be, dst + (pos - offset), pos, run_end - pos,
+                   &o, err) == -1)
+      return -1;
+    pos = run_end;
+  }
+  /* Readahead learns from every read (never waits for its prefetch). */
+  if (pc && c->hooks.ra_note_read)
+    c->hooks.ra_note_read (c, pc, offset, count, used, fill_limit);
+  return 0;
+}
+
+int
+cache_prefetch (struct cache *c, const struct cache_backend *be,
+                uint32_t count, uint64_t offset, int *err)
+{
+  struct read_opts o = { .nofill_from = UINT64_MAX };
+
+  if (count == 0 || cache_degraded (c))
+    return 0;
+  cache_touch_io (c);
+  return read_slow (c, be, NULL, offset, count, &o, err);
+}
+
+int
+cache_readahead_fill (struct cache *c, const struct cache_backend *be,
+                      uint64_t offset, uint64_t len, int *err)
+{
+  const uint32_t ps = c->page_size;
+  uint64_t page, last;
+  struct read_opts o = { .nofill_from = UINT64_MAX, .readahead = true };
+
+  if (len == 0 || offset >= c->backend_size)
+    return 0;
+  if (len > c->backend_size - offset)
+    len = c->backend_size - offset;
+  page = offset / ps;
+  last = (offset + len - 1) / ps;
+  /* Runs of pages not cached (cached pages are never read again). */
+  while (page <= last) {
+    uint64_t run_end;
+    uint64_t lo, hi;
+
+    if (cache_degraded (c))
+      return 0;
+    pthread_mutex_lock (&c->lock);
+    while (page <= last && pagetable_lookup (&c->pt, page) != PT_NONE)
+      page++;
+    run_end = page;
+    while (run_end <= last && run_end - page < (32u << 20) / ps &&
+           pagetable_lookup (&c->pt, run_end) == PT_NONE)
+      run_end++;
+    pthread_mutex_unlock (&c->lock);
+    if (page > last)
+      break;
+    lo = page * ps;
+    hi = run_end * ps;
+    if (hi > c->backend_size)
+      hi = c->backend_size;
+    STATS_ADD (&c->stats, prefetch_requests, 1);
+    if (ssdcache_debug_readahead)
+      log_debug ("readahead: prefetch %llu bytes at %llu (pages %llu-%llu)",
+                 (unsigned long long) (hi - lo), (unsigned long long) lo,
+                 (unsigned long long) page,
+                 (unsigned long long) run_end - 1);
+    if (read_slow (c, be, NULL, lo, hi - lo, &o, err) == -1)
+      return -1;
+    page = run_end;
+  }
+  return 0;
+}
+
+bool
+cache_range_dirty (struct cache *c, uint64_t offset, uint64_t count,
+                   uint64_t *run_end)
+{
+  const uint32_t ps = c->page_size;
+  uint64_t page = offset / ps, end = offset + count;
+  bool first_dirty = false;
+
+  pthread_mutex_lock (&c->lock);
+  for (uint64_t pos = offset; pos < end; page++) {
+    uint32_t s = c->ndirty ? pagetable_lookup (&c->pt, page) : PT_NONE;
+    bool d = s != PT_NONE && pt_state (&c->pt, s) == LAYOUT_DIRTY;
+
+    if (pos == offset)
+      first_dirty = d;
+    else if (d != first_dirty)
+      break;
+    pos = (page + 1) * ps;
+    *run_end = pos < end ? pos : end;
+  }
+  pthread_mutex_unlock (&c->lock);
+  return first_dirty;
+}

@@ -1,0 +1,480 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit-ssdcache-filter: the write path.
+ *
+ * Owns cache_write in every mode.  Writethrough / writearound: the
+ * cached copy is updated in place, unsealed (writethrough), or dropped
+ * (writearound) first; then the backend is written (write_through_first).
+ * Writeback: the data goes to the cache as dirty sectors, in place if
+ * the slot holds nothing durable and dirty, otherwise into a new slot
+ * (copy on write, cow_slot).  Every change holds the page's range lock
+ * across its backend and cache I/O (lock table: cache-int.h).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache-int.h"
+#include "log.h"
+
+/* Apply a write to a copy of pinned slot s in a new slot, which then
+ * replaces it (if no slot can be had, the page is written back first
+ * and changed in place).  Returns 0, -1 (*err) or 2 (the maps do not
+ * fit: see cache_patch_slot).  Consumes the pin.
+ */
+static int write_fresh (struct cache *c, const struct cache_backend *be,
+                        uint64_t page, const uint8_t *src, uint32_t off,
+                        uint32_t n, enum wkind kind, int *err);
+
+static int
+cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
+          uint32_t s, const uint8_t *src, uint32_t off, uint32_t n,
+          enum wkind kind, int *err)
+{
+  uint8_t *buf = malloc (c->page_size);
+  struct pt_slot snap;
+  unsigned sf, sl;
+  int r;
+  bool was_clean;
+
+  if (buf == NULL) {
+    cache_unpin (c, s);
+    *err = ENOMEM;
+    return -1;
+  }
+  pthread_mutex_lock (&c->lock);
+  was_clean = pt_state (&c->pt, s) == LAYOUT_CLEAN;
+  pthread_mutex_unlock (&c->lock);
+  if (cache_read_verified (c, be, s, buf) == -1) {
+    /* Pin consumed.  A clean copy that failed its check was dropped:
+     * the backend has the page, so the write goes on as for a page not
+     * cached.  Bad dirty data fails the write.
+     */
+    free (buf);
+    if (was_clean) {
+      uint32_t again = cache_lookup_pin (c, page);
+      if (again == PT_NONE)
+        return write_fresh (c, be, page, src, off, n, kind, err);
+      cache_unpin (c, again);
+    }
+    *err = EIO;
+    return -1;
+  }
+  pthread_mutex_lock (&c->lock);
+  pagetable_get (&c->pt, s, &snap);
+  pthread_mutex_unlock (&c->lock);
+  for (unsigned i = 0; i < c->nsectors; i++)
+    if (!layout_bit_test (snap.valid, i))
+      memset (buf + (size_t) i * c->sector_size, 0, c->sector_size);
+
+  cache_sector_span (c, off, n, &sf, &sl);
+  if (patch_merge_span (c, be, page, buf + sf * c->sector_size, sf, sl, src,
+                  off, n, kind, snap.valid, snap.dirty, err) == -1) {
+    cache_unpin (c, s);
+    free (buf);
+    return -1;
+  }
+  /* cache_fill_slot wants a whole valid page: complete the invalid
+   * sectors only if all are valid; otherwise write it ourselves.
+   */
+  {
+    uint32_t ns = cache_alloc_slot (c, true);
+    struct pt_slot upd = snap;
+
+    if (ns == PT_NONE) {
+      /* No room for a copy: write this page back ourselves; then it is
+       * clean and may be changed in place.
+       */
+      free (buf);
+      if (clean_page_locked (c, be, page, s, err) == -1) {
+        cache_unpin (c, s);
+        return -1;
+      }
+      /* Clean now; but an older version still on disk must go before
+       * it may change in place (cache_must_cow).
+       */
+      if (!cache_settle (c, s)) {
+        log_error ("cache file %s: page %llu: its older version could not "
+                   "be freed; the write fails", c->path,
+                   (unsigned long long) page);
+        cache_unpin (c, s);
+        *err = EIO;
+        return -1;
+      }
+      pthread_rwlock_rdlock (&c->inplace);
+      r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
+      pthread_rwlock_unlock (&c->inplace);
+      return r;
+    }
+    upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
+    upd.data_crc = cache_page_crc (c, buf, upd.valid);
+    upd.flags &= ~PT_UNSEALED;  /* a fresh checksum */
+    pthread_mutex_lock (&c->lock);
+    if (!pt_maps_reserve_for (&c->pt, ns, upd.valid, upd.dirty) &&
+        !(kind == W_CLEAN && snap.state == LAYOUT_DIRTY &&
+          pt_maps_reserve_force (&c->pt, ns))) {
+      /* (W_CLEAN on a dirty page, not reached either: see
+       * cache_patch_slot.)
+       */
+      pagetable_put_free (&c->pt, ns);
+      pthread_mutex_unlock (&c->lock);
+      STATS_ADD (&c->stats, partial_maps_full, 1);
+      cache_unpin (c, s);
+      free (buf);
+      return 2;
+    }
+    pthread_mutex_unlock (&c->lock);
+    if (defer_write_data (&c->defer, &c->pool, ns, buf, c->page_size, 0) == -1 ||
+        cache_commit_entry (c, ns, &upd) == -1) {
+      cache_io_error (c, "writing", ns);
+      pthread_mutex_lock (&c->lock);
+      pagetable_put_free (&c->pt, ns);
+      pthread_mutex_unlock (&c->lock);
+      cache_unpin (c, s);
+      free (buf);
+      *err = EIO;
+      return -1;
+    }
+    pthread_mutex_lock (&c->lock);
+    pt_flags_on (&c->pt, ns, PT_VERIFIED);
+    pthread_mutex_unlock (&c->lock);
+    cache_supersede (c, s, ns, page);
+    r = 0;
+  }
+  free (buf);
+  return r;
+}
+
+/* Write straight to the backend because the cache has no room. */
+static int
+write_around (struct cache *c, const struct cache_backend *be,
+              const uint8_t *src, uint32_t n, uint64_t offset, int *err)
+{
+  STATS_ADD (&c->stats, write_through_full, 1);
+  atomic_store (&c->backend_unflushed, true);
+  return be->pwrite (be->h, src, n, offset, false, err);
+}
+
+/* Put the write [off, off+n) of a page with no cached copy into a new
+ * slot, or, when no slot can be had, send it to the backend.
+ */
+static int
+write_fresh (struct cache *c, const struct cache_backend *be,
+             uint64_t page, const uint8_t *src, uint32_t off, uint32_t n,
+             enum wkind kind, int *err)
+{
+  uint32_t s = cache_alloc_slot (c, true);
+  int r;
+
+  if (s == PT_NONE)
+    return write_around (c, be, src, n, page * c->page_size + off, err);
+  r = cache_patch_slot (c, be, page, s, true, src, off, n, kind, err);
+  if (r == 2)                   /* one run: not reached */
+    return write_around (c, be, src, n, page * c->page_size + off, err);
+  return r;
+}
+
+/* The write [off, off+n) of page would leave maps that need a
+ * side-table entry, and the table is full: make the page simple.  Its
+ * dirty data (W_DIRTY only: cache_write writes dirty pages back before
+ * a W_CLEAN write) is written back, the cached copy is dropped, and the
+ * write goes into a fresh slot, where its maps are one run.  W_CLEAN
+ * (the backend has the data) just drops the cached copy.
+ */
+static int
+write_page_simple (struct cache *c, const struct cache_backend *be,
+                   uint64_t page, const uint8_t *src, uint32_t off,
+                   uint32_t n, enum wkind kind, int *err)
+{
+  uint32_t s = cache_lookup_pin (c, page);
+
+  if (s != PT_NONE) {
+    bool dirty;
+
+    pthread_mutex_lock (&c->lock);
+    dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY;
+    pthread_mutex_unlock (&c->lock);
+    if (dirty && kind == W_CLEAN) {
+      /* Not reached (see above); keep the slot rather than lose data. */
+      log_error ("cache file %s: page %llu: dirty page written through "
+                 "without room for its maps", c->path,
+                 (unsigned long long) page);
+      cache_unpin (c, s);
+      *err = EIO;
+      return -1;
+    }
+    if (dirty && clean_page_locked (c, be, page, s, err) == -1) {
+      cache_unpin (c, s);
+      return -1;
+    }
+    cache_drop_slot (c, s);
+  }
+  if (kind != W_DIRTY)
+    return 0;
+  return write_fresh (c, be, page, src, off, n, kind, err);
+}
+
+/* Put bytes [off, off+n) of page (from src) into the cache as kind.
+ * W_CLEAN: the backend already has them; a page not cached is only
+ * added when written whole.  The page is range locked by the caller.
+ */
+static int
+write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
+            const uint8_t *src, uint32_t off, uint32_t n, enum wkind kind,
+            int *err)
+{
+  const uint32_t pbytes = cache_page_bytes (c, page);
+  const bool whole = off == 0 && n >= pbytes;
+  uint32_t s = cache_lookup_pin (c, page);
+  bool cow = false, bad = false;
+  int r;
+
+  if (s != PT_NONE) {
+    pthread_mutex_lock (&c->lock);
+    bad = pt_flags (&c->pt, s) & PT_BAD;
+    pthread_mutex_unlock (&c->lock);
+  }
+
+  if (whole) {
+    uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
+    const uint8_t *data = src;
+    uint8_t *tmp = NULL;
+
+    if (n < c->page_size) {
+      /* The short last page of the backend, padded with zeroes. */
+      tmp = malloc (c->page_size);
+      if (tmp == NULL) {
+        /* The backend has the new data already (W_CLEAN): the cached
+         * copy must go.
+         */
+        if (s != PT_NONE && kind == W_CLEAN)
+          cache_drop_slot (c, s);
+        else if (s != PT_NONE)
+          cache_unpin (c, s);
+        *err = ENOMEM;
+        return -1;
+      }
+      memcpy (tmp, src, n);
+      memset (tmp + n, 0, c->page_size - n);
+      data = tmp;
+    }
+    cache_map_fill (c, dirty);
+    r = cache_fill_slot (c, page, s, data, kind == W_DIRTY ? dirty : NULL,
+                         false);
+    free (tmp);
+    if (r == 1) {
+      /* No slot for the new version: it goes to the backend, and the
+       * cached version, now older than the backend's, must go.
+       */
+      uint32_t old;
+      if (kind == W_DIRTY &&
+          write_around (c, be, src, n, page * c->page_size, err) == -1)
+        return -1;
+      old = cache_lookup_pin (c, page);
+      if (old != PT_NONE)
+        cache_drop_slot (c, old);
+      return 0;
+    }
+    if (r == -1 && kind == W_DIRTY) {
+      *err = EIO;
+      return -1;
+    }
+    return 0;
+  }
+
+  if (bad) {
+    cache_unpin (c, s);
+    *err = EIO;
+    return -1;
+  }
+  if (s == PT_NONE) {
+    if (kind == W_CLEAN)
+      return 0;                 /* partial page not cached: leave it */
+    return write_fresh (c, be, page, src, off, n, kind, err);
+  }
+  /* Decide and rewrite in place under c->inplace (see cache-int.h). */
+  pthread_rwlock_rdlock (&c->inplace);
+  pthread_mutex_lock (&c->lock);
+  cow = cache_must_cow (c, s);
+  pthread_mutex_unlock (&c->lock);
+  if (cow) {
+    pthread_rwlock_unlock (&c->inplace);
+    r = cow_slot (c, be, page, s, src, off, n, kind, err);
+  }
+  else {
+    r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
+    pthread_rwlock_unlock (&c->inplace);
+  }
+  if (r == 2)
+    r = write_page_simple (c, be, page, src, off, n, kind, err);
+  return r;
+}
+
+/* Writethrough, before the backend gets the write: bring the cached
+ * copy of page (if any) up to date with bytes [off, off+n), in a way a
+ * crash undoes.  The slot is rewritten unsealed (its entry on disk says
+ * so before its data changes): if nbdkit dies before or after the
+ * backend write, recovery drops the slot and the page is read from the
+ * backend, so the cache never holds older data than the backend.
+ * (Written after the backend, a crash between the two would leave the
+ * old data cached, with a checksum that holds.)
+ * When that cannot be done the cached copy is dropped.  Pages not
+ * cached are left alone here (whole ones are added after the backend
+ * write), and so are sectors not cached: if none of those the write
+ * touches is cached, only the backend gets it.  The page is range
+ * locked by the caller; errors are not returned (the page is dropped).
+ */
+static void
+write_through_first (struct cache *c, const struct cache_backend *be,
+                     uint64_t page, const uint8_t *src, uint32_t off,
+                     uint32_t n)
+{
+  uint32_t s = cache_lookup_pin (c, page);
+  unsigned sf, sl;
+  bool any;
+  int r, err = 0;
+
+  if (s == PT_NONE)
+    return;
+  cache_sector_span (c, off, n, &sf, &sl);
+  pthread_mutex_lock (&c->lock);
+  any = pagetable_range_any_valid (&c->pt, s, sf, sl);
+  pthread_mutex_unlock (&c->lock);
+  if (!any) {
+    cache_unpin (c, s);
+    STATS_ADD (&c->stats, writes_not_cached, 1);
+    return;
+  }
+  pthread_rwlock_rdlock (&c->inplace);
+  r = cache_patch_slot (c, be, page, s, false, src, off, n, W_CLEAN, &err);
+  pthread_rwlock_unlock (&c->inplace);
+  if (r != 0) {
+    /* Not unsealed (not verified since start, bad, or no memory), maps
+     * that do not fit, or an error: the cached copy goes.
+     */
+    s = cache_lookup_pin (c, page);
+    if (s != PT_NONE)
+      cache_drop_slot (c, s);
+  }
+}
+
+/* The part [*a, *b) of page that the request [offset, offset+count)
+ * covers, as offsets within the page.
+ */
+static void
+page_part (uint32_t ps, uint64_t page, uint64_t offset, uint32_t count,
+           uint32_t *a, uint32_t *b)
+{
+  uint64_t pstart = page * ps;
+
+  *a = offset > pstart ? offset - pstart : 0;
+  *b = offset + count < pstart + ps ? offset + count - pstart : ps;
+}
+
+int
+cache_write (struct cache *c, const struct cache_backend *be,
+             const void *buf, uint32_t count, uint64_t offset, bool fua,
+             int *err)
+{
+  const uint32_t ps = c->page_size;
+  const bool writeback = c->mode == LAYOUT_MODE_WRITEBACK;
+  const bool through = !writeback;
+  uint64_t first, last;
+  int ret = -1;
+
+  STATS_ADD (&c->stats, write_ops, 1);
+  STATS_ADD (&c->stats, bytes_written, count);
+  cache_touch_io (c);
+  if (count == 0)
+    return 0;
+  if (cache_degraded (c))
+    return through_op (c, be, NULL, NULL, buf, count, offset, fua, err);
+
+  first = offset / ps;
+  last = (offset + count - 1) / ps;
+  if (rangelock_acquire (&c->ranges, first, last) == -1) {
+    *err = errno;
+    return -1;
+  }
+
+  /* Pages still dirty from an earlier writeback run are written back
+   * first: once the backend has the new data, writing back their older
+   * dirty sectors (to make room for a copy, or to simplify their maps)
+   * would bring the old data back, and dropping them (writearound)
+   * would lose the rest of their dirty sectors.
+   */
+  if (through) {
+    if (cache_clean_pages (c, be, first, last, err) == -1)
+      goto out;
+    /* The cached copies change (or go) before the backend gets the
+     * data, never after: see write_through_first.
+     */
+    if (c->mode == LAYOUT_MODE_WRITEAROUND)
+      cache_invalidate_pages (c, first, last);
+    else
+      for (uint64_t page = first; page <= last; page++) {
+        uint32_t a, b;
+
+        page_part (ps, page, offset, count, &a, &b);
+        write_through_first (c, be, page,
+                             (const uint8_t *) buf + (page * ps + a - offset),
+                             a, b - a);
+      }
+    if (be->pwrite (be->h, buf, count, offset, fua, err) == -1) {
+      /* The backend may hold some of the new data now, and the cache
+       * some the backend never got: the cached copies go.
+       */
+      cache_invalidate_pages (c, first, last);
+      goto out;
+    }
+    if (c->mode == LAYOUT_MODE_WRITEAROUND) {
+      ret = 0;
+      goto out;
+    }
+  }
+
+  for (uint64_t page = first; page <= last; page++) {
+    uint32_t a, b;
+    int r;
+
+    page_part (ps, page, offset, count, &a, &b);
+    if (through) {
+      /* Whole pages not cached are added now that the backend has
+       * them; the rest was done before.
+       */
+      uint32_t s;
+      if (a != 0 || b - a < cache_page_bytes (c, page))
+        continue;
+      s = cache_lookup_pin (c, page);
+      if (s != PT_NONE) {
+        cache_unpin (c, s);
+        continue;
+      }
+    }
+    r = write_page (c, be, page,
+                    (const uint8_t *) buf + (page * ps + a - offset),
+                    a, b - a, through ? W_CLEAN : W_DIRTY, err);
+    if (r == -1 && !through)
+      goto out;
+  }
+  ret = 0;
+
+ out:
+  rangelock_release (&c->ranges, first, last);
+  if (ret == -1 && writeback && cache_degraded (c)) {
+    /* The cache device failed under this very write: do it again as
+     * pass-through (pages it already dirtied are written back first).
+     */
+    return through_op (c, be, NULL, NULL, buf, count, offset, fua, err);
+  }
+  /* A FUA write is durable as the flush mode says.  In writethrough it
+   * is durable on the backend already; syncing the cache too keeps an
+   * older cached copy from coming back after power loss.
+   */
+  if (ret == 0 && fua) {
+    if (writeback)
+      ret = cache_flush (c, be, err);
+    else
+      cache_sync (c, err);
+  }
+  return ret;
+}

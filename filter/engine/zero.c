@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit-ssdcache-filter: zero and trim.
+ *
+ * Owns cache_zero_trim: whole pages go to the backend (through.c) and
+ * their cached copies are dropped; in writeback mode the partial pages
+ * at the edges of a zero become dirty zeroes in the cache (write.c).
+ * The pages are range locked across the backend call.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache-int.h"
+#include "log.h"
+
+int
+cache_zero_trim (struct cache *c, const struct cache_backend *be,
+                 bool is_zero, cache_backend_op do_op, void *opaque,
+                 uint32_t count, uint64_t offset, bool fua, int *err)
+{
+  const uint32_t ps = c->page_size;
+  const bool writeback = c->mode == LAYOUT_MODE_WRITEBACK;
+  uint64_t end = offset + count;
+  uint64_t full_lo, full_hi;    /* whole pages: [full_lo, full_hi) bytes */
+  uint8_t *zeroes = NULL;
+  int ret = -1;
+
+  cache_touch_io (c);
+  if (count == 0)
+    return do_op (opaque, count, offset, err);
+  if (cache_degraded (c))
+    return through_op (c, be, do_op, opaque, NULL, count, offset, fua, err);
+
+  if (!writeback) {
+    /* The backend is the truth: do it there, drop cached copies. */
+    ret = through_op (c, be, do_op, opaque, NULL, count, offset, false, err);
+    if (ret == 0 && fua)
+      cache_sync (c, err);
+    return ret;
+  }
+
+  /* Writeback: whole pages go to the backend and leave the cache; the
+   * partial pages at the edges keep their dirty data, with zeroes
+   * written over the zeroed part.
+   */
+  full_lo = (offset + ps - 1) / ps * ps;
+  full_hi = end / ps * ps;
+  if (end == c->backend_size)
+    full_hi = end;              /* the short last page counts as whole */
+  if (full_hi < full_lo)
+    full_hi = full_lo;
+
+  if (full_hi > full_lo) {
+    uint64_t flo = full_lo / ps, fhi = (full_hi - 1) / ps;
+    if (rangelock_acquire (&c->ranges, flo, fhi) == -1) {
+      *err = errno;
+      return -1;
+    }
+    ret = do_op (opaque, full_hi - full_lo, full_lo, err);
+    if (ret == 0) {
+      atomic_store (&c->backend_unflushed, true);
+      cache_invalidate_pages (c, flo, fhi);
+    }
+    rangelock_release (&c->ranges, flo, fhi);
+    if (ret == -1)
+      return -1;
+  }
+  ret = -1;                    /* until the edges are done too */
+  if (is_zero) {
+    uint64_t parts[2][2] = {
+      { offset, full_lo < end ? full_lo : end },
+      { full_hi > offset ? full_hi : offset, end },
+    };
+    zeroes = calloc (1, ps);
+    if (zeroes == NULL) {
+      *err = ENOMEM;
+      return -1;
+    }
+    for (int k = 0; k < 2; k++) {
+      uint64_t lo = parts[k][0], hi = parts[k][1];
+      while (lo < hi) {
+        uint32_t n = hi - lo < ps - lo % ps ? hi - lo : ps - lo % ps;
+        if (cache_write (c, be, zeroes, n, lo, false, err) == -1)
+          goto out;
+        lo += n;
+      }
+    }
+  }
+  ret = 0;
+  if (fua && cache_flush (c, be, err) == -1)
+    ret = -1;
+ out:
+  free (zeroes);
+  return ret;
+}

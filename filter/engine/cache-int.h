@@ -250,6 +250,12 @@ extern uint32_t cache_page_bytes (const struct cache *c, uint64_t page);
 extern void cache_map_fill (const struct cache *c, uint8_t *map);
 extern uint32_t cache_page_crc (const struct cache *c, const uint8_t *buf,
                                 const uint8_t *valid);
+/* The part [*a, *b) of page that the request [offset, offset+count)
+ * covers, as offsets within the page.
+ */
+extern void cache_page_part (const struct cache *c, uint64_t page,
+                             uint64_t offset, uint32_t count, uint32_t *a,
+                             uint32_t *b);
 extern void cache_sector_span (const struct cache *c, uint32_t off,
                                uint32_t n, unsigned *first, unsigned *last);
 extern uint32_t cache_lookup_pin (struct cache *c, uint64_t page);
@@ -325,14 +331,30 @@ enum wkind {
   W_FILL,           /* backend data for sectors that were not valid,
                        merged with the cached ones: dirty bits stay */
 };
+/* What cache_patch_slot did. */
+enum patch_result {
+  PATCH_OK = 0,
+  PATCH_ERROR = -1,              /* *err set */
+  PATCH_NO_MAPS = 2,             /* the new maps need a side-table entry
+                                    and none is free: nothing changed */
+  PATCH_NOT_UNSEALED = 3,        /* a W_CLEAN rewrite of a cached slot
+                                    could not be made unsealed: nothing
+                                    changed */
+};
 /* Apply bytes [off, off+n) of page (from src) to slot s in place: s is
- * pinned (consumed), or fresh: newly allocated, then indexed.  Only the
- * sectors touched are read and written; the data CRC is patched.
+ * pinned, or fresh: newly allocated and empty, not indexed.  Only the
+ * sectors touched are read and written; the data CRC is patched, not
+ * recomputed; an unflushed dirty slot rewritten in place a second time
+ * is unsealed instead (seal.c): no checksum, no read, no entry write.
+ * Consumes the pin (or, for fresh, indexes the slot; when not
+ * PATCH_OK a fresh slot is freed).
  */
-extern int cache_patch_slot (struct cache *c, const struct cache_backend *be,
-                             uint64_t page, uint32_t s, bool fresh,
-                             const uint8_t *src, uint32_t off, uint32_t n,
-                             enum wkind kind, int *err);
+extern enum patch_result cache_patch_slot (struct cache *c,
+                                           const struct cache_backend *be,
+                                           uint64_t page, uint32_t s,
+                                           bool fresh, const uint8_t *src,
+                                           uint32_t off, uint32_t n,
+                                           enum wkind kind, int *err);
 /* Merge a write of src, bytes [off, off+n) of page, into span, which
  * holds sectors [sf, sl] of the page as stored, and update the maps
  * (see patch.c).

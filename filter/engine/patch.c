@@ -106,266 +106,390 @@ span_invalid (const struct pt_slot *slot, unsigned sf, unsigned sl)
   return true;
 }
 
-/* Apply a write in place to slot s (pinned; fresh: newly allocated and
- * empty, not indexed).  Only the sectors touched are read and written;
- * the data CRC is patched, not recomputed.  An unflushed dirty slot
- * rewritten in place a second time is unsealed instead (cache-seal.c):
- * no checksum, no read, no entry write.  Consumes the pin (or, for
- * fresh, indexes the slot).  Returns 0, -1 with *err set, 2 if the
- * new maps need a side-table entry and none is free, or 3 if a W_CLEAN
- * rewrite of a cached slot cannot be made unsealed (in both cases
- * nothing changed; the pin is consumed, a fresh slot freed).
- */
 /* Spans up to this size are patched in buffers on the stack. */
 #define PATCH_STACK_BYTES 4096
 
-int
-cache_patch_slot (struct cache *c, const struct cache_backend *be,
-                  uint64_t page, uint32_t s, bool fresh, const uint8_t *src,
-                  uint32_t off, uint32_t n, enum wkind kind, int *err)
-{
-  const uint32_t ss = c->sector_size;
-  unsigned sf, sl;
+/* One patch in progress: the request, the span of sectors it touches
+ * (old: as stored, span: as it will be), the slot's record before and
+ * after, and how far it got.
+ */
+struct patch {
+  struct cache *c;
+  const struct cache_backend *be;
+  uint64_t page;
+  uint32_t s;
+  bool fresh;
+  const uint8_t *src;
+  uint32_t off, n;
+  enum wkind kind;
+
+  unsigned sf, sl;               /* sectors [sf, sl] */
   uint32_t span_off, span_len;
+  uint8_t *old, *span;
+  uint8_t *old_heap, *span_heap;
   uint8_t old_small[PATCH_STACK_BYTES], span_small[PATCH_STACK_BYTES];
-  uint8_t *old_heap = NULL, *span_heap = NULL, *old, *span;
+
   struct pt_slot upd, before;
-  bool wrote = false, unseal = false, unsealed = false, evicted = false;
-  bool dirty_unsealed;
-  int ret = -1;
+  bool wrote;                    /* the slot's data may have changed */
+  bool unseal;                   /* to be unsealed (a list reservation) */
+  bool unsealed;                 /* already unsealed */
+  bool evicted;                  /* fresh, its entry names another page */
+};
 
-  cache_sector_span (c, off, n, &sf, &sl);
-  span_off = sf * ss;
-  span_len = (sl - sf + 1) * ss;
-  if (span_len <= sizeof old_small) {
+/* The span's buffers.  Returns 0, or -1 (*err) without memory. */
+static int
+patch_buffers (struct patch *p, int *err)
+{
+  const uint32_t ss = p->c->sector_size;
+
+  cache_sector_span (p->c, p->off, p->n, &p->sf, &p->sl);
+  p->span_off = p->sf * ss;
+  p->span_len = (p->sl - p->sf + 1) * ss;
+  if (p->span_len <= sizeof p->old_small) {
     /* Small writes (the common case) need no allocation. */
-    old = old_small;
-    span = span_small;
+    p->old = p->old_small;
+    p->span = p->span_small;
+    return 0;
   }
-  else {
-    old = old_heap = malloc (span_len);
-    span = span_heap = malloc (span_len);
-    if (old == NULL || span == NULL) {
-      /* W_CLEAN: the backend has the new data, the slot the old: it
-       * goes (below), as after a failed write.
-       */
-      wrote = true;
-      *err = ENOMEM;
-      goto out;
-    }
-  }
-
-  if (fresh) {
-    memset (&upd, 0, sizeof upd);
-    upd.page = page;
-    upd.data_crc = c->zero_page_crc;
-    memset (old, 0, span_len);
-    pthread_mutex_lock (&c->lock);
-    evicted = pt_flags (&c->pt, s) & PT_EVICTED;
-    pthread_mutex_unlock (&c->lock);
-  }
-  else {
-    pthread_mutex_lock (&c->lock);
-    dirty_unsealed = (pt_flags (&c->pt, s) & PT_UNSEALED) &&
-      pt_state (&c->pt, s) == LAYOUT_DIRTY;
-    pthread_mutex_unlock (&c->lock);
-    if (kind == W_CLEAN && dirty_unsealed &&
-        cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1) {
-      /* It could become clean: it needs a checksum again. */
-      *err = EIO;
-      goto out;
-    }
-    pthread_mutex_lock (&c->lock);
-    pagetable_get (&c->pt, s, &upd);
-    unsealed = upd.flags & PT_UNSEALED;
-    /* Unflushed dirty data from its second rewrite on; clean data (the
-     * backend has it: writethrough) at once, if whole sectors change.
+  p->old = p->old_heap = malloc (p->span_len);
+  p->span = p->span_heap = malloc (p->span_len);
+  if (p->old == NULL || p->span == NULL) {
+    /* W_CLEAN: the backend has the new data, the slot the old: it goes
+     * (patch_release), as after a failed write.
      */
-    unseal = !unsealed && (upd.flags & PT_VERIFIED) &&
-      !(upd.flags & PT_BAD) &&
-      ((kind == W_DIRTY && upd.state == LAYOUT_DIRTY) ||
-       (kind == W_CLEAN && upd.state == LAYOUT_CLEAN)) &&
-      cache_unseal_reserve_locked (c, s);
-    pthread_mutex_unlock (&c->lock);
-    if (upd.flags & PT_BAD) {
-      *err = EIO;
-      goto out;
-    }
-    if (kind == W_CLEAN && !(unseal || unsealed)) {
-      /* A W_CLEAN rewrite comes before the backend write (cache_write)
-       * and must be one a crash undoes: unsealed, or nothing.
-       */
-      ret = 3;
-      goto out;
-    }
-    if (kind == W_FILL && span_invalid (&upd, sf, sl))
-      memset (old, 0, span_len);        /* nothing cached there yet */
-    else if (!(unseal || unsealed) || !covers_sectors (c, page, off, n)) {
-      if (defer_read_data (&c->defer, &c->pool, s, old, span_len, span_off) == -1) {
-        cache_io_error (c, "reading data", s);
-        *err = EIO;
-        goto out;
-      }
-      for (unsigned i = sf; i <= sl; i++)
-        if (!layout_bit_test (upd.valid, i))
-          memset (old + (i - sf) * ss, 0, ss);
-    }
-    else
-      memset (old, 0, span_len);        /* all overwritten, but for the
-                                           bytes past the backend's end */
+    p->wrote = true;
+    *err = ENOMEM;
+    return -1;
   }
-  memcpy (span, old, span_len);
-  before = upd;
-  if (patch_merge_span (c, be, page, span, sf, sl, src, off, n, kind,
-                  upd.valid, upd.dirty, err) == -1)
-    goto out;
-  upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
+  return 0;
+}
 
-  /* Maps that are not runs need a side-table entry (pagetable.c): with
-   * none to be had, nothing is written and the caller makes the page
-   * simple first.
-   */
+/* A fresh slot: nothing stored yet. */
+static void
+patch_load_fresh (struct patch *p)
+{
+  struct cache *c = p->c;
+
+  memset (&p->upd, 0, sizeof p->upd);
+  p->upd.page = p->page;
+  p->upd.data_crc = c->zero_page_crc;
+  memset (p->old, 0, p->span_len);
   pthread_mutex_lock (&c->lock);
-  if (!pt_maps_reserve_for (&c->pt, s, upd.valid, upd.dirty) &&
-      !(kind == W_CLEAN && before.state == LAYOUT_DIRTY &&
-        pt_maps_reserve_force (&c->pt, s))) {
-    /* (A W_CLEAN write never meets a dirty page: cache_write writes
-     * such pages back first.  Were it to, the limit is passed rather
-     * than stale sectors kept.)
-     */
-    pthread_mutex_unlock (&c->lock);
-    STATS_ADD (&c->stats, partial_maps_full, 1);
-    ret = 2;
-    goto out;
-  }
+  p->evicted = pt_flags (&c->pt, p->s) & PT_EVICTED;
   pthread_mutex_unlock (&c->lock);
+}
 
-  if (unseal || unsealed) {
-    /* Entry first, with the maps as they are (it says: do not trust
-     * this slot after a crash), then the data; then readers may see the
-     * new maps.  Later rewrites only write data.
-     */
-    /* (Clean data too: counting on the old checksum to fail the new
-     * data is not enough, since a later rewrite may put the sealed
-     * bytes back, and a crash before the backend gets that write would
-     * leave them verifying while the backend holds the write before.)
-     */
-    if (unseal) {
-      struct pt_slot mark = before;
+/* Under c->lock: read slot s's record into p->upd and decide whether
+ * this rewrite unseals it: unflushed dirty data from its second rewrite
+ * on; clean data (the backend has it: writethrough) at once.
+ */
+static void
+patch_decide_locked (struct patch *p)
+{
+  struct cache *c = p->c;
+  struct pt_slot *u = &p->upd;
 
-      mark.flags |= PT_UNSEALED;
-      unseal = false;           /* the commit uses the reservation */
-      if (cache_commit_entry (c, s, &mark) == -1)
-        goto io_error;
-    }
-    wrote = true;
-    /* Clean data (writethrough) may reach the file later (defer.h):
-     * the slot is unsealed, and every other use of its data waits for
-     * the queued write.
+  pagetable_get (&c->pt, p->s, u);
+  p->unsealed = u->flags & PT_UNSEALED;
+  p->unseal = !p->unsealed && (u->flags & PT_VERIFIED) &&
+    !(u->flags & PT_BAD) &&
+    ((p->kind == W_DIRTY && u->state == LAYOUT_DIRTY) ||
+     (p->kind == W_CLEAN && u->state == LAYOUT_CLEAN)) &&
+    cache_unseal_reserve_locked (c, p->s);
+}
+
+/* A cached slot: its record, and the sectors of the span as stored
+ * (invalid ones as zeroes).
+ */
+static enum patch_result
+patch_load_cached (struct patch *p, int *err)
+{
+  struct cache *c = p->c;
+  const uint32_t ss = c->sector_size;
+  bool dirty_unsealed;
+
+  pthread_mutex_lock (&c->lock);
+  dirty_unsealed = (pt_flags (&c->pt, p->s) & PT_UNSEALED) &&
+    pt_state (&c->pt, p->s) == LAYOUT_DIRTY;
+  pthread_mutex_unlock (&c->lock);
+  if (p->kind == W_CLEAN && dirty_unsealed &&
+      cache_seal_slot (c, p->s, CACHE_EPOCH_NOW) == -1) {
+    /* It could become clean: it needs a checksum again. */
+    *err = EIO;
+    return PATCH_ERROR;
+  }
+  pthread_mutex_lock (&c->lock);
+  patch_decide_locked (p);
+  pthread_mutex_unlock (&c->lock);
+  if (p->upd.flags & PT_BAD) {
+    *err = EIO;
+    return PATCH_ERROR;
+  }
+  if (p->kind == W_CLEAN && !(p->unseal || p->unsealed))
+    /* A W_CLEAN rewrite comes before the backend write (cache_write)
+     * and must be one a crash undoes: unsealed, or nothing.
      */
-    if ((kind == W_CLEAN
-         ? defer_write_data_later (&c->defer, &c->pool, s, span, span_len, span_off)
-         : defer_write_data (&c->defer, &c->pool, s, span, span_len, span_off)) == -1)
-      goto io_error;
-    pthread_mutex_lock (&c->lock);
-    pt_maps_set (&c->pt, s, upd.valid, upd.dirty);
-    if (pt_state (&c->pt, s) != upd.state) {
-      if (pt_flags (&c->pt, s) & PT_INDEXED)
-        cache_set_state_counts (c, pt_state (&c->pt, s), upd.state);
-      pt_set_state (&c->pt, s, upd.state);
+    return PATCH_NOT_UNSEALED;
+  if (p->kind == W_FILL && span_invalid (&p->upd, p->sf, p->sl))
+    memset (p->old, 0, p->span_len);    /* nothing cached there yet */
+  else if (!(p->unseal || p->unsealed) ||
+           !covers_sectors (c, p->page, p->off, p->n)) {
+    if (defer_read_data (&c->defer, &c->pool, p->s, p->old, p->span_len,
+                         p->span_off) == -1) {
+      cache_io_error (c, "reading data", p->s);
+      *err = EIO;
+      return PATCH_ERROR;
     }
-    pt_set_seq (&c->pt, s, ++c->seq);   /* tells writeback it changed */
-    pthread_mutex_unlock (&c->lock);
+    for (unsigned i = p->sf; i <= p->sl; i++)
+      if (!layout_bit_test (p->upd.valid, i))
+        memset (p->old + (i - p->sf) * ss, 0, ss);
   }
-  else if (evicted) {
-    /* The slot's entry still describes the page evicted from it: were
-     * the data written first, a crash could leave that entry with data
-     * that still verifies for it (the sectors written need not be
-     * among its valid ones), and the evicted page, perhaps older than
-     * the backend by now, would come back.  So the entry goes first.
-     */
-    upd.data_crc = layout_crc32c_patch (upd.data_crc, c->page_size, span_off,
-                                        old, span, span_len);
-    wrote = true;
-    if (cache_commit_entry (c, s, &upd) == -1 ||
-        defer_write_data (&c->defer, &c->pool, s, span, span_len, span_off) == -1)
-      goto io_error;
+  else
+    memset (p->old, 0, p->span_len);    /* all overwritten, but for the
+                                           bytes past the backend's end */
+  return PATCH_OK;
+}
+
+/* Maps that are not runs need a side-table entry (pagetable.c): with
+ * none to be had, nothing is written and the caller makes the page
+ * simple first.
+ */
+static enum patch_result
+patch_reserve_maps (struct patch *p)
+{
+  struct cache *c = p->c;
+  bool ok;
+
+  pthread_mutex_lock (&c->lock);
+  /* (A W_CLEAN write never meets a dirty page: cache_write writes such
+   * pages back first.  Were it to, the limit is passed rather than
+   * stale sectors kept.)
+   */
+  ok = pt_maps_reserve_for (&c->pt, p->s, p->upd.valid, p->upd.dirty) ||
+    (p->kind == W_CLEAN && p->before.state == LAYOUT_DIRTY &&
+     pt_maps_reserve_force (&c->pt, p->s));
+  pthread_mutex_unlock (&c->lock);
+  if (ok)
+    return PATCH_OK;
+  STATS_ADD (&c->stats, partial_maps_full, 1);
+  return PATCH_NO_MAPS;
+}
+
+static int
+patch_write_span (struct patch *p)
+{
+  return defer_write_data (&p->c->defer, &p->c->pool, p->s, p->span,
+                           p->span_len, p->span_off);
+}
+
+static void
+patch_crc (struct patch *p)
+{
+  p->upd.data_crc = layout_crc32c_patch (p->upd.data_crc, p->c->page_size,
+                                         p->span_off, p->old, p->span,
+                                         p->span_len);
+}
+
+/* Strategy 1, an unsealed slot (or one this rewrite unseals): entry
+ * first, with the maps as they are (it says: do not trust this slot
+ * after a crash), then the data; then readers may see the new maps.
+ * Later rewrites only write data.  (Clean data too: counting on the old
+ * checksum to fail the new data is not enough, since a later rewrite
+ * may put the sealed bytes back, and a crash before the backend gets
+ * that write would leave them verifying while the backend holds the
+ * write before.)  Returns 0 or -1 (an I/O error).
+ */
+static int
+patch_unsealed (struct patch *p)
+{
+  struct cache *c = p->c;
+  int r;
+
+  if (p->unseal) {
+    struct pt_slot mark = p->before;
+
+    mark.flags |= PT_UNSEALED;
+    p->unseal = false;          /* the commit uses the reservation */
+    if (cache_commit_entry (c, p->s, &mark) == -1)
+      return -1;
   }
-  else if (!fresh && kind == W_FILL) {
-    /* Backend data in sectors that were not valid: the entry on disk
-     * may lag (its valid sectors and checksum still hold for the data),
-     * which only means a crash forgets these sectors; RAM is ahead, and
-     * the next entry write (at the latest, at close) records them.
-     */
-    upd.data_crc = layout_crc32c_patch (upd.data_crc, c->page_size, span_off,
-                                        old, span, span_len);
-    if (defer_write_data (&c->defer, &c->pool, s, span, span_len, span_off) == -1)
-      goto io_error;
+  p->wrote = true;
+  /* Clean data (writethrough) may reach the file later (defer.h): the
+   * slot is unsealed, and every other use of its data waits for the
+   * queued write.
+   */
+  r = p->kind == W_CLEAN
+    ? defer_write_data_later (&c->defer, &c->pool, p->s, p->span,
+                              p->span_len, p->span_off)
+    : patch_write_span (p);
+  if (r == -1)
+    return -1;
+  pthread_mutex_lock (&c->lock);
+  pt_maps_set (&c->pt, p->s, p->upd.valid, p->upd.dirty);
+  if (pt_state (&c->pt, p->s) != p->upd.state) {
+    if (pt_flags (&c->pt, p->s) & PT_INDEXED)
+      cache_set_state_counts (c, pt_state (&c->pt, p->s), p->upd.state);
+    pt_set_state (&c->pt, p->s, p->upd.state);
+  }
+  pt_set_seq (&c->pt, p->s, ++c->seq);  /* tells writeback it changed */
+  pthread_mutex_unlock (&c->lock);
+  return 0;
+}
+
+/* Strategy 2, a fresh slot taken from an evicted page: the slot's entry
+ * still describes that page.  Were the data written first, a crash
+ * could leave that entry with data that still verifies for it (the
+ * sectors written need not be among its valid ones), and the evicted
+ * page, perhaps older than the backend by now, would come back.  So the
+ * entry goes first.
+ */
+static int
+patch_evicted (struct patch *p)
+{
+  patch_crc (p);
+  p->wrote = true;
+  if (cache_commit_entry (p->c, p->s, &p->upd) == -1 ||
+      patch_write_span (p) == -1)
+    return -1;
+  return 0;
+}
+
+/* Strategy 3, backend data in sectors of a cached slot that were not
+ * valid: the entry on disk may lag (its valid sectors and checksum
+ * still hold for the data), which only means a crash forgets these
+ * sectors; RAM is ahead, and the next entry write (at the latest, at
+ * close) records them.
+ */
+static int
+patch_fill (struct patch *p)
+{
+  struct cache *c = p->c;
+  uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
+
+  patch_crc (p);
+  if (patch_write_span (p) == -1)
+    return -1;
+  pthread_mutex_lock (&c->lock);
+  pt_maps_get (&c->pt, p->s, NULL, dirty);
+  pt_maps_set (&c->pt, p->s, p->upd.valid, dirty);
+  pt_set_crc (&c->pt, p->s, p->upd.data_crc);
+  pt_set_seq (&c->pt, p->s, ++c->seq);
+  pthread_mutex_unlock (&c->lock);
+  return 0;
+}
+
+/* Strategy 4, the rest (a sealed slot, or a fresh one): data, then the
+ * entry with the patched checksum.
+ */
+static int
+patch_sealed (struct patch *p)
+{
+  patch_crc (p);
+  if (patch_write_span (p) == -1 ||
+      cache_commit_entry (p->c, p->s, &p->upd) == -1) {
+    p->wrote = true;
+    return -1;
+  }
+  return 0;
+}
+
+/* Done: a fresh slot enters the index, a cached one is unpinned. */
+static void
+patch_done (struct patch *p)
+{
+  struct cache *c = p->c;
+
+  if (p->fresh) {
     pthread_mutex_lock (&c->lock);
-    {
-      uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
-      pt_maps_get (&c->pt, s, NULL, dirty);
-      pt_maps_set (&c->pt, s, upd.valid, dirty);
-    }
-    pt_set_crc (&c->pt, s, upd.data_crc);
-    pt_set_seq (&c->pt, s, ++c->seq);
-    pthread_mutex_unlock (&c->lock);
-  }
-  else {
-    upd.data_crc = layout_crc32c_patch (upd.data_crc, c->page_size, span_off,
-                                        old, span, span_len);
-    if (defer_write_data (&c->defer, &c->pool, s, span, span_len, span_off) == -1 ||
-        cache_commit_entry (c, s, &upd) == -1) {
-      wrote = true;
-      goto io_error;
-    }
-  }
-  ret = 0;
-  if (fresh) {
-    pthread_mutex_lock (&c->lock);
-    pt_flags_on (&c->pt, s, PT_VERIFIED);
-    pagetable_insert (&c->pt, s, page);
-    cache_policy_insert (c, s, page);
-    cache_set_state_counts (c, LAYOUT_FREE, upd.state);
+    pt_flags_on (&c->pt, p->s, PT_VERIFIED);
+    pagetable_insert (&c->pt, p->s, p->page);
+    cache_policy_insert (c, p->s, p->page);
+    cache_set_state_counts (c, LAYOUT_FREE, p->upd.state);
     pthread_mutex_unlock (&c->lock);
     STATS_ADD (&c->stats, fills, 1);
   }
   else {
     STATS_ADD (&c->stats, pages_updated, 1);
-    cache_unpin (c, s);
+    cache_unpin (c, p->s);
   }
-  goto out;
+}
 
- io_error:
-  cache_io_error (c, "writing", s);
-  *err = EIO;
- out:
-  if (unseal) {
+/* Not done (r): give back the reservation, the pin or the fresh slot;
+ * a W_CLEAN slot whose data may be torn goes (the backend has it).
+ */
+static void
+patch_release (struct patch *p, enum patch_result r)
+{
+  struct cache *c = p->c;
+
+  if (p->unseal) {
     pthread_mutex_lock (&c->lock);
-    cache_unseal_unreserve_locked (c, s);
+    cache_unseal_unreserve_locked (c, p->s);
     pthread_mutex_unlock (&c->lock);
   }
-  if (ret == -1) {
-    if (fresh) {
-      pthread_mutex_lock (&c->lock);
-      pagetable_put_free (&c->pt, s);
-      pthread_mutex_unlock (&c->lock);
-    }
-    else if (wrote && kind == W_CLEAN)
-      cache_drop_slot (c, s);   /* may be torn: the backend has it */
-    else
-      cache_unpin (c, s);
+  if (r == PATCH_OK)
+    return;
+  if (p->fresh) {
+    pthread_mutex_lock (&c->lock);
+    pagetable_put_free (&c->pt, p->s);
+    pthread_mutex_unlock (&c->lock);
   }
-  else if (ret == 2 || ret == 3) {
-    if (fresh) {
-      pthread_mutex_lock (&c->lock);
-      pagetable_put_free (&c->pt, s);
-      pthread_mutex_unlock (&c->lock);
-    }
-    else
-      cache_unpin (c, s);
+  else if (r == PATCH_ERROR && p->wrote && p->kind == W_CLEAN)
+    cache_drop_slot (c, p->s);  /* may be torn: the backend has it */
+  else
+    cache_unpin (c, p->s);
+}
+
+/* Write the span to the slot by the strategy that fits. */
+static int
+patch_store (struct patch *p)
+{
+  if (p->unseal || p->unsealed)
+    return patch_unsealed (p);
+  if (p->evicted)
+    return patch_evicted (p);
+  if (!p->fresh && p->kind == W_FILL)
+    return patch_fill (p);
+  return patch_sealed (p);
+}
+
+enum patch_result
+cache_patch_slot (struct cache *c, const struct cache_backend *be,
+                  uint64_t page, uint32_t s, bool fresh, const uint8_t *src,
+                  uint32_t off, uint32_t n, enum wkind kind, int *err)
+{
+  struct patch patch = { .c = c, .be = be, .page = page, .s = s,
+                         .fresh = fresh, .src = src, .off = off, .n = n,
+                         .kind = kind };
+  struct patch *p = &patch;
+  enum patch_result r = PATCH_ERROR;
+
+  if (patch_buffers (p, err) == -1)
+    goto out;
+  if (fresh)
+    patch_load_fresh (p);
+  else if ((r = patch_load_cached (p, err)) != PATCH_OK)
+    goto out;
+  r = PATCH_ERROR;
+  memcpy (p->span, p->old, p->span_len);
+  p->before = p->upd;
+  if (patch_merge_span (c, be, page, p->span, p->sf, p->sl, src, off, n,
+                        kind, p->upd.valid, p->upd.dirty, err) == -1)
+    goto out;
+  p->upd.state = layout_map_empty (p->upd.dirty) ? LAYOUT_CLEAN
+    : LAYOUT_DIRTY;
+  if ((r = patch_reserve_maps (p)) != PATCH_OK)
+    goto out;
+  if (patch_store (p) == -1) {
+    cache_io_error (c, "writing", s);
+    *err = EIO;
+    r = PATCH_ERROR;
+    goto out;
   }
-  free (old_heap);
-  free (span_heap);
-  return ret;
+  patch_done (p);
+ out:
+  patch_release (p, r);
+  free (p->old_heap);
+  free (p->span_heap);
+  return r;
 }

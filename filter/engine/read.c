@@ -206,7 +206,7 @@ fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
   r = cache_patch_slot (c, be, page, s, false, buf + lo, lo, hi - lo,
                         W_FILL, err);
   pthread_rwlock_unlock (&c->inplace);
-  if (r == 2) {
+  if (r == PATCH_NO_MAPS) {
     /* The valid sectors would not be one run and the side table is
      * full: round out to the whole page instead (one more backend read
      * of the sectors still missing), which needs no entry.  The answer
@@ -258,6 +258,150 @@ admit_miss (struct cache *c, uint64_t page)
   return r;
 }
 
+/* Pass 1 of read_slow for one page: serve it from the cache if it is
+ * there (verifying on first use), completing missing sectors from the
+ * backend.  Returns 0 if served, 1 if the backend must be read, -1
+ * (*err) on error.
+ */
+static int
+slow_cached (struct cache *c, const struct cache_backend *be, uint8_t *dst,
+             uint64_t pos, uint32_t len, const struct read_opts *o,
+             uint64_t page, uint8_t *page_buf, int *err)
+{
+  const uint64_t pstart = page * c->page_size;
+  uint32_t a, b;
+  unsigned sf, sl;
+  uint32_t s = cache_lookup_pin (c, page);
+  bool ok, bad;
+
+  if (s == PT_NONE) {
+    if (!o->readahead)
+      STATS_ADD (&c->stats, read_misses, 1);
+    return 1;
+  }
+  cache_page_part (c, page, pos, len, &a, &b);
+  cache_sector_span (c, a, b - a, &sf, &sl);
+  if (cache_read_verified_span (c, be, s, page_buf, sf, sl) == -1) {
+    pthread_mutex_lock (&c->lock);
+    bad = pagetable_lookup (&c->pt, page) == s &&
+      (pt_flags (&c->pt, s) & PT_BAD);
+    pthread_mutex_unlock (&c->lock);
+    if (bad) {
+      *err = EIO;
+      return -1;
+    }
+    if (!o->readahead)
+      STATS_ADD (&c->stats, read_misses, 1);
+    return 1;                   /* dropped */
+  }
+  pthread_mutex_lock (&c->lock);
+  ok = pagetable_range_valid (&c->pt, s, sf, sl);
+  if (ok && !o->readahead)
+    note_use_locked (c, s, b - a, o->used);
+  pthread_mutex_unlock (&c->lock);
+  if (ok) {
+    if (!o->readahead) {
+      STATS_ADD (&c->stats, read_hits, 1);
+      STATS_ADD (&c->stats, bytes_from_cache, b - a);
+    }
+    cache_unpin (c, s);
+  }
+  else {
+    STATS_ADD (&c->stats, read_partial, 1);
+    if (fill_sectors (c, be, page, s, page_buf, a, b, err) == -1)
+      return -1;
+  }
+  if (dst)
+    memcpy (dst + (pstart + a - pos), page_buf + a, b - a);
+  return 0;
+}
+
+/* Store page, read from the backend: data holds the page, of which
+ * [plo, phi) (backend offsets) was read.  As o says: not at all (past
+ * the sequential cutoff, not promoted yet), whole, or only the sectors
+ * read (a fresh slot with some sectors valid).
+ */
+static void
+slow_store (struct cache *c, const struct cache_backend *be,
+            const struct read_opts *o, uint64_t page, const uint8_t *data,
+            uint64_t plo, uint64_t phi)
+{
+  const uint64_t pstart = page * c->page_size;
+
+  if (pstart >= o->nofill_from)
+    STATS_ADD (&c->stats, seq_bypassed, 1);   /* a long stream */
+  else if (o->promote && !admit_miss (c, page))
+    STATS_ADD (&c->stats, promote_skipped, 1);
+  else if (plo == pstart && phi >= pstart + cache_page_bytes (c, page))
+    cache_fill_slot (c, page, PT_NONE, data, NULL, o->readahead);
+  else if (!cache_degraded (c)) {
+    uint32_t ns = cache_alloc_slot (c, false);
+    int e;
+    if (ns == PT_NONE)
+      STATS_ADD (&c->stats, bypassed, 1);
+    else
+      cache_patch_slot (c, be, page, ns, true, data + (plo - pstart),
+                        plo - pstart, phi - plo, W_CLEAN, &e);
+  }
+}
+
+/* Pass 2 of read_slow for the run of pages [pf, pl] not served: one
+ * backend read, then each page stored and copied out.
+ */
+static int
+slow_run (struct cache *c, const struct cache_backend *be, uint8_t *dst,
+          uint64_t pos, uint32_t len, const struct read_opts *o,
+          uint64_t pf, uint64_t pl, int *err)
+{
+  const uint32_t ps = c->page_size, ss = c->sector_size;
+  uint64_t run_start = pf * ps, run_end = (pl + 1) * ps;
+  uint64_t read_lo, read_hi;
+  uint8_t *bounce;
+
+  if (run_end > c->backend_size)
+    run_end = c->backend_size;
+  /* A miss reads only the sectors asked for, not the whole page: never
+   * more backend traffic than the client's own request needs.  (Pages
+   * in the middle of a long request are read whole.)
+   */
+  read_lo = run_start;
+  read_hi = run_end;
+  if (pos > run_start)
+    read_lo = pos / ss * ss;
+  if (pos + len < run_end) {
+    read_hi = (pos + len + ss - 1) / ss * ss;
+    if (read_hi > run_end)
+      read_hi = run_end;
+  }
+
+  bounce = calloc (pl - pf + 1, ps);
+  if (bounce == NULL) {
+    *err = ENOMEM;
+    return -1;
+  }
+  if (be->pread (be->h, bounce + (read_lo - run_start), read_hi - read_lo,
+                 read_lo, err) == -1) {
+    free (bounce);
+    return -1;
+  }
+  STATS_ADD (&c->stats, bytes_from_backend, read_hi - read_lo);
+
+  for (uint64_t page = pf; page <= pl; page++) {
+    uint64_t pstart = page * ps;
+    uint8_t *data = bounce + (page - pf) * ps;
+    uint64_t plo = read_lo > pstart ? read_lo : pstart;
+    uint64_t phi = read_hi < pstart + ps ? read_hi : pstart + ps;
+    uint32_t a, b;
+
+    slow_store (c, be, o, page, data, plo, phi);
+    cache_page_part (c, page, pos, len, &a, &b);
+    if (dst)
+      memcpy (dst + (pstart + a - pos), data + a, b - a);
+  }
+  free (bounce);
+  return 0;
+}
+
 /* Read [pos, pos+len) (dst may be NULL: prefetch only) with the pages
  * range locked: serve what is cached, read the rest from the backend in
  * as few requests as possible and store it (as o says).
@@ -282,65 +426,17 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
     goto out_free;
   }
 
-  /* Pass 1: serve what the cache has (verifying on first use). */
+  /* Pass 1: serve what the cache has. */
   for (uint64_t i = 0; i < np; i++) {
-    uint64_t page = first + i;
-    uint64_t pstart = page * ps;
-    uint32_t a = pos > pstart ? pos - pstart : 0;
-    uint32_t b = pos + len < pstart + ps ? pos + len - pstart : ps;
-    unsigned sf, sl;
-    uint32_t s = cache_lookup_pin (c, page);
-    bool ok, bad;
-
-    need[i] = true;
-    if (s == PT_NONE) {
-      if (!o->readahead)
-        STATS_ADD (&c->stats, read_misses, 1);
-      continue;
-    }
-    cache_sector_span (c, a, b - a, &sf, &sl);
-    if (cache_read_verified_span (c, be, s, page_buf, sf, sl) == -1) {
-      pthread_mutex_lock (&c->lock);
-      bad = pagetable_lookup (&c->pt, page) == s &&
-        (pt_flags (&c->pt, s) & PT_BAD);
-      pthread_mutex_unlock (&c->lock);
-      if (bad) {
-        *err = EIO;
-        goto out;
-      }
-      if (!o->readahead)
-        STATS_ADD (&c->stats, read_misses, 1);
-      continue;                 /* dropped */
-    }
-    pthread_mutex_lock (&c->lock);
-    ok = pagetable_range_valid (&c->pt, s, sf, sl);
-    if (ok && !o->readahead)
-      note_use_locked (c, s, b - a, o->used);
-    pthread_mutex_unlock (&c->lock);
-    if (ok) {
-      if (dst)
-        memcpy (dst + (pstart + a - pos), page_buf + a, b - a);
-      if (!o->readahead) {
-        STATS_ADD (&c->stats, read_hits, 1);
-        STATS_ADD (&c->stats, bytes_from_cache, b - a);
-      }
-      need[i] = false;
-      cache_unpin (c, s);
-    }
-    else {
-      STATS_ADD (&c->stats, read_partial, 1);
-      if (fill_sectors (c, be, page, s, page_buf, a, b, err) == -1)
-        goto out;
-      if (dst)
-        memcpy (dst + (pstart + a - pos), page_buf + a, b - a);
-      need[i] = false;
-    }
+    int r = slow_cached (c, be, dst, pos, len, o, first + i, page_buf, err);
+    if (r == -1)
+      goto out;
+    need[i] = r == 1;
   }
 
   /* Pass 2: runs of needed pages, one backend read per run. */
   for (uint64_t i = 0; i < np;) {
-    uint64_t j, run_start, run_end, read_lo, read_hi;
-    uint8_t *bounce;
+    uint64_t j;
 
     if (!need[i]) {
       i++;
@@ -348,65 +444,8 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
     }
     for (j = i; j + 1 < np && need[j + 1]; j++)
       ;
-    run_start = (first + i) * ps;
-    run_end = (first + j + 1) * ps;
-    if (run_end > c->backend_size)
-      run_end = c->backend_size;
-    /* A miss reads only the sectors asked for, not the whole page:
-     * never more backend traffic than the client's own request needs.
-     * (Pages in the middle of a long request are read whole.)
-     */
-    read_lo = run_start;
-    read_hi = run_end;
-    if (pos > run_start)
-      read_lo = pos / c->sector_size * c->sector_size;
-    if (pos + len < run_end) {
-      read_hi = (pos + len + c->sector_size - 1) / c->sector_size *
-        c->sector_size;
-      if (read_hi > run_end)
-        read_hi = run_end;
-    }
-
-    bounce = calloc (j - i + 1, ps);
-    if (bounce == NULL) {
-      *err = ENOMEM;
+    if (slow_run (c, be, dst, pos, len, o, first + i, first + j, err) == -1)
       goto out;
-    }
-    if (be->pread (be->h, bounce + (read_lo - run_start), read_hi - read_lo,
-                   read_lo, err) == -1) {
-      free (bounce);
-      goto out;
-    }
-    STATS_ADD (&c->stats, bytes_from_backend, read_hi - read_lo);
-
-    for (uint64_t k = i; k <= j; k++) {
-      uint64_t pstart = (first + k) * ps;
-      uint32_t a = pos > pstart ? pos - pstart : 0;
-      uint32_t b = pos + len < pstart + ps ? pos + len - pstart : ps;
-      uint8_t *data = bounce + (k - i) * ps;
-      uint64_t plo = read_lo > pstart ? read_lo : pstart;
-      uint64_t phi = read_hi < pstart + ps ? read_hi : pstart + ps;
-
-      if (pstart >= o->nofill_from)
-        STATS_ADD (&c->stats, seq_bypassed, 1);   /* a long stream */
-      else if (o->promote && !admit_miss (c, first + k))
-        STATS_ADD (&c->stats, promote_skipped, 1);
-      else if (plo == pstart && phi >= pstart + cache_page_bytes (c, first + k))
-        cache_fill_slot (c, first + k, PT_NONE, data, NULL, o->readahead);
-      else if (!cache_degraded (c)) {
-        uint32_t ns = cache_alloc_slot (c, false);
-        int e;
-        if (ns == PT_NONE)
-          STATS_ADD (&c->stats, bypassed, 1);
-        else
-          cache_patch_slot (c, be, first + k, ns, true, data + (plo - pstart),
-                            plo - pstart, phi - plo, W_CLEAN, &e);
-      }
-      if (dst)
-        memcpy (dst + (pstart + a - pos), data + a, b - a);
-      need[k] = false;
-    }
-    free (bounce);
     i = j + 1;
   }
   ret = 0;

@@ -90,6 +90,17 @@ cache_page_crc (const struct cache *c, const uint8_t *buf,
 }
 
 void
+cache_page_part (const struct cache *c, uint64_t page, uint64_t offset,
+                 uint32_t count, uint32_t *a, uint32_t *b)
+{
+  const uint64_t pstart = page * c->page_size;
+
+  *a = offset > pstart ? offset - pstart : 0;
+  *b = offset + count < pstart + c->page_size ? offset + count - pstart
+    : c->page_size;
+}
+
+void
 cache_sector_span (const struct cache *c, uint32_t off, uint32_t n,
                    unsigned *first, unsigned *last)
 {

@@ -18,8 +18,8 @@
 
 /* Apply a write to a copy of pinned slot s in a new slot, which then
  * replaces it (if no slot can be had, the page is written back first
- * and changed in place).  Returns 0, -1 (*err) or 2 (the maps do not
- * fit: see cache_patch_slot).  Consumes the pin.
+ * and changed in place).  Returns PATCH_OK, PATCH_ERROR (*err) or
+ * PATCH_NO_MAPS (see cache_patch_slot).  Consumes the pin.
  */
 static int write_fresh (struct cache *c, const struct cache_backend *be,
                         uint64_t page, const uint8_t *src, uint32_t off,
@@ -168,7 +168,7 @@ write_fresh (struct cache *c, const struct cache_backend *be,
   if (s == PT_NONE)
     return write_around (c, be, src, n, page * c->page_size + off, err);
   r = cache_patch_slot (c, be, page, s, true, src, off, n, kind, err);
-  if (r == 2)                   /* one run: not reached */
+  if (r == PATCH_NO_MAPS)                 /* one run: not reached */
     return write_around (c, be, src, n, page * c->page_size + off, err);
   return r;
 }
@@ -304,7 +304,7 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
     r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
     pthread_rwlock_unlock (&c->inplace);
   }
-  if (r == 2)
+  if (r == PATCH_NO_MAPS)
     r = write_page_simple (c, be, page, src, off, n, kind, err);
   return r;
 }
@@ -347,7 +347,7 @@ write_through_first (struct cache *c, const struct cache_backend *be,
   pthread_rwlock_rdlock (&c->inplace);
   r = cache_patch_slot (c, be, page, s, false, src, off, n, W_CLEAN, &err);
   pthread_rwlock_unlock (&c->inplace);
-  if (r != 0) {
+  if (r != PATCH_OK) {
     /* Not unsealed (not verified since start, bad, or no memory), maps
      * that do not fit, or an error: the cached copy goes.
      */
@@ -355,19 +355,6 @@ write_through_first (struct cache *c, const struct cache_backend *be,
     if (s != PT_NONE)
       cache_drop_slot (c, s);
   }
-}
-
-/* The part [*a, *b) of page that the request [offset, offset+count)
- * covers, as offsets within the page.
- */
-static void
-page_part (uint32_t ps, uint64_t page, uint64_t offset, uint32_t count,
-           uint32_t *a, uint32_t *b)
-{
-  uint64_t pstart = page * ps;
-
-  *a = offset > pstart ? offset - pstart : 0;
-  *b = offset + count < pstart + ps ? offset + count - pstart : ps;
 }
 
 int
@@ -414,7 +401,7 @@ cache_write (struct cache *c, const struct cache_backend *be,
       for (uint64_t page = first; page <= last; page++) {
         uint32_t a, b;
 
-        page_part (ps, page, offset, count, &a, &b);
+        cache_page_part (c, page, offset, count, &a, &b);
         write_through_first (c, be, page,
                              (const uint8_t *) buf + (page * ps + a - offset),
                              a, b - a);
@@ -436,7 +423,7 @@ cache_write (struct cache *c, const struct cache_backend *be,
     uint32_t a, b;
     int r;
 
-    page_part (ps, page, offset, count, &a, &b);
+    cache_page_part (c, page, offset, count, &a, &b);
     if (through) {
       /* Whole pages not cached are added now that the backend has
        * them; the rest was done before.

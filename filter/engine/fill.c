@@ -28,74 +28,42 @@
  * ghost (a prefetch is no use of the page: a page the ghost remembers
  * goes to the main queue only when a client reads it again).
  */
-int
-cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
-                 const uint8_t *buf, const uint8_t *dirty, bool prefetch)
+/* The slot the page goes to: s itself (rewritten in place, holding
+ * c->inplace shared: *inplace), or a new one (s is PT_NONE, or must be
+ * copied on write: *cow).  PT_NONE if no slot can be had (s unpinned).
+ */
+static uint32_t
+fill_target (struct cache *c, uint32_t s, bool dirty, bool *cow,
+             bool *inplace)
 {
-  struct pt_slot upd = { .page = page, .state = LAYOUT_CLEAN };
-  uint32_t target = s;
-  bool cow = false, inplace = false;
+  uint32_t target;
 
-  if (cache_degraded (c) && dirty == NULL) {
-    /* Pass-through: nothing new goes into a failing cache. */
-    if (s != PT_NONE)
-      cache_drop_slot (c, s);
-    return 1;
-  }
+  *cow = *inplace = false;
   if (s != PT_NONE) {
     pthread_rwlock_rdlock (&c->inplace);
     pthread_mutex_lock (&c->lock);
-    cow = cache_must_cow (c, s);
+    *cow = cache_must_cow (c, s);
     pthread_mutex_unlock (&c->lock);
-    if (cow)
+    if (*cow)
       pthread_rwlock_unlock (&c->inplace);
-    else
-      inplace = true;
-  }
-  if (s == PT_NONE || cow) {
-    target = cache_alloc_slot (c, dirty != NULL);
-    if (target == PT_NONE) {
-      if (s != PT_NONE)
-        cache_unpin (c, s);
-      STATS_ADD (&c->stats, bypassed, 1);
-      return 1;
+    else {
+      *inplace = true;
+      return s;
     }
   }
-  cache_map_fill (c, upd.valid);
-  if (dirty && !layout_map_empty (dirty)) {
-    memcpy (upd.dirty, dirty, sizeof upd.dirty);
-    upd.state = LAYOUT_DIRTY;
-  }
-  upd.data_crc = cache_page_crc (c, buf, upd.valid);
+  target = cache_alloc_slot (c, dirty);
+  if (target == PT_NONE && s != PT_NONE)
+    cache_unpin (c, s);
+  return target;
+}
 
-  /* Dirty sectors that are not one run need a side-table entry: with
-   * none to be had, nothing is stored (like having no slot).
-   */
-  pthread_mutex_lock (&c->lock);
-  if (!pt_maps_reserve_for (&c->pt, target, upd.valid, upd.dirty)) {
-    STATS_ADD (&c->stats, partial_maps_full, 1);
-    if (target != s)
-      cache_release_slot_locked (c, target);
-    pthread_mutex_unlock (&c->lock);
-    if (inplace)
-      pthread_rwlock_unlock (&c->inplace);
-    if (s != PT_NONE)
-      cache_unpin (c, s);
-    STATS_ADD (&c->stats, bypassed, 1);
-    return 1;
-  }
-  pthread_mutex_unlock (&c->lock);
-
-  if (defer_write_data (&c->defer, &c->pool, target, buf, c->page_size, 0) == -1) {
-    cache_io_error (c, "writing data", target);
-    goto fail;
-  }
-  if (cache_commit_entry (c, target, &upd) == -1) {
-    cache_io_error (c, "writing entry", target);
-    goto fail;
-  }
-  if (inplace)
-    pthread_rwlock_unlock (&c->inplace);
+/* The page is stored in target: it becomes the page's slot (a new one
+ * enters the index and the policy; a copy supersedes s).
+ */
+static void
+fill_done (struct cache *c, uint64_t page, uint32_t s, uint32_t target,
+           const struct pt_slot *upd, bool cow, bool prefetch)
+{
   pthread_mutex_lock (&c->lock);
   pt_flags_on (&c->pt, target, PT_VERIFIED);
   pt_flags_off (&c->pt, target, PT_BAD);    /* wholly rewritten */
@@ -108,7 +76,7 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
     }
     else
       cache_policy_insert (c, target, page);
-    cache_set_state_counts (c, LAYOUT_FREE, upd.state);
+    cache_set_state_counts (c, LAYOUT_FREE, upd->state);
   }
   pthread_mutex_unlock (&c->lock);
   if (s == PT_NONE)
@@ -117,11 +85,13 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
     cache_supersede (c, s, target, page);
   else
     cache_unpin (c, s);
-  return 0;
+}
 
- fail:
-  if (inplace)
-    pthread_rwlock_unlock (&c->inplace);
+/* Storing in target failed (wrote: its data may have been written). */
+static void
+fill_fail (struct cache *c, uint32_t s, uint32_t target, bool dirty,
+           bool wrote)
+{
   if (target != s) {
     pthread_mutex_lock (&c->lock);
     cache_release_slot_locked (c, target);
@@ -129,11 +99,72 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
   }
   if (s != PT_NONE) {
     /* The old contents are still good unless we wrote over them. */
-    if (target == s && !dirty)
+    if (wrote && target == s && !dirty)
       cache_drop_slot (c, s);
     else
       cache_unpin (c, s);
   }
+}
+
+int
+cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
+                 const uint8_t *buf, const uint8_t *dirty, bool prefetch)
+{
+  struct pt_slot upd = { .page = page, .state = LAYOUT_CLEAN };
+  uint32_t target;
+  bool cow, inplace, reserved;
+
+  if (cache_degraded (c) && dirty == NULL) {
+    /* Pass-through: nothing new goes into a failing cache. */
+    if (s != PT_NONE)
+      cache_drop_slot (c, s);
+    return 1;
+  }
+  target = fill_target (c, s, dirty != NULL, &cow, &inplace);
+  if (target == PT_NONE) {
+    STATS_ADD (&c->stats, bypassed, 1);
+    return 1;
+  }
+  cache_map_fill (c, upd.valid);
+  if (dirty && !layout_map_empty (dirty)) {
+    memcpy (upd.dirty, dirty, sizeof upd.dirty);
+    upd.state = LAYOUT_DIRTY;
+  }
+  upd.data_crc = cache_page_crc (c, buf, upd.valid);
+
+  /* Dirty sectors that are not one run need a side-table entry: with
+   * none to be had, nothing is stored (like having no slot).
+   */
+  pthread_mutex_lock (&c->lock);
+  reserved = pt_maps_reserve_for (&c->pt, target, upd.valid, upd.dirty);
+  pthread_mutex_unlock (&c->lock);
+  if (!reserved) {
+    STATS_ADD (&c->stats, partial_maps_full, 1);
+    if (inplace)
+      pthread_rwlock_unlock (&c->inplace);
+    fill_fail (c, s, target, dirty != NULL, false);
+    STATS_ADD (&c->stats, bypassed, 1);
+    return 1;
+  }
+
+  if (defer_write_data (&c->defer, &c->pool, target, buf, c->page_size,
+                        0) == -1) {
+    cache_io_error (c, "writing data", target);
+    goto fail;
+  }
+  if (cache_commit_entry (c, target, &upd) == -1) {
+    cache_io_error (c, "writing entry", target);
+    goto fail;
+  }
+  if (inplace)
+    pthread_rwlock_unlock (&c->inplace);
+  fill_done (c, page, s, target, &upd, cow, prefetch);
+  return 0;
+
+ fail:
+  if (inplace)
+    pthread_rwlock_unlock (&c->inplace);
+  fill_fail (c, s, target, dirty != NULL, true);
   return -1;
 }
 

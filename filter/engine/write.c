@@ -25,6 +25,102 @@ static int write_fresh (struct cache *c, const struct cache_backend *be,
                         uint64_t page, const uint8_t *src, uint32_t off,
                         uint32_t n, enum wkind kind, int *err);
 
+/* No room for a copy: write page back ourselves (pinned slot s); then
+ * it is clean and may be changed in place.  Consumes the pin.
+ */
+static int
+cow_in_place (struct cache *c, const struct cache_backend *be,
+              uint64_t page, uint32_t s, const uint8_t *src, uint32_t off,
+              uint32_t n, enum wkind kind, int *err)
+{
+  int r;
+
+  if (clean_page_locked (c, be, page, s, err) == -1) {
+    cache_unpin (c, s);
+    return -1;
+  }
+  /* Clean now; but an older version still on disk must go before it
+   * may change in place (cache_must_cow).
+   */
+  if (!cache_settle (c, s)) {
+    log_error ("cache file %s: page %llu: its older version could not "
+               "be freed; the write fails", c->path,
+               (unsigned long long) page);
+    cache_unpin (c, s);
+    *err = EIO;
+    return -1;
+  }
+  pthread_rwlock_rdlock (&c->inplace);
+  r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
+  pthread_rwlock_unlock (&c->inplace);
+  return r;
+}
+
+/* Store the new version of the page (buf, whole, with the maps of upd)
+ * in fresh slot ns, which then replaces pinned slot s (consumed).
+ * snap: s's record.
+ */
+static int
+cow_store (struct cache *c, uint64_t page, uint32_t s, uint32_t ns,
+           const uint8_t *buf, const struct pt_slot *snap, enum wkind kind,
+           int *err)
+{
+  struct pt_slot upd = *snap;
+
+  upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
+  upd.data_crc = cache_page_crc (c, buf, upd.valid);
+  upd.flags &= ~PT_UNSEALED;    /* a fresh checksum */
+  pthread_mutex_lock (&c->lock);
+  if (!pt_maps_reserve_for (&c->pt, ns, upd.valid, upd.dirty) &&
+      !(kind == W_CLEAN && snap->state == LAYOUT_DIRTY &&
+        pt_maps_reserve_force (&c->pt, ns))) {
+    /* (W_CLEAN on a dirty page, not reached either: see
+     * cache_patch_slot.)
+     */
+    pagetable_put_free (&c->pt, ns);
+    pthread_mutex_unlock (&c->lock);
+    STATS_ADD (&c->stats, partial_maps_full, 1);
+    cache_unpin (c, s);
+    return PATCH_NO_MAPS;
+  }
+  pthread_mutex_unlock (&c->lock);
+  if (defer_write_data (&c->defer, &c->pool, ns, buf, c->page_size,
+                        0) == -1 ||
+      cache_commit_entry (c, ns, &upd) == -1) {
+    cache_io_error (c, "writing", ns);
+    pthread_mutex_lock (&c->lock);
+    pagetable_put_free (&c->pt, ns);
+    pthread_mutex_unlock (&c->lock);
+    cache_unpin (c, s);
+    *err = EIO;
+    return PATCH_ERROR;
+  }
+  pthread_mutex_lock (&c->lock);
+  pt_flags_on (&c->pt, ns, PT_VERIFIED);
+  pthread_mutex_unlock (&c->lock);
+  cache_supersede (c, s, ns, page);
+  return PATCH_OK;
+}
+
+/* The copy: pinned slot s's data read into buf (invalid sectors as
+ * zeroes), its record into snap.  Returns 0, or -1 with the pin
+ * consumed (the data failed its check).
+ */
+static int
+cow_read (struct cache *c, const struct cache_backend *be, uint32_t s,
+          uint8_t *buf, struct pt_slot *snap)
+{
+  if (cache_read_verified (c, be, s, buf) == -1)
+    return -1;
+  pthread_mutex_lock (&c->lock);
+  pagetable_get (&c->pt, s, snap);
+  pthread_mutex_unlock (&c->lock);
+  for (unsigned i = 0; i < c->nsectors; i++)
+    if (!layout_bit_test (snap->valid, i))
+      memset (buf + (size_t) i * c->sector_size, 0, c->sector_size);
+  return 0;
+}
+
 static int
 cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
           uint32_t s, const uint8_t *src, uint32_t off, uint32_t n,
@@ -33,6 +129,7 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
   uint8_t *buf = malloc (c->page_size);
   struct pt_slot snap;
   unsigned sf, sl;
+  uint32_t ns;
   int r;
   bool was_clean;
 
@@ -44,7 +141,7 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
   pthread_mutex_lock (&c->lock);
   was_clean = pt_state (&c->pt, s) == LAYOUT_CLEAN;
   pthread_mutex_unlock (&c->lock);
-  if (cache_read_verified (c, be, s, buf) == -1) {
+  if (cow_read (c, be, s, buf, &snap) == -1) {
     /* Pin consumed.  A clean copy that failed its check was dropped:
      * the backend has the page, so the write goes on as for a page not
      * cached.  Bad dirty data fails the write.
@@ -59,87 +156,19 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
     *err = EIO;
     return -1;
   }
-  pthread_mutex_lock (&c->lock);
-  pagetable_get (&c->pt, s, &snap);
-  pthread_mutex_unlock (&c->lock);
-  for (unsigned i = 0; i < c->nsectors; i++)
-    if (!layout_bit_test (snap.valid, i))
-      memset (buf + (size_t) i * c->sector_size, 0, c->sector_size);
-
   cache_sector_span (c, off, n, &sf, &sl);
   if (patch_merge_span (c, be, page, buf + sf * c->sector_size, sf, sl, src,
-                  off, n, kind, snap.valid, snap.dirty, err) == -1) {
+                        off, n, kind, snap.valid, snap.dirty, err) == -1) {
     cache_unpin (c, s);
     free (buf);
     return -1;
   }
-  /* cache_fill_slot wants a whole valid page: complete the invalid
-   * sectors only if all are valid; otherwise write it ourselves.
-   */
-  {
-    uint32_t ns = cache_alloc_slot (c, true);
-    struct pt_slot upd = snap;
-
-    if (ns == PT_NONE) {
-      /* No room for a copy: write this page back ourselves; then it is
-       * clean and may be changed in place.
-       */
-      free (buf);
-      if (clean_page_locked (c, be, page, s, err) == -1) {
-        cache_unpin (c, s);
-        return -1;
-      }
-      /* Clean now; but an older version still on disk must go before
-       * it may change in place (cache_must_cow).
-       */
-      if (!cache_settle (c, s)) {
-        log_error ("cache file %s: page %llu: its older version could not "
-                   "be freed; the write fails", c->path,
-                   (unsigned long long) page);
-        cache_unpin (c, s);
-        *err = EIO;
-        return -1;
-      }
-      pthread_rwlock_rdlock (&c->inplace);
-      r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
-      pthread_rwlock_unlock (&c->inplace);
-      return r;
-    }
-    upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
-    upd.data_crc = cache_page_crc (c, buf, upd.valid);
-    upd.flags &= ~PT_UNSEALED;  /* a fresh checksum */
-    pthread_mutex_lock (&c->lock);
-    if (!pt_maps_reserve_for (&c->pt, ns, upd.valid, upd.dirty) &&
-        !(kind == W_CLEAN && snap.state == LAYOUT_DIRTY &&
-          pt_maps_reserve_force (&c->pt, ns))) {
-      /* (W_CLEAN on a dirty page, not reached either: see
-       * cache_patch_slot.)
-       */
-      pagetable_put_free (&c->pt, ns);
-      pthread_mutex_unlock (&c->lock);
-      STATS_ADD (&c->stats, partial_maps_full, 1);
-      cache_unpin (c, s);
-      free (buf);
-      return 2;
-    }
-    pthread_mutex_unlock (&c->lock);
-    if (defer_write_data (&c->defer, &c->pool, ns, buf, c->page_size, 0) == -1 ||
-        cache_commit_entry (c, ns, &upd) == -1) {
-      cache_io_error (c, "writing", ns);
-      pthread_mutex_lock (&c->lock);
-      pagetable_put_free (&c->pt, ns);
-      pthread_mutex_unlock (&c->lock);
-      cache_unpin (c, s);
-      free (buf);
-      *err = EIO;
-      return -1;
-    }
-    pthread_mutex_lock (&c->lock);
-    pt_flags_on (&c->pt, ns, PT_VERIFIED);
-    pthread_mutex_unlock (&c->lock);
-    cache_supersede (c, s, ns, page);
-    r = 0;
+  ns = cache_alloc_slot (c, true);
+  if (ns == PT_NONE) {
+    free (buf);
+    return cow_in_place (c, be, page, s, src, off, n, kind, err);
   }
+  r = cow_store (c, page, s, ns, buf, &snap, kind, err);
   free (buf);
   return r;
 }
@@ -357,6 +386,88 @@ write_through_first (struct cache *c, const struct cache_backend *be,
   }
 }
 
+/* Writethrough / writearound, with [first, last] range locked: the
+ * cached copies change (or go) first, then the backend gets the write.
+ * Pages still dirty from an earlier writeback run are written back
+ * first: once the backend has the new data, writing back their older
+ * dirty sectors (to make room for a copy, or to simplify their maps)
+ * would bring the old data back, and dropping them (writearound) would
+ * lose the rest of their dirty sectors.
+ */
+static int
+write_backend_first (struct cache *c, const struct cache_backend *be,
+                     const uint8_t *buf, uint32_t count, uint64_t offset,
+                     bool fua, uint64_t first, uint64_t last, int *err)
+{
+  if (cache_clean_pages (c, be, first, last, err) == -1)
+    return -1;
+  /* The cached copies change (or go) before the backend gets the data,
+   * never after: see write_through_first.
+   */
+  if (c->mode == LAYOUT_MODE_WRITEAROUND)
+    cache_invalidate_pages (c, first, last);
+  else
+    for (uint64_t page = first; page <= last; page++) {
+      uint32_t a, b;
+
+      cache_page_part (c, page, offset, count, &a, &b);
+      write_through_first (c, be, page,
+                           buf + (page * c->page_size + a - offset),
+                           a, b - a);
+    }
+  if (be->pwrite (be->h, buf, count, offset, fua, err) == -1) {
+    /* The backend may hold some of the new data now, and the cache some
+     * the backend never got: the cached copies go.
+     */
+    cache_invalidate_pages (c, first, last);
+    return -1;
+  }
+  return 0;
+}
+
+/* After write_backend_first (writethrough): whole pages not cached are
+ * added now that the backend has them; the rest was done before.
+ */
+static bool
+write_adds_page (struct cache *c, uint64_t page, uint32_t a, uint32_t b)
+{
+  uint32_t s;
+
+  if (a != 0 || b - a < cache_page_bytes (c, page))
+    return false;
+  s = cache_lookup_pin (c, page);
+  if (s != PT_NONE) {
+    cache_unpin (c, s);
+    return false;
+  }
+  return true;
+}
+
+/* The pages of the write into the cache: dirty (writeback), or whole
+ * uncached pages the backend has now (writethrough).
+ */
+static int
+write_pages (struct cache *c, const struct cache_backend *be,
+             const uint8_t *buf, uint32_t count, uint64_t offset,
+             uint64_t first, uint64_t last, int *err)
+{
+  const bool through = c->mode != LAYOUT_MODE_WRITEBACK;
+
+  for (uint64_t page = first; page <= last; page++) {
+    uint32_t a, b;
+    int r;
+
+    cache_page_part (c, page, offset, count, &a, &b);
+    if (through && !write_adds_page (c, page, a, b))
+      continue;
+    r = write_page (c, be, page, buf + (page * c->page_size + a - offset),
+                    a, b - a, through ? W_CLEAN : W_DIRTY, err);
+    if (r == -1 && !through)
+      return -1;
+  }
+  return 0;
+}
+
 int
 cache_write (struct cache *c, const struct cache_backend *be,
              const void *buf, uint32_t count, uint64_t offset, bool fua,
@@ -364,7 +475,6 @@ cache_write (struct cache *c, const struct cache_backend *be,
 {
   const uint32_t ps = c->page_size;
   const bool writeback = c->mode == LAYOUT_MODE_WRITEBACK;
-  const bool through = !writeback;
   uint64_t first, last;
   int ret = -1;
 
@@ -382,67 +492,13 @@ cache_write (struct cache *c, const struct cache_backend *be,
     *err = errno;
     return -1;
   }
-
-  /* Pages still dirty from an earlier writeback run are written back
-   * first: once the backend has the new data, writing back their older
-   * dirty sectors (to make room for a copy, or to simplify their maps)
-   * would bring the old data back, and dropping them (writearound)
-   * would lose the rest of their dirty sectors.
-   */
-  if (through) {
-    if (cache_clean_pages (c, be, first, last, err) == -1)
-      goto out;
-    /* The cached copies change (or go) before the backend gets the
-     * data, never after: see write_through_first.
-     */
-    if (c->mode == LAYOUT_MODE_WRITEAROUND)
-      cache_invalidate_pages (c, first, last);
-    else
-      for (uint64_t page = first; page <= last; page++) {
-        uint32_t a, b;
-
-        cache_page_part (c, page, offset, count, &a, &b);
-        write_through_first (c, be, page,
-                             (const uint8_t *) buf + (page * ps + a - offset),
-                             a, b - a);
-      }
-    if (be->pwrite (be->h, buf, count, offset, fua, err) == -1) {
-      /* The backend may hold some of the new data now, and the cache
-       * some the backend never got: the cached copies go.
-       */
-      cache_invalidate_pages (c, first, last);
-      goto out;
-    }
-    if (c->mode == LAYOUT_MODE_WRITEAROUND) {
-      ret = 0;
-      goto out;
-    }
-  }
-
-  for (uint64_t page = first; page <= last; page++) {
-    uint32_t a, b;
-    int r;
-
-    cache_page_part (c, page, offset, count, &a, &b);
-    if (through) {
-      /* Whole pages not cached are added now that the backend has
-       * them; the rest was done before.
-       */
-      uint32_t s;
-      if (a != 0 || b - a < cache_page_bytes (c, page))
-        continue;
-      s = cache_lookup_pin (c, page);
-      if (s != PT_NONE) {
-        cache_unpin (c, s);
-        continue;
-      }
-    }
-    r = write_page (c, be, page,
-                    (const uint8_t *) buf + (page * ps + a - offset),
-                    a, b - a, through ? W_CLEAN : W_DIRTY, err);
-    if (r == -1 && !through)
-      goto out;
-  }
+  if (!writeback &&
+      write_backend_first (c, be, buf, count, offset, fua, first, last,
+                           err) == -1)
+    goto out;
+  if (c->mode != LAYOUT_MODE_WRITEAROUND &&
+      write_pages (c, be, buf, count, offset, first, last, err) == -1)
+    goto out;
   ret = 0;
 
  out:

@@ -5,7 +5,7 @@
  * config.c, the cache is opened before nbdkit forks (so that lock and
  * identity errors reach the user) and attached after it, when a shared
  * backend context can tell the backend size.  Data callbacks translate
- * nbdkit_next into struct cache_backend and call cache.c.
+ * nbdkit_next into struct cache_backend and call the engine (engine/cache.h).
  *
  * Locking: the global `cache' is set during start-up, before any
  * connection, and cleared in .cleanup after the last one; the engine

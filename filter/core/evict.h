@@ -22,8 +22,9 @@
  * then starts on probation).
  *
  * Locking: none inside; every function must be called with the cache
- * metadata lock held (cache.c: cache->lock).  No function allocates or
- * frees except evict_new, evict_new_policy and evict_free.
+ * metadata lock held (c->lock: the lock table in engine/cache-int.h).
+ * No function allocates or frees except evict_new, evict_new_policy and
+ * evict_free.
  */
 #ifndef SSDCACHE_EVICT_H
 #define SSDCACHE_EVICT_H

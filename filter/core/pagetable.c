@@ -26,7 +26,7 @@
  *    that holds both maps exactly.  The side table has a bound
  *    (side_limit): when it is full, maps that need an entry do not fit
  *    and pt_maps_set fails; the cache then stores less (a read fill is
- *    not kept) or makes the page simple first (see cache-write.c).
+ *    not kept) or makes the page simple first (see engine/write.c).
  */
 #include <endian.h>
 #include <errno.h>

@@ -17,8 +17,9 @@
  * that are not runs need one of a bounded number of side entries.
  *
  * Locking: none inside.  Every function must be called with the owning
- * cache's metadata lock held (cache.c: cache->lock).  Critical sections
- * are short: no function here does I/O.  The rebase functions walk all
+ * cache's metadata lock held (c->lock: the lock table in
+ * engine/cache-int.h).  Critical sections are short: no function here
+ * does I/O.  The rebase functions walk all
  * slots, but run once per about 2^31 sequence numbers or sync epochs.
  */
 #ifndef SSDCACHE_PAGETABLE_H

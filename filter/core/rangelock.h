@@ -5,7 +5,7 @@
  * for a backend page (miss fills, writes, invalidations).  A request
  * locks one inclusive range of page numbers at a time, so there is no
  * lock ordering to get wrong.  Cache hits do not take range locks;
- * they pin slots instead (see cache.c).
+ * they pin slots instead (engine/slot.c).
  *
  * Locking: rl->lock protects rl->held; it is held only to scan and
  * update the small array of held ranges, never across I/O.  Waiters

@@ -220,7 +220,7 @@ struct cache {
   uint32_t *unsealed;            /* slots that may be PT_UNSEALED (PT_LISTED) */
   size_t nunsealed, capunsealed;
   size_t unseal_reserved;        /* list room promised to writers */
-  struct cache_stale *stale;     /* see cache-stale.c */
+  struct cache_stale *stale;     /* see stale.c */
   size_t nstale, capstale;
 
   /* Lock free. */

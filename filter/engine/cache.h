@@ -7,14 +7,9 @@
  * backend only through struct cache_backend, so it has no nbdkit
  * dependency and is unit tested against a RAM backend.
  *
- * Locking:
- *  - cache->lock (a mutex) protects the page table, the policy, the
- *    sequence counter and the slot pins; it is never held across I/O.
- *  - cache->ranges serialises requests that change the cached contents
- *    of the same backend pages (held across the backend and cache I/O
- *    of those pages only).
- *  - A slot is pinned (pins > 0) while anybody reads or writes its
- *    data; pinned slots are never evicted or reused.
+ * Locking: every lock, what it protects and the order they nest in
+ * are in one table, at the top of cache-int.h.  Callers of this API
+ * hold none of them.
  */
 #ifndef SSDCACHE_CACHE_H
 #define SSDCACHE_CACHE_H

@@ -280,7 +280,7 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, int *err)
     pthread_rwlock_wrlock (&c->inplace);
     pthread_rwlock_unlock (&c->inplace);
     /* In writethrough, clean pages rewritten since the last flush are
-     * unsealed too (cache-write.c: write_through_first): sealing them
+     * unsealed too (write.c: write_through_first): sealing them
      * keeps them across a crash.
      */
     cache_seal_epoch (c, e, seal_wait, c->mode != LAYOUT_MODE_WRITEBACK);

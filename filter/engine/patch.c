@@ -23,10 +23,10 @@
  * failed.
  */
 int
-patch_merge_span (struct cache *c, const struct cache_backend *be, uint64_t page,
-            uint8_t *span, unsigned sf, unsigned sl, const uint8_t *src,
-            uint32_t off, uint32_t n, enum wkind kind,
-            uint8_t *valid, uint8_t *dirty, int *err)
+patch_merge_span (struct cache *c, const struct cache_backend *be,
+                  uint64_t page, uint8_t *span, unsigned sf, unsigned sl,
+                  const uint8_t *src, uint32_t off, uint32_t n,
+                  enum wkind kind, uint8_t *valid, uint8_t *dirty, int *err)
 {
   const uint32_t ss = c->sector_size;
   const uint32_t pbytes = cache_page_bytes (c, page);

@@ -12,7 +12,7 @@
  * was never flushed, so the previous version of the page (kept until a
  * flushed, sealed successor exists) or the backend is right.
  *
- * Writethrough unseals a clean slot at its first rewrite (cache-write.c:
+ * Writethrough unseals a clean slot at its first rewrite (write.c:
  * write_through_first): the cached copy changes before the backend
  * gets the write, and a crash between the two must not leave it
  * verifying.  Recovery drops it, and the page is read again.
@@ -20,7 +20,7 @@
  * Sealing = read the slot's data, compute its checksum, write a normal
  * entry.  It happens in a client flush (for every unsealed slot the
  * flush covers, before its fdatasync), when writeback marks the page
- * clean (writeback.c, from the data it read anyway), before an
+ * clean (clean.c, from the data it read anyway), before an
  * unsealed slot is dropped, and at close (a client flush too).
  *
  * Locking: the list of unsealed slots (c->unsealed, c->nunsealed,

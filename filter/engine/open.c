@@ -58,11 +58,14 @@ cache_config_defaults (struct cache_config *cfg)
   };
 }
 
-struct cache *
-cache_open (const struct cache_config *cfg)
+/* A struct cache with its locks made and nothing else: the first step
+ * of cache_open.  NULL (logged) on failure.
+ */
+static struct cache *
+cache_new (void)
 {
   struct cache *c = calloc (1, sizeof *c);
-  int r;
+  pthread_rwlockattr_t a;
 
   if (c == NULL) {
     log_error ("calloc: %m");
@@ -70,15 +73,12 @@ cache_open (const struct cache_config *cfg)
   }
   c->pool.fd = -1;
   pthread_mutex_init (&c->lock, NULL);
-  {
-    pthread_rwlockattr_t a;
-    pthread_rwlockattr_init (&a);
-    /* A flush must not starve behind a stream of writers. */
-    pthread_rwlockattr_setkind_np (&a,
-                                   PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-    pthread_rwlock_init (&c->inplace, &a);
-    pthread_rwlockattr_destroy (&a);
-  }
+  pthread_rwlockattr_init (&a);
+  /* A flush must not starve behind a stream of writers. */
+  pthread_rwlockattr_setkind_np (&a,
+                                 PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init (&c->inplace, &a);
+  pthread_rwlockattr_destroy (&a);
   pthread_cond_init (&c->space, NULL);
   if (rangelock_init (&c->ranges) == -1) {
     log_error ("rangelock_init: %m");
@@ -91,11 +91,20 @@ cache_open (const struct cache_config *cfg)
   c->epoch = 1;
   atomic_init (&c->backend_unflushed, false);
   atomic_init (&c->last_io_ms, cache_now_ms ());
+  return c;
+}
+
+/* Copy the configuration into c (read-only from here on).  Returns -1
+ * (logged) on failure.
+ */
+static int
+copy_config (struct cache *c, const struct cache_config *cfg)
+{
   c->path = strdup (cfg->path);
   c->id_text = strdup (cfg->id_text ? cfg->id_text : "");
   if (c->path == NULL || c->id_text == NULL) {
     log_error ("strdup: %m");
-    goto err;
+    return -1;
   }
   c->cfg_size = cfg->size;
   c->cfg_page_size = cfg->page_size;
@@ -118,69 +127,101 @@ cache_open (const struct cache_config *cfg)
     c->seqcut = admit_seq_new (cfg->seq_cutoff, cfg->seq_streams);
     if (c->seqcut == NULL) {
       log_error ("calloc: %m");
-      goto err;
+      return -1;
     }
   }
+  return 0;
+}
 
-  if (pool_open (&c->pool, c->path, cfg->direct) == -1)
-    goto err;
-  r = pool_load_sb (&c->pool);
+/* What in the superblock read from the file differs from the
+ * configuration: "identity", "page size", "size", or NULL.
+ */
+static const char *
+sb_mismatch (const struct cache *c)
+{
+  const struct layout_sb *sb = &c->pool.sb;
+
+  if (sb->id_digest[0] != c->id_digest[0] ||
+      sb->id_digest[1] != c->id_digest[1])
+    return "identity";
+  if (c->cfg_page_size && sb->page_size != c->cfg_page_size)
+    return "page size";
+  if (c->cfg_size &&
+      wanted_slots (sb->backend_size, c->cfg_size, sb->page_size) !=
+      sb->nslots)
+    return "size";   /* (a backend size change is found later) */
+  return NULL;
+}
+
+/* The reset decision, given r, what pool_load_sb returned (-1: the
+ * file is unusable, 0: it holds no cache yet, 1: a superblock was
+ * read): accept the superblock (c->have_sb), leave the file to be
+ * re-initialised by cache_attach (ssdcache-reset=true), or refuse it.
+ * Returns -1 (logged) if refused.
+ */
+static int
+accept_or_reset (struct cache *c, int r)
+{
+  const struct layout_sb *sb = &c->pool.sb;
+  const char *mismatch;
+
   if (r == -1) {
     if (!c->reset) {
       log_error ("cache file %s cannot be used; to discard it and start "
                  "an empty cache, add ssdcache-reset=true", c->path);
-      goto err;
+      return -1;
     }
     log_error ("cache file %s: unusable, re-initialising it "
                "(ssdcache-reset=true)", c->path);
-    r = 0;
+    return 0;
   }
-  if (r == 1) {
-    const struct layout_sb *sb = &c->pool.sb;
-    const char *mismatch = NULL;
-
-    if (sb->id_digest[0] != c->id_digest[0] ||
-        sb->id_digest[1] != c->id_digest[1])
-      mismatch = "identity";
-    else if (c->cfg_page_size && sb->page_size != c->cfg_page_size)
-      mismatch = "page size";
-    else if (c->cfg_size &&
-             wanted_slots (sb->backend_size, c->cfg_size, sb->page_size) !=
-             sb->nslots)
-      mismatch = "size";   /* (a backend size change is found later) */
-
-    if (mismatch && !c->reset) {
-      if (strcmp (mismatch, "identity") == 0)
-        log_error ("cache file %s was built for another backend (%s), "
-                   "not this one (%s); use another ssdcache-file, or "
-                   "ssdcache-reset=true to discard it",
-                   c->path, sb->id_text, c->id_text);
-      else
-        log_error ("cache file %s was built with another %s "
-                   "(page size %u, %llu slots); use ssdcache-reset=true "
-                   "to re-initialise it", c->path, mismatch,
-                   sb->page_size, (unsigned long long) sb->nslots);
-      goto err;
-    }
-    if (mismatch && (sb->flags & LAYOUT_SB_DIRTY)) {
-      /* Never discard dirty data silently. */
-      log_error ("cache file %s may hold dirty data not yet written back "
-                 "to its backend (%s); refusing to reset it: start it "
-                 "with its own backend first so it can be written back",
-                 c->path, sb->id_text);
-      goto err;
-    }
-    if (mismatch)
-      log_error ("cache file %s: %s differs, re-initialising it "
-                 "(ssdcache-reset=true)", c->path, mismatch);
+  if (r != 1)
+    return 0;
+  mismatch = sb_mismatch (c);
+  if (mismatch == NULL) {
+    c->have_sb = true;
+    return 0;
+  }
+  if (!c->reset) {
+    if (strcmp (mismatch, "identity") == 0)
+      log_error ("cache file %s was built for another backend (%s), "
+                 "not this one (%s); use another ssdcache-file, or "
+                 "ssdcache-reset=true to discard it",
+                 c->path, sb->id_text, c->id_text);
     else
-      c->have_sb = true;
+      log_error ("cache file %s was built with another %s "
+                 "(page size %u, %llu slots); use ssdcache-reset=true "
+                 "to re-initialise it", c->path, mismatch,
+                 sb->page_size, (unsigned long long) sb->nslots);
+    return -1;
+  }
+  if (sb->flags & LAYOUT_SB_DIRTY) {
+    /* Never discard dirty data silently. */
+    log_error ("cache file %s may hold dirty data not yet written back "
+               "to its backend (%s); refusing to reset it: start it "
+               "with its own backend first so it can be written back",
+               c->path, sb->id_text);
+    return -1;
+  }
+  log_error ("cache file %s: %s differs, re-initialising it "
+             "(ssdcache-reset=true)", c->path, mismatch);
+  return 0;
+}
+
+struct cache *
+cache_open (const struct cache_config *cfg)
+{
+  struct cache *c = cache_new ();
+
+  if (c == NULL)
+    return NULL;
+  if (copy_config (c, cfg) == -1 ||
+      pool_open (&c->pool, c->path, cfg->direct) == -1 ||
+      accept_or_reset (c, pool_load_sb (&c->pool)) == -1) {
+    cache_close (c);
+    return NULL;
   }
   return c;
-
- err:
-  cache_close (c);
-  return NULL;
 }
 
 /* For the policy's ghost list: the page a resident slot holds, unless
@@ -209,7 +250,8 @@ save_hints (struct cache *c)
   if (raw == NULL)
     return;
   for (uint64_t base = 0; base < c->nslots; base += CACHE_LOAD_CHUNK) {
-    uint64_t n = c->nslots - base < CACHE_LOAD_CHUNK ? c->nslots - base : CACHE_LOAD_CHUNK;
+    uint64_t n = c->nslots - base < CACHE_LOAD_CHUNK
+      ? c->nslots - base : CACHE_LOAD_CHUNK;
     bool changed = false;
 
     if (pool_read_entries (&c->pool, base, n, raw) == -1)
@@ -340,72 +382,94 @@ defer_error (void *opaque, uint64_t slot, int err)
   cache_io_error (c, "writing deferred data", (uint32_t) slot);
 }
 
-int
-cache_attach (struct cache *c, uint64_t backend_size)
+/* The page table numbers pages with 32 bits (pagetable.h): refuse a
+ * backend with more pages.  Returns -1 (logged) if refused.
+ */
+static int
+check_npages (const struct cache *c, uint64_t backend_size)
 {
-  struct layout_sb sb;
-  uint32_t data_end = 0;
+  uint32_t ps = c->have_sb ? c->pool.sb.page_size
+    : c->cfg_page_size ? c->cfg_page_size : CACHE_DEFAULT_PAGE;
+  uint64_t npages = backend_size / ps + (backend_size % ps != 0);
 
-  c->backend_size = backend_size;
-  {
-    /* The page table numbers pages with 32 bits (pagetable.h). */
-    uint32_t ps = c->have_sb ? c->pool.sb.page_size
-      : c->cfg_page_size ? c->cfg_page_size : CACHE_DEFAULT_PAGE;
-    uint64_t npages = backend_size / ps + (backend_size % ps != 0);
+  if (npages > (uint64_t) PT_MAX_PAGES + 1) {
+    log_error ("the backend has %llu pages of %u bytes; the cache handles "
+               "at most %llu pages (16 TiB with 4 KiB pages, 256 TiB with "
+               "64 KiB pages): use a larger ssdcache-page-size",
+               (unsigned long long) npages, ps,
+               (unsigned long long) PT_MAX_PAGES + 1);
+    return -1;
+  }
+  return 0;
+}
 
-    if (npages > (uint64_t) PT_MAX_PAGES + 1) {
-      log_error ("the backend has %llu pages of %u bytes; the cache handles "
-                 "at most %llu pages (16 TiB with 4 KiB pages, 256 TiB with "
-                 "64 KiB pages): use a larger ssdcache-page-size",
-                 (unsigned long long) npages, ps,
-                 (unsigned long long) PT_MAX_PAGES + 1);
-      return -1;
-    }
+/* An accepted superblock built for another backend size: refused, or
+ * (ssdcache-reset=true, and no dirty data) dropped so that the file is
+ * re-initialised.  Returns -1 (logged) if refused.
+ */
+static int
+check_backend_size (struct cache *c, uint64_t backend_size)
+{
+  if (!c->have_sb || c->pool.sb.backend_size == backend_size)
+    return 0;
+  if (!c->reset || (c->pool.sb.flags & LAYOUT_SB_DIRTY)) {
+    log_error ("cache file %s was built for a backend size of %llu "
+               "bytes, but the backend size is now %llu; %s", c->path,
+               (unsigned long long) c->pool.sb.backend_size,
+               (unsigned long long) backend_size,
+               (c->pool.sb.flags & LAYOUT_SB_DIRTY)
+               ? "it may hold dirty data, refusing to reset it"
+               : "use ssdcache-reset=true to re-initialise it");
+    return -1;
   }
-  if (c->have_sb && c->pool.sb.backend_size != backend_size) {
-    if (!c->reset || (c->pool.sb.flags & LAYOUT_SB_DIRTY)) {
-      log_error ("cache file %s was built for a backend size of %llu "
-                 "bytes, but the backend size is now %llu; %s", c->path,
-                 (unsigned long long) c->pool.sb.backend_size,
-                 (unsigned long long) backend_size,
-                 (c->pool.sb.flags & LAYOUT_SB_DIRTY)
-                 ? "it may hold dirty data, refusing to reset it"
-                 : "use ssdcache-reset=true to re-initialise it");
-      return -1;
-    }
-    log_error ("cache file %s: backend size changed, re-initialising it "
-               "(ssdcache-reset=true)", c->path);
-    c->have_sb = false;
-  }
+  log_error ("cache file %s: backend size changed, re-initialising it "
+             "(ssdcache-reset=true)", c->path);
+  c->have_sb = false;
+  return 0;
+}
+
+/* Format a new cache, or check the length of the accepted one (setting
+ * *data_end, see check_size) and whether it was closed cleanly.
+ * Returns -1 (logged) on failure.
+ */
+static int
+format_or_check (struct cache *c, uint32_t *data_end)
+{
   if (!c->have_sb) {
     if (format_new (c) == -1)
       return -1;
     c->was_clean = true;
+    return 0;
   }
-  else {
-    /* A damaged superblock copy may have been the newest one: then the
-     * survivor's clean flag may be stale.
-     */
-    c->was_clean = (c->pool.sb.flags & LAYOUT_SB_CLEAN) &&
-      !c->pool.sb_damaged;
-    if (check_size (c, &data_end) == -1)
-      return -1;
-  }
+  /* A damaged superblock copy may have been the newest one: then the
+   * survivor's clean flag may be stale.
+   */
+  c->was_clean = (c->pool.sb.flags & LAYOUT_SB_CLEAN) &&
+    !c->pool.sb_damaged;
+  return check_size (c, data_end);
+}
+
+/* The geometry from the superblock, and the in-RAM structures sized by
+ * it: the page table, the policy, the n-miss counters.  Returns -1
+ * (logged) on failure.
+ */
+static int
+set_geometry (struct cache *c)
+{
+  uint8_t none[LAYOUT_MAX_SECTORS / 8] = { 0 };
+  uint8_t *zero;
 
   c->page_size = c->pool.sb.page_size;
   c->sector_size = c->pool.sb.sector_size;
   c->nsectors = c->page_size / c->sector_size;
   c->nslots = c->pool.sb.nslots;
-  {
-    uint8_t none[LAYOUT_MAX_SECTORS / 8] = { 0 };
-    uint8_t *zero = calloc (1, c->page_size);
-    if (zero == NULL) {
-      log_error ("calloc: %m");
-      return -1;
-    }
-    c->zero_page_crc = cache_page_crc (c, zero, none);
-    free (zero);
+  zero = calloc (1, c->page_size);
+  if (zero == NULL) {
+    log_error ("calloc: %m");
+    return -1;
   }
+  c->zero_page_crc = cache_page_crc (c, zero, none);
+  free (zero);
 
   if (pagetable_init (&c->pt, c->nslots) == -1 ||
       (c->ev = evict_new_policy (c->policy, c->nslots)) == NULL) {
@@ -425,13 +489,19 @@ cache_attach (struct cache *c, uint64_t backend_size)
       return -1;
     }
   }
-  if (c->have_sb && recover_load_entries (c, data_end) == -1)
-    return -1;
+  return 0;
+}
 
-  /* From now on a crash must be noticed at the next start; this also
-   * makes the FREE entries written by recovery durable.
-   */
-  sb = c->pool.sb;
+/* From now on a crash must be noticed at the next start; this also
+ * makes the FREE entries written by recovery durable.  Then start the
+ * deferral of writethrough's slot writes.  Returns -1 (logged) on
+ * failure.
+ */
+static int
+start_running (struct cache *c)
+{
+  struct layout_sb sb = c->pool.sb;
+
   sb.flags &= ~LAYOUT_SB_CLEAN;
   if (c->mode == LAYOUT_MODE_WRITEBACK || c->ndirty > 0)
     sb.flags |= LAYOUT_SB_DIRTY;
@@ -445,6 +515,22 @@ cache_attach (struct cache *c, uint64_t backend_size)
     return -1;
   }
   return 0;
+}
+
+int
+cache_attach (struct cache *c, uint64_t backend_size)
+{
+  uint32_t data_end = 0;
+
+  c->backend_size = backend_size;
+  if (check_npages (c, backend_size) == -1 ||
+      check_backend_size (c, backend_size) == -1 ||
+      format_or_check (c, &data_end) == -1 ||
+      set_geometry (c) == -1)
+    return -1;
+  if (c->have_sb && recover_load_entries (c, data_end) == -1)
+    return -1;
+  return start_running (c);
 }
 
 void

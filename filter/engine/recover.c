@@ -6,9 +6,12 @@
  * After an unclean shutdown the data CRC of dirty winners is checked at
  * once (a write torn by the crash was never flushed, so the next older
  * candidate, or the backend, is right); the losers get FREE entries so
- * that they can never come back.  Runs single-threaded at start-up,
- * before any request; c->lock is still taken where the slot helpers
- * expect it.
+ * that they can never come back.  Each step is a function, and they
+ * share a struct recovery: parse_entries (1), pick_winners (2) with
+ * torn_by_crash (3) and free_loser (4) for each candidate, then
+ * free_the_rest and report.  Runs single-threaded at start-up, before
+ * any request; c->lock is still taken where the slot helpers expect
+ * it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -102,196 +105,271 @@ log_dirty_lost (struct cache *c, uint32_t s, uint64_t page, const char *why)
              (unsigned long long) (page + 1) * c->page_size - 1, why);
 }
 
-/* Load the page table.  Slots at or past data_end have no data any
- * more (the file was cut short): their entries are dropped.
- */
-int
-recover_load_entries (struct cache *c, uint32_t data_end)
+/* What the steps of recover_load_entries share. */
+struct recovery {
+  struct cache *c;
+  uint32_t data_end;             /* slots from here on have no data */
+  uint64_t npages;               /* the backend's */
+  bool ptinit;                   /* every entry was written at format */
+  bool may_dirty;                /* the cache may have held dirty data */
+  uint8_t *raw;                  /* CACHE_LOAD_CHUNK entries */
+  uint8_t *page_buf;             /* one page */
+  struct cand *cand;             /* nslots of them */
+  uint64_t ncand;
+  /* Counted for the statistics and the log. */
+  uint64_t loaded, dropped, lost, ndirty, unsealed, damaged, cut;
+  uint32_t first_damaged;
+};
+
+static void
+add_cand (struct recovery *r, const struct layout_entry *e, uint32_t s,
+          uint8_t hint, bool unsealed)
 {
-  const uint64_t npages = (c->backend_size + c->page_size - 1) / c->page_size;
-  const bool ptinit = c->pool.sb.flags & LAYOUT_SB_PTINIT;
-  const bool may_dirty = c->pool.sb.flags & LAYOUT_SB_DIRTY;
-  uint8_t *raw = malloc ((size_t) CACHE_LOAD_CHUNK * LAYOUT_ENTRY_SIZE);
-  uint8_t *page_buf = malloc (c->page_size);
-  struct cand *cand = malloc ((size_t) c->nslots * sizeof *cand);
-  uint64_t ncand = 0, loaded = 0, dropped = 0, lost = 0, ndirty = 0;
-  uint64_t unsealed = 0;
-  uint64_t damaged = 0, cut = 0;
-  uint32_t first_damaged = 0;
-  int ret = -1;
+  struct cand *x = &r->cand[r->ncand++];
 
-  if (raw == NULL || page_buf == NULL || cand == NULL) {
-    log_error ("malloc: %m");
-    goto out;
+  x->page = e->page;
+  x->seq = e->seq;
+  x->slot = s;
+  x->hint = hint;
+  x->unsealed = unsealed;
+}
+
+/* The entry raw of slot s fails its checks.  All zeroes is an unused
+ * slot, unless every entry was written when the cache was made;
+ * anything else is damaged and dropped.
+ */
+static void
+parse_damaged (struct recovery *r, uint32_t s, const uint8_t *raw)
+{
+  bool zero = true;
+
+  for (int b = 0; b < LAYOUT_ENTRY_SIZE; b++)
+    zero &= raw[b] == 0;
+  if (zero && !r->ptinit)
+    return;
+  if (r->damaged++ == 0)
+    r->first_damaged = s;
+  r->dropped++;
+  if (ssdcache_debug_recovery)
+    log_debug ("slot %u: entry fails its checks: dropped", s);
+  /* (Freed, so that it is reported once, not at every start.) */
+  cache_write_free_entry (r->c, s);
+}
+
+/* Decode the entry raw of slot s: it becomes a candidate (its metadata
+ * parked in the slot, not indexed yet), or is dropped.  Returns -1
+ * (logged) if the cache cannot be opened.
+ */
+static int
+parse_entry (struct recovery *r, uint32_t s, const uint8_t *raw)
+{
+  struct cache *c = r->c;
+  struct layout_entry e;
+
+  if (layout_entry_decode (raw, c->nsectors, &e) == -1) {
+    parse_damaged (r, s, raw);
+    return 0;
   }
-  pagetable_clear_free (&c->pt);
+  if (e.seq > c->seq)
+    c->seq = e.seq;
+  if (e.state == LAYOUT_FREE)
+    return 0;
+  if (e.flags & LAYOUT_ENT_UNSEALED) {
+    /* Dirty data rewritten in place after the last flush: it cannot be
+     * verified, and need not survive a crash.  It stays a candidate
+     * only to tell that a newer version existed.
+     */
+    r->unsealed++;
+    if (ssdcache_debug_recovery)
+      log_debug ("slot %u: page %llu unsealed (not flushed): dropped",
+                 s, (unsigned long long) e.page);
+    if (e.page < r->npages)
+      add_cand (r, &e, s, 0, true);
+    return 0;
+  }
+  if (e.page >= r->npages) {
+    r->dropped++;
+    return 0;
+  }
+  if (s >= r->data_end) {
+    /* Its data was cut off with the end of the file. */
+    r->cut++;
+    r->dropped++;
+    if (e.state == LAYOUT_DIRTY) {
+      r->lost++;
+      log_dirty_lost (c, s, e.page, "lay past the end of the "
+                      "truncated cache file");
+    }
+    cache_write_free_entry (c, s);
+    return 0;
+  }
+  if (!pagetable_from_entry (&c->pt, s, &e)) {
+    /* Maps beyond the side table, and no memory to grow it. */
+    if (e.state == LAYOUT_DIRTY) {
+      log_error ("cache file %s: slot %u: no memory for the sector "
+                 "maps of dirty page %llu: not opening the cache",
+                 c->path, s, (unsigned long long) e.page);
+      return -1;
+    }
+    r->dropped++;
+    cache_write_free_entry (c, s);
+    return 0;
+  }
+  add_cand (r, &e, s, e.hint, false);
+  return 0;
+}
 
-  /* Every entry that verifies becomes a candidate (metadata parked in
-   * its slot, not indexed yet).
-   */
+/* Step 1, parse: read the entries a chunk at a time and decode them,
+ * collecting the candidates.  Returns -1 (logged) on failure.
+ */
+static int
+parse_entries (struct recovery *r)
+{
+  struct cache *c = r->c;
+
   for (uint64_t base = 0; base < c->nslots; base += CACHE_LOAD_CHUNK) {
-    uint64_t n = c->nslots - base < CACHE_LOAD_CHUNK ? c->nslots - base : CACHE_LOAD_CHUNK;
+    uint64_t n = c->nslots - base < CACHE_LOAD_CHUNK
+      ? c->nslots - base : CACHE_LOAD_CHUNK;
 
-    if (pool_read_entries (&c->pool, base, n, raw) == -1) {
+    if (pool_read_entries (&c->pool, base, n, r->raw) == -1) {
       log_error ("cache file %s: reading page table: %m", c->path);
-      goto out;
+      return -1;
     }
-    for (uint64_t k = 0; k < n; k++) {
-      const uint8_t *r = raw + k * LAYOUT_ENTRY_SIZE;
-      uint32_t s = base + k;
-      struct layout_entry e;
-
-      if (layout_entry_decode (r, c->nsectors, &e) == -1) {
-        bool zero = true;
-        for (int b = 0; b < LAYOUT_ENTRY_SIZE; b++)
-          zero &= r[b] == 0;
-        /* All zeroes is an unused slot, unless every entry was written
-         * when the cache was made.
-         */
-        if (!zero || ptinit) {
-          if (damaged++ == 0)
-            first_damaged = s;
-          dropped++;
-          if (ssdcache_debug_recovery)
-            log_debug ("slot %u: entry fails its checks: dropped", s);
-          /* (Freed, so that it is reported once, not at every start.) */
-          cache_write_free_entry (c, s);
-        }
-        continue;
-      }
-      if (e.seq > c->seq)
-        c->seq = e.seq;
-      if (e.state == LAYOUT_FREE)
-        continue;
-      if (e.flags & LAYOUT_ENT_UNSEALED) {
-        /* Dirty data rewritten in place after the last flush: it
-         * cannot be verified, and need not survive a crash.  It stays a
-         * candidate only to tell that a newer version existed.
-         */
-        unsealed++;
-        if (ssdcache_debug_recovery)
-          log_debug ("slot %u: page %llu unsealed (not flushed): dropped",
-                     s, (unsigned long long) e.page);
-        if (e.page < npages) {
-          cand[ncand].page = e.page;
-          cand[ncand].seq = e.seq;
-          cand[ncand].slot = s;
-          cand[ncand].hint = 0;
-          cand[ncand].unsealed = true;
-          ncand++;
-        }
-        continue;
-      }
-      if (e.page >= npages) {
-        dropped++;
-        continue;
-      }
-      if (s >= data_end) {
-        /* Its data was cut off with the end of the file. */
-        cut++;
-        dropped++;
-        if (e.state == LAYOUT_DIRTY) {
-          lost++;
-          log_dirty_lost (c, s, e.page, "lay past the end of the "
-                          "truncated cache file");
-        }
-        cache_write_free_entry (c, s);
-        continue;
-      }
-      if (!pagetable_from_entry (&c->pt, s, &e)) {
-        /* Maps beyond the side table, and no memory to grow it. */
-        if (e.state == LAYOUT_DIRTY) {
-          log_error ("cache file %s: slot %u: no memory for the sector "
-                     "maps of dirty page %llu: not opening the cache",
-                     c->path, s, (unsigned long long) e.page);
-          goto out;
-        }
-        dropped++;
-        cache_write_free_entry (c, s);
-        continue;
-      }
-      cand[ncand].page = e.page;
-      cand[ncand].seq = e.seq;
-      cand[ncand].slot = s;
-      cand[ncand].hint = e.hint;
-      cand[ncand].unsealed = false;
-      ncand++;
-    }
+    for (uint64_t k = 0; k < n; k++)
+      if (parse_entry (r, base + k, r->raw + k * LAYOUT_ENTRY_SIZE) == -1)
+        return -1;
   }
+  return 0;
+}
 
-  /* Per page, the newest candidate that holds up wins. */
-  qsort (cand, ncand, sizeof *cand, cmp_cand);
-  for (uint64_t i = 0; i < ncand;) {
-    uint64_t j = i;
-    bool won = false, newer_dropped = false;
+/* Step 3, verify dirty data: after an unclean shutdown, a dirty
+ * candidate about to win must have data that matches its checksum.
+ * Returns true if slot s was torn by the crash and is now freed.
+ */
+static bool
+torn_by_crash (struct recovery *r, uint32_t s)
+{
+  struct cache *c = r->c;
 
-    while (j < ncand && cand[j].page == cand[i].page)
-      j++;
-    for (uint64_t k = i; k < j; k++) {
-      uint32_t s = cand[k].slot;
+  if (pt_state (&c->pt, s) != LAYOUT_DIRTY || c->was_clean ||
+      data_verifies (c, s, r->page_buf))
+    return false;
+  /* It was never flushed (flushed dirty data is never rewritten in
+   * place).
+   */
+  r->lost++;
+  log_dirty_lost (c, s, pt_page (&c->pt, s),
+                  "fails its data checksum after an unclean "
+                  "shutdown: a write torn by the crash (never "
+                  "flushed), or damaged data");
+  pt_set_state (&c->pt, s, LAYOUT_FREE);
+  cache_write_free_entry (c, s);
+  return true;
+}
 
-      if (cand[k].unsealed) {
-        newer_dropped |= !won;
-        continue;
-      }
-      if (!won && pt_state (&c->pt, s) == LAYOUT_DIRTY && !c->was_clean &&
-          !data_verifies (c, s, page_buf)) {
-        /* Torn by the crash: it was never flushed (flushed dirty data
-         * is never rewritten in place).
-         */
-        lost++;
-        newer_dropped = true;
-        log_dirty_lost (c, s, pt_page (&c->pt, s),
-                        "fails its data checksum after an unclean "
-                        "shutdown: a write torn by the crash (never "
-                        "flushed), or damaged data");
-        pt_set_state (&c->pt, s, LAYOUT_FREE);
-        cache_write_free_entry (c, s);
-        continue;
-      }
-      if (won) {
-        /* An older version: make sure it can never come back. */
-        pt_set_state (&c->pt, s, LAYOUT_FREE);
-        cache_write_free_entry (c, s);
-        dropped++;
-        continue;
-      }
-      won = true;
-      if (newer_dropped && !older_after_drop (c, s, page_buf)) {
-        dropped++;
-        continue;
-      }
-      /* (With c->verify every slot is checked again on first use: its
-       * clean sectors against the backend.)
-       */
-      pt_set_flags (&c->pt, s,
-                    pt_state (&c->pt, s) == LAYOUT_DIRTY && !c->was_clean &&
-                    !c->verify ? PT_VERIFIED : 0);
-      pt_set_epoch (&c->pt, s, 0);
-      pagetable_insert (&c->pt, s, pt_page (&c->pt, s));
-      evict_insert_hint (c->ev, s, cand[k].hint);   /* hot stays hot */
-      if (pt_state (&c->pt, s) == LAYOUT_DIRTY)
-        ndirty++;
-      loaded++;
-      if (ssdcache_debug_recovery)
-        log_debug ("slot %u: page %llu seq %llu %s", s,
-                   (unsigned long long) pt_page (&c->pt, s),
-                   (unsigned long long) pt_seq (&c->pt, s),
-                   pt_state (&c->pt, s) == LAYOUT_DIRTY ? "dirty" : "clean");
+/* Step 4, the losers: slot s holds an older version than its page's
+ * winner; a FREE entry makes sure it can never come back.
+ */
+static void
+free_loser (struct recovery *r, uint32_t s)
+{
+  struct cache *c = r->c;
+
+  pt_set_state (&c->pt, s, LAYOUT_FREE);
+  cache_write_free_entry (c, s);
+  r->dropped++;
+}
+
+/* Candidate k has won its page: index it. */
+static void
+take_winner (struct recovery *r, uint64_t k)
+{
+  struct cache *c = r->c;
+  uint32_t s = r->cand[k].slot;
+
+  /* (With c->verify every slot is checked again on first use: its
+   * clean sectors against the backend.)
+   */
+  pt_set_flags (&c->pt, s,
+                pt_state (&c->pt, s) == LAYOUT_DIRTY && !c->was_clean &&
+                !c->verify ? PT_VERIFIED : 0);
+  pt_set_epoch (&c->pt, s, 0);
+  pagetable_insert (&c->pt, s, pt_page (&c->pt, s));
+  evict_insert_hint (c->ev, s, r->cand[k].hint);   /* hot stays hot */
+  if (pt_state (&c->pt, s) == LAYOUT_DIRTY)
+    r->ndirty++;
+  r->loaded++;
+  if (ssdcache_debug_recovery)
+    log_debug ("slot %u: page %llu seq %llu %s", s,
+               (unsigned long long) pt_page (&c->pt, s),
+               (unsigned long long) pt_seq (&c->pt, s),
+               pt_state (&c->pt, s) == LAYOUT_DIRTY ? "dirty" : "clean");
+}
+
+/* Step 2, pick the winner of one page (its candidates are cand[i, j),
+ * newest first): the newest whose data holds up (step 3) wins, and
+ * the older ones get FREE entries (step 4), one candidate at a time.
+ */
+static void
+pick_page (struct recovery *r, uint64_t i, uint64_t j)
+{
+  bool won = false, newer_dropped = false;
+
+  for (uint64_t k = i; k < j; k++) {
+    uint32_t s = r->cand[k].slot;
+
+    if (r->cand[k].unsealed) {
+      newer_dropped |= !won;
+      continue;
     }
+    if (!won && torn_by_crash (r, s)) {
+      newer_dropped = true;
+      continue;
+    }
+    if (won) {
+      free_loser (r, s);
+      continue;
+    }
+    won = true;
+    if (newer_dropped && !older_after_drop (r->c, s, r->page_buf)) {
+      r->dropped++;
+      continue;
+    }
+    take_winner (r, k);
+  }
+}
+
+/* Step 2 for every page. */
+static void
+pick_winners (struct recovery *r)
+{
+  qsort (r->cand, r->ncand, sizeof *r->cand, cmp_cand);
+  for (uint64_t i = 0; i < r->ncand;) {
+    uint64_t j = i;
+
+    while (j < r->ncand && r->cand[j].page == r->cand[i].page)
+      j++;
+    pick_page (r, i, j);
     i = j;
   }
+}
+
+/* Every slot not indexed is free.  Loading may take more side-table
+ * entries than its limit (a smaller ssdcache-partial-pages than
+ * before, or entries behind RAM): clean pages holding them go until it
+ * is back under it.  Dirty ones stay; they leave the table as
+ * writeback cleans them.
+ */
+static void
+free_the_rest (struct recovery *r)
+{
+  struct cache *c = r->c;
 
   for (uint32_t s = c->nslots; s-- > 0;)
     if (!(pt_flags (&c->pt, s) & PT_INDEXED)) {
       pt_set_state (&c->pt, s, LAYOUT_FREE);
       pagetable_put_free (&c->pt, s);
     }
-  /* Loading may take more side-table entries than its limit (a smaller
-   * ssdcache-partial-pages than before, or entries behind RAM): clean
-   * pages holding them go until it is back under it.  Dirty ones stay;
-   * they leave the table as writeback cleans them.
-   */
   for (uint32_t s = 0;
        s < c->nslots && c->pt.side_used > c->pt.side_limit; s++)
     if ((pt_flags (&c->pt, s) & PT_INDEXED) &&
@@ -300,51 +378,90 @@ recover_load_entries (struct cache *c, uint32_t data_end)
       evict_remove (c->ev, s);
       cache_write_free_entry (c, s);
       pagetable_put_free (&c->pt, s);
-      loaded--;
-      dropped++;
+      r->loaded--;
+      r->dropped++;
     }
   if (c->pt.side_used > c->pt.side_limit)
     log_error ("cache file %s: %u dirty pages with partial sector maps, "
                "more than ssdcache-partial-pages=%u: kept (writeback "
                "cleans them)", c->path, c->pt.side_used, c->pt.side_limit);
-  /* RAM keeps sequence numbers as change stamps from here on. */
-  pagetable_seq_rebase (&c->pt, c->seq);
+}
+
+/* The counters, and what recovery dropped, in the log. */
+static void
+report (struct recovery *r)
+{
+  struct cache *c = r->c;
+
   atomic_store (&c->stats.partial_maps, c->pt.side_used);
-  c->ndirty = ndirty;
-  atomic_store (&c->stats.dirty_pages, ndirty);
-  STATS_ADD (&c->stats, loaded_slots, loaded);
-  STATS_ADD (&c->stats, dropped_entries, dropped);
-  STATS_ADD (&c->stats, dirty_dropped, lost);
-  STATS_ADD (&c->stats, unsealed_dropped, unsealed);
-  if (unsealed && c->was_clean)
+  c->ndirty = r->ndirty;
+  atomic_store (&c->stats.dirty_pages, r->ndirty);
+  STATS_ADD (&c->stats, loaded_slots, r->loaded);
+  STATS_ADD (&c->stats, dropped_entries, r->dropped);
+  STATS_ADD (&c->stats, dirty_dropped, r->lost);
+  STATS_ADD (&c->stats, unsealed_dropped, r->unsealed);
+  if (r->unsealed && c->was_clean)
     log_error ("cache file %s: %llu unsealed entries in a cache closed "
-               "cleanly: dropped", c->path, (unsigned long long) unsealed);
-  STATS_ADD (&c->stats, damaged_entries, damaged);
-  if (damaged && may_dirty)
+               "cleanly: dropped", c->path, (unsigned long long) r->unsealed);
+  STATS_ADD (&c->stats, damaged_entries, r->damaged);
+  if (r->damaged && r->may_dirty)
     log_error ("cache file %s: DIRTY DATA MAY BE LOST: %llu page-table "
                "entries are damaged (the first: slot %u) and have been "
                "dropped; the cache may have held dirty data, and any that "
                "those entries described is gone: those pages now read as "
                "an older cached copy or the backend's data", c->path,
-               (unsigned long long) damaged, first_damaged);
-  else if (damaged)
+               (unsigned long long) r->damaged, r->first_damaged);
+  else if (r->damaged)
     log_error ("cache file %s: %llu page-table entries are damaged (the "
                "first: slot %u) and have been dropped (the cache held no "
                "dirty data: nothing is lost)", c->path,
-               (unsigned long long) damaged, first_damaged);
-  if (cut)
+               (unsigned long long) r->damaged, r->first_damaged);
+  if (r->cut)
     log_error ("cache file %s: %llu cached pages lay past the end of the "
                "truncated file and have been dropped", c->path,
-               (unsigned long long) cut);
+               (unsigned long long) r->cut);
   log_debug ("cache file %s: %s start, %llu pages loaded (%llu dirty), "
              "%llu dropped, %llu unflushed rewrites dropped", c->path,
              c->was_clean ? "clean" : "unclean (recovered)",
-             (unsigned long long) loaded, (unsigned long long) ndirty,
-             (unsigned long long) dropped, (unsigned long long) unsealed);
+             (unsigned long long) r->loaded, (unsigned long long) r->ndirty,
+             (unsigned long long) r->dropped,
+             (unsigned long long) r->unsealed);
+}
+
+/* Load the page table.  Slots at or past data_end have no data any
+ * more (the file was cut short): their entries are dropped.
+ */
+int
+recover_load_entries (struct cache *c, uint32_t data_end)
+{
+  struct recovery r = {
+    .c = c,
+    .data_end = data_end,
+    .npages = (c->backend_size + c->page_size - 1) / c->page_size,
+    .ptinit = c->pool.sb.flags & LAYOUT_SB_PTINIT,
+    .may_dirty = c->pool.sb.flags & LAYOUT_SB_DIRTY,
+  };
+  int ret = -1;
+
+  r.raw = malloc ((size_t) CACHE_LOAD_CHUNK * LAYOUT_ENTRY_SIZE);
+  r.page_buf = malloc (c->page_size);
+  r.cand = malloc ((size_t) c->nslots * sizeof *r.cand);
+  if (r.raw == NULL || r.page_buf == NULL || r.cand == NULL) {
+    log_error ("malloc: %m");
+    goto out;
+  }
+  pagetable_clear_free (&c->pt);
+  if (parse_entries (&r) == -1)
+    goto out;
+  pick_winners (&r);
+  free_the_rest (&r);
+  /* RAM keeps sequence numbers as change stamps from here on. */
+  pagetable_seq_rebase (&c->pt, c->seq);
+  report (&r);
   ret = 0;
  out:
-  free (raw);
-  free (page_buf);
-  free (cand);
+  free (r.raw);
+  free (r.page_buf);
+  free (r.cand);
   return ret;
 }

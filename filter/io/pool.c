@@ -126,7 +126,12 @@ read_span (struct pool *p, uint8_t *b, size_t n, uint64_t a, uint64_t need)
         continue;
       return -1;
     }
-    if (r == 0) {
+    done += r;
+    /* The end of the file: nothing read, or a short read that leaves
+     * the position unaligned (asking again there would be an unaligned
+     * direct read).
+     */
+    if (r == 0 || !IS_ALIGNED (done, POOL_DIRECT_ALIGN)) {
       if (a + done < need) {
         errno = EIO;
         return -1;
@@ -134,7 +139,6 @@ read_span (struct pool *p, uint8_t *b, size_t n, uint64_t a, uint64_t need)
       memset (b + done, 0, n - done);
       break;
     }
-    done += r;
   }
   return 0;
 }

@@ -378,22 +378,75 @@ fnv1a (const char *s, size_t n, uint64_t h)
   return h;
 }
 
-static int
-mkdir_p (char *path)
+/* A directory the default cache file may go in: the effective uid's
+ * own, and nobody else's to change.  Otherwise why says what is wrong
+ * (why has room for 128 bytes).
+ */
+static bool
+dir_is_private (const char *dir, char *why)
 {
-  for (char *p = path + 1; *p; p++) {
-    if (*p == '/') {
+  struct stat st;
+
+  if (lstat (dir, &st) == -1)
+    snprintf (why, 128, "cannot be examined: %s", strerror (errno));
+  else if (S_ISLNK (st.st_mode))
+    snprintf (why, 128, "is a symbolic link");
+  else if (!S_ISDIR (st.st_mode))
+    snprintf (why, 128, "is not a directory");
+  else if (st.st_uid != geteuid ())
+    snprintf (why, 128, "is owned by uid %u, not by this process (uid %u)",
+              (unsigned) st.st_uid, (unsigned) geteuid ());
+  else if (st.st_mode & (S_IWGRP | S_IWOTH))
+    snprintf (why, 128, "is writable by group or others (mode %04o)",
+              (unsigned) (st.st_mode & 07777));
+  else
+    return true;
+  return false;
+}
+
+/* Create dir and its missing parents, mode 0700, and check dir and
+ * every parent created here with dir_is_private.  Parents that existed
+ * before are the user's choice and are not checked.
+ */
+static int
+make_private_dir (char *dir)
+{
+  char why[128];
+  char *p = dir;
+
+  /* "dir/" would make lstat follow a symbolic link. */
+  for (size_t n = strlen (dir); n > 1 && dir[n - 1] == '/'; n--)
+    dir[n - 1] = '\0';
+  do {
+    bool made;
+
+    p = strchr (p + 1, '/');
+    if (p)
       *p = '\0';
-      if (mkdir (path, 0700) == -1 && errno != EEXIST)
-        return -1;
-      *p = '/';
+    made = mkdir (dir, 0700) == 0;
+    if (!made && errno != EEXIST) {
+      nbdkit_error ("ssdcache-file: cannot create cache directory %s: %m "
+                    "(set NBDKIT_SSDCACHE_DIR or ssdcache-file)", dir);
+      return -1;
     }
-  }
-  if (mkdir (path, 0700) == -1 && errno != EEXIST)
-    return -1;
+    if ((made || p == NULL) && !dir_is_private (dir, why)) {
+      nbdkit_error ("ssdcache-file: cache directory %s %s; refusing to "
+                    "put the cache there (it must be a directory of this "
+                    "user's that nobody else can write, not a symbolic "
+                    "link): remove it, or set NBDKIT_SSDCACHE_DIR or "
+                    "ssdcache-file", dir, why);
+      return -1;
+    }
+    if (p)
+      *p = '/';
+  } while (p);
   return 0;
 }
 
+/* The default cache directory: $NBDKIT_SSDCACHE_DIR, or
+ * $XDG_CACHE_HOME/nbdkit-ssdcache, or $HOME/.cache/nbdkit-ssdcache, or
+ * /var/tmp/nbdkit-ssdcache-EUID.
+ */
 static char *
 default_dir (void)
 {
@@ -407,7 +460,7 @@ default_dir (void)
   else if ((e = getenv ("HOME")) != NULL && *e == '/')
     asprintf (&dir, "%s/.cache/nbdkit-ssdcache", e);
   else
-    asprintf (&dir, "/var/tmp/nbdkit-ssdcache-%ld", (long) getuid ());
+    asprintf (&dir, "/var/tmp/nbdkit-ssdcache-%ld", (long) geteuid ());
   return dir;
 }
 
@@ -458,9 +511,7 @@ config_finish (void)
       nbdkit_error ("cannot build the default cache directory name: %m");
       return -1;
     }
-    if (mkdir_p (dir) == -1) {
-      nbdkit_error ("ssdcache-file: cannot create cache directory %s: %m "
-                    "(set NBDKIT_SSDCACHE_DIR or ssdcache-file)", dir);
+    if (make_private_dir (dir) == -1) {
       free (dir);
       return -1;
     }

@@ -522,6 +522,7 @@ config_finish (void)
       return -1;
     }
     free (dir);
+    config.file_default = true;
   }
   nbdkit_debug ("ssdcache: cache file %s, identity: %s",
                 config.file, config.id_text);

@@ -17,6 +17,7 @@
 
 struct config {
   char *file;                  /* cache file (absolute), after config_finish */
+  bool file_default;           /* file was not given: the default one */
   uint64_t size;               /* 0: default */
   uint32_t page_size;          /* 0: default */
   unsigned mode;               /* enum layout_mode */

@@ -131,7 +131,8 @@ cache_open (const struct cache_config *cfg)
     }
   }
 
-  if (pool_open (&c->pool, c->path, cfg->direct) == -1)
+  if ((cfg->private_file ? pool_open_private (&c->pool, c->path, cfg->direct)
+       : pool_open (&c->pool, c->path, cfg->direct)) == -1)
     goto err;
   r = pool_load_sb (&c->pool);
   if (r == -1) {

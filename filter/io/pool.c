@@ -334,8 +334,34 @@ check_direct (struct pool *p)
   return 0;
 }
 
-int
-pool_open (struct pool *p, const char *path, bool direct)
+/* The default cache file must be this user's own (pool_open_private).
+ * Returns 0, or -1 with the reason logged.
+ */
+static int
+check_private (const char *path, const struct stat *st)
+{
+  char why[128];
+
+  if (S_ISLNK (st->st_mode))
+    snprintf (why, sizeof why, "is a symbolic link");
+  else if (!S_ISREG (st->st_mode))
+    snprintf (why, sizeof why, "is not a regular file");
+  else if (st->st_uid != geteuid ())
+    snprintf (why, sizeof why, "is owned by uid %u, not by this process "
+              "(uid %u)", (unsigned) st->st_uid, (unsigned) geteuid ());
+  else if (st->st_mode & (S_IWGRP | S_IWOTH))
+    snprintf (why, sizeof why, "is writable by group or others (mode %04o)",
+              (unsigned) (st->st_mode & 07777));
+  else
+    return 0;
+  log_error ("ssdcache-file: default cache file %s %s: it is not a cache "
+             "file this filter made, refusing to use it; delete it, or "
+             "name a cache file with ssdcache-file", path, why);
+  return -1;
+}
+
+static int
+open_pool (struct pool *p, const char *path, bool direct, bool private)
 {
   struct stat st;
 
@@ -357,8 +383,14 @@ pool_open (struct pool *p, const char *path, bool direct)
     p->direct = true;
   }
 
-  p->fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0),
-                0600);
+  /* The default file: look before opening (open has side effects on a
+   * FIFO or a device), and open without following a symbolic link
+   * planted after the look.
+   */
+  if (private && lstat (path, &st) == 0 && check_private (path, &st) == -1)
+    goto err;
+  p->fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0) |
+                (private ? O_NOFOLLOW : 0), 0600);
   if (p->fd == -1 && direct && errno == EINVAL) {
     /* Linux refuses O_DIRECT at open on file systems without it (tmpfs
      * before Linux 6.6, some FUSE file systems).
@@ -368,16 +400,23 @@ pool_open (struct pool *p, const char *path, bool direct)
                "put ssdcache-file on another file system", path);
     goto err;
   }
+  if (p->fd == -1 && private && errno == ELOOP) {
+    st.st_mode = S_IFLNK;
+    check_private (path, &st);
+    goto err;
+  }
   if (p->fd == -1) {
     log_error ("ssdcache-file: cannot open %s: %m", path);
     goto err;
   }
-  if (direct && check_direct (p) == -1)
-    goto err;
   if (fstat (p->fd, &st) == -1) {
     log_error ("ssdcache-file: fstat: %s: %m", path);
     goto err;
   }
+  if (private && check_private (path, &st) == -1)
+    goto err;
+  if (direct && check_direct (p) == -1)
+    goto err;
   if (S_ISBLK (st.st_mode)) {
     p->is_blockdev = true;
     if (ioctl (p->fd, BLKGETSIZE64, &p->dev_size) == -1) {
@@ -410,6 +449,18 @@ pool_open (struct pool *p, const char *path, bool direct)
  err:
   pool_close (p);
   return -1;
+}
+
+int
+pool_open (struct pool *p, const char *path, bool direct)
+{
+  return open_pool (p, path, direct, false);
+}
+
+int
+pool_open_private (struct pool *p, const char *path, bool direct)
+{
+  return open_pool (p, path, direct, true);
 }
 
 void

@@ -65,6 +65,16 @@ struct pool {
  * the file.  Returns 0 or -1.
  */
 extern int pool_open (struct pool *p, const char *path, bool direct);
+
+/* pool_open for the default cache file, which the filter named in a
+ * directory of the user's own (config.c): it is never reached through
+ * a symbolic link (lstat, then O_NOFOLLOW), and it must be a regular
+ * file owned by the effective uid that neither group nor others can
+ * write.  Anything else is refused, with a message saying to delete
+ * it.
+ */
+extern int pool_open_private (struct pool *p, const char *path,
+                              bool direct);
 extern void pool_close (struct pool *p);
 
 /* Read both superblock copies and keep the valid one with the highest

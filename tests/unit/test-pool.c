@@ -15,6 +15,9 @@
  * of different page-table entries of the same 4 KiB blocks (none may
  * be lost); the refusal of a file system without direct I/O.
  *
+ * The default cache file (pool_open_private) must be the user's own
+ * regular file, not a symbolic link, not writable by others.
+ *
  * Deferred slot writes (defer.c): queued writes are not made by the
  * caller; every read or write of a slot sees the writes queued for it
  * before, in order; pool_sync and defer_stop write the queue out; a
@@ -36,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 
@@ -396,6 +400,59 @@ test_direct_refused (void **state)
   pool_close (&p);
 }
 
+/* -- the default cache file (pool_open_private) ----------------------------- */
+
+/* pool_open_private: a symbolic link, a file others can write, a file
+ * of another uid (as root) and a FIFO are refused; the user's own file,
+ * or a missing one (created 0600), is opened.
+ */
+static void
+test_private (void **state)
+{
+  char link[sizeof testfile_path + 8], fifo[sizeof testfile_path + 8];
+  struct pool p;
+  struct stat st;
+
+  snprintf (link, sizeof link, "%s.link", testfile_path);
+  snprintf (fifo, sizeof fifo, "%s.fifo", testfile_path);
+  assert_int_equal (pool_open_private (&p, testfile_path, false), 0);
+  pool_close (&p);
+
+  assert_int_equal (symlink (testfile_path, link), 0);
+  log_errors_forget ();
+  assert_int_equal (pool_open_private (&p, link, false), -1);
+  assert_true (log_errors_contain ("is a symbolic link"));
+  assert_int_equal (pool_open (&p, link, false), 0);    /* given: trusted */
+  pool_close (&p);
+  unlink (link);
+
+  assert_int_equal (mkfifo (fifo, 0600), 0);
+  log_errors_forget ();
+  assert_int_equal (pool_open_private (&p, fifo, false), -1);
+  assert_true (log_errors_contain ("is not a regular file"));
+  unlink (fifo);
+
+  assert_int_equal (chmod (testfile_path, 0620), 0);
+  log_errors_forget ();
+  assert_int_equal (pool_open_private (&p, testfile_path, false), -1);
+  assert_true (log_errors_contain ("writable by group or others"));
+  assert_int_equal (chmod (testfile_path, 0600), 0);
+
+  if (geteuid () == 0) {
+    assert_int_equal (chown (testfile_path, 65534, -1), 0);
+    log_errors_forget ();
+    assert_int_equal (pool_open_private (&p, testfile_path, false), -1);
+    assert_true (log_errors_contain ("is owned by uid 65534"));
+    assert_int_equal (chown (testfile_path, 0, -1), 0);
+  }
+
+  unlink (testfile_path);
+  assert_int_equal (pool_open_private (&p, testfile_path, false), 0);
+  assert_int_equal (fstat (p.fd, &st), 0);
+  assert_int_equal (st.st_mode & 0077, 0);
+  pool_close (&p);
+}
+
 /* -- deferred slot writes (defer.c) -------------------------------------- */
 
 static atomic_uint defer_errors;
@@ -696,6 +753,8 @@ main (void)
     cmocka_unit_test_setup_teardown (test_direct_entries_concurrent,
                                      testfile_setup, testfile_teardown),
     cmocka_unit_test_setup_teardown (test_direct_refused,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_private,
                                      testfile_setup, testfile_teardown),
     cmocka_unit_test_setup_teardown (test_defer_order,
                                      testfile_setup, testfile_teardown),

@@ -135,6 +135,8 @@ cache_open (const struct cache_config *cfg)
        : pool_open (&c->pool, c->path, cfg->direct)) == -1)
     goto err;
   r = pool_load_sb (&c->pool);
+  if (r == -1 && c->pool.foreign)
+    goto err;                   /* not a cache: never reset it (logged) */
   if (r == -1) {
     if (!c->reset) {
       log_error ("cache file %s cannot be used; to discard it and start "

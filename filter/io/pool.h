@@ -55,6 +55,9 @@ struct pool {
   struct layout_sb sb;        /* last superblock read or written */
   unsigned next_sb;           /* copy (0/1) the next pool_write_sb writes */
   bool sb_damaged;            /* pool_load_sb found one copy unusable */
+  bool foreign;               /* pool_load_sb found no cache, but data:
+                                 never to be overwritten, not even by a
+                                 reset */
   struct defer *defer;        /* deferred slot writes, or NULL (defer.h);
                                  set and unset while single-threaded */
 };
@@ -79,11 +82,15 @@ extern void pool_close (struct pool *p);
 
 /* Read both superblock copies and keep the valid one with the highest
  * generation in p->sb.  Returns 1 if one was found (p->sb_damaged: the
- * other copy is damaged, logged), 0 if the file has no superblock at
- * all (new, or zeroes up to the page table), -1 if superblocks exist
- * but none is usable, if either copy is from a newer format version,
- * or if zeroed superblocks sit in front of a page table (reason logged
- * with the file name).
+ * other copy is damaged, logged), 0 if the file is blank (empty, or
+ * zeroes throughout: holes are skipped; on a block device, zeroes in
+ * its first LAYOUT_POOL_ALIGN bytes), -1 if superblocks exist but
+ * none is usable, if either copy is from a newer format version, or if
+ * zeroed superblocks sit in front of a page table (reason logged with
+ * the file name).  -1 with p->foreign: the file holds something that
+ * is not a cache (no superblock magic, no valid entry at the start of
+ * the page table, and a byte that is not zero), which must never be
+ * overwritten, not even when the user asked for a reset.
  */
 extern int pool_load_sb (struct pool *p);
 

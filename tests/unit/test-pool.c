@@ -15,6 +15,10 @@
  * of different page-table entries of the same 4 KiB blocks (none may
  * be lost); the refusal of a file system without direct I/O.
  *
+ * What is a cache: a blank file is a new one; a file holding anything
+ * without a superblock or page-table entry is foreign (never to be
+ * overwritten); a cache with wiped superblocks is still one.
+ *
  * The default cache file (pool_open_private) must be the user's own
  * regular file, not a symbolic link, not writable by others.
  *
@@ -400,6 +404,98 @@ test_direct_refused (void **state)
   pool_close (&p);
 }
 
+/* -- what is a cache (pool_load_sb) ----------------------------------------- */
+
+/* Write n bytes of b at off of the test file. */
+static void
+put (const void *b, size_t n, off_t off)
+{
+  int fd = open (testfile_path, O_WRONLY);
+
+  assert_true (fd >= 0);
+  assert_int_equal (pwrite (fd, b, n, off), (ssize_t) n);
+  close (fd);
+}
+
+/* pool_load_sb on the test file as it is: its result and p.foreign. */
+static int
+load (bool direct, bool *foreign)
+{
+  struct pool p;
+  int r;
+
+  log_errors_forget ();
+  assert_int_equal (pool_open (&p, testfile_path, direct), 0);
+  r = pool_load_sb (&p);
+  *foreign = p.foreign;
+  pool_close (&p);
+  return r;
+}
+
+/* Blank (empty, zeroes, holes) is a new cache; a file with anything
+ * else that has neither a superblock nor a valid page-table entry at
+ * its start is foreign, wherever its first non-zero byte is; a cache
+ * whose superblocks are zeroed or overwritten is still a cache.
+ */
+static void
+check_contents (bool direct)
+{
+  uint8_t junk[LAYOUT_PT_OFFSET];
+  struct pool p;
+  bool foreign;
+
+  for (size_t i = 0; i < sizeof junk; i++)
+    junk[i] = (uint8_t) (i * 7 + 1);
+  reset_counts ();
+  assert_int_equal (truncate (testfile_path, 0), 0);
+  assert_int_equal (load (direct, &foreign), 0);
+  assert_int_equal (truncate (testfile_path, 100), 0);
+  assert_int_equal (load (direct, &foreign), 0);        /* 100 zeroes */
+  assert_int_equal (truncate (testfile_path, 8 << 20), 0);
+  assert_int_equal (load (direct, &foreign), 0);        /* holes */
+  put ("x", 1, 5 << 20);
+  assert_int_equal (load (direct, &foreign), -1);
+  assert_true (foreign);
+  assert_true (log_errors_contain ("byte 5242880 is not zero"));
+  assert_true (log_errors_contain ("delete it"));
+  assert_int_equal (truncate (testfile_path, 0), 0);
+  put (junk, 100, 0);
+  assert_int_equal (load (direct, &foreign), -1);
+  assert_true (foreign);
+  assert_int_equal (truncate (testfile_path, 0), 0);
+  assert_int_equal (truncate (testfile_path, 4 << 20), 0);
+  put (junk, sizeof junk, LAYOUT_PT_OFFSET);            /* no entry */
+  assert_int_equal (load (direct, &foreign), -1);
+  assert_true (foreign);
+
+  assert_int_equal (truncate (testfile_path, 0), 0);
+  format (&p, direct);
+  pool_close (&p);
+  memset (junk, 0, sizeof junk);
+  put (junk, sizeof junk, 0);                           /* wiped */
+  assert_int_equal (load (direct, &foreign), -1);
+  assert_false (foreign);
+  assert_true (log_errors_contain ("both superblocks are zeroed"));
+  memset (junk, 0xa5, sizeof junk);
+  put (junk, sizeof junk, 0);                           /* overwritten */
+  assert_int_equal (load (direct, &foreign), -1);
+  assert_false (foreign);
+  assert_true (log_errors_contain ("no valid superblock"));
+  assert_int_equal (atomic_load (&unaligned_calls), 0);
+}
+
+static void
+test_contents (void **state)
+{
+  check_contents (false);
+}
+
+static void
+test_contents_direct (void **state)
+{
+  check_contents (true);
+}
+
 /* -- the default cache file (pool_open_private) ----------------------------- */
 
 /* pool_open_private: a symbolic link, a file others can write, a file
@@ -753,6 +849,10 @@ main (void)
     cmocka_unit_test_setup_teardown (test_direct_entries_concurrent,
                                      testfile_setup, testfile_teardown),
     cmocka_unit_test_setup_teardown (test_direct_refused,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_contents,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_contents_direct,
                                      testfile_setup, testfile_teardown),
     cmocka_unit_test_setup_teardown (test_private,
                                      testfile_setup, testfile_teardown),

@@ -52,7 +52,7 @@ static const char *const ignored_prefixes[] = {
 static bool
 is_secret (const char *key)
 {
-  return strstr (key, "password") || strstr (key, "secret") ||
+  return strstr (key, "pass") || strstr (key, "secret") ||
     strstr (key, "token") || strstr (key, "cookie") ||
     strstr (key, "header") || strstr (key, "key");
 }

@@ -62,6 +62,12 @@ static atomic_uint direct_calls;      /* all calls on O_DIRECT descriptors */
 static atomic_bool refuse_direct;     /* open: EINVAL for O_DIRECT */
 static atomic_int fail_fd = -1;       /* pwrite: EIO on this descriptor */
 static _Thread_local unsigned my_pwrites;   /* this thread's pwrites */
+/* open: just before opening swap_to, rename swap_from over it (once):
+ * a file replaced between pool_open_private's lstat and its open.
+ */
+static const char *swap_from, *swap_to;
+static unsigned opens_of_other;   /* open: calls naming other_path */
+static const char *other_path;
 
 static void
 check_call (int fd, const void *buf, size_t count, off_t off)
@@ -119,6 +125,12 @@ open (const char *path, int flags, ...)
     va_start (ap, flags);
     mode = va_arg (ap, mode_t);
     va_end (ap);
+  }
+  if (other_path && strcmp (path, other_path) == 0)
+    opens_of_other++;
+  if (swap_to && strcmp (path, swap_to) == 0) {
+    assert_int_equal (rename (swap_from, swap_to), 0);
+    swap_to = NULL;
   }
   if ((flags & O_DIRECT) && atomic_load (&refuse_direct)) {
     errno = EINVAL;
@@ -498,35 +510,43 @@ test_contents_direct (void **state)
 
 /* -- the default cache file (pool_open_private) ----------------------------- */
 
-/* pool_open_private: a symbolic link, a file others can write, a file
- * of another uid (as root) and a FIFO are refused; the user's own file,
- * or a missing one (created 0600), is opened.
+/* pool_open_private: a symbolic link, a FIFO (not even opened), a file
+ * others can write, a file of another uid (as root), and a file
+ * replaced by either between the lstat and the open are refused; the
+ * user's own file, or a missing one (created 0600), is opened.
  */
 static void
 test_private (void **state)
 {
-  char link[sizeof testfile_path + 8], fifo[sizeof testfile_path + 8];
+  char lnk[sizeof testfile_path + 8], other[sizeof testfile_path + 8];
   struct pool p;
   struct stat st;
+  int fd;
 
-  snprintf (link, sizeof link, "%s.link", testfile_path);
-  snprintf (fifo, sizeof fifo, "%s.fifo", testfile_path);
+  snprintf (lnk, sizeof lnk, "%s.link", testfile_path);
+  snprintf (other, sizeof other, "%s.other", testfile_path);
   assert_int_equal (pool_open_private (&p, testfile_path, false), 0);
   pool_close (&p);
 
-  assert_int_equal (symlink (testfile_path, link), 0);
+  assert_int_equal (symlink (testfile_path, lnk), 0);
   log_errors_forget ();
-  assert_int_equal (pool_open_private (&p, link, false), -1);
+  assert_int_equal (pool_open_private (&p, lnk, false), -1);
   assert_true (log_errors_contain ("is a symbolic link"));
-  assert_int_equal (pool_open (&p, link, false), 0);    /* given: trusted */
+  assert_int_equal (pool_open (&p, lnk, false), 0);     /* given: trusted */
   pool_close (&p);
-  unlink (link);
+  unlink (lnk);
 
-  assert_int_equal (mkfifo (fifo, 0600), 0);
+  /* A FIFO (or a device) is not even opened. */
+  assert_int_equal (mkfifo (other, 0600), 0);
   log_errors_forget ();
-  assert_int_equal (pool_open_private (&p, fifo, false), -1);
+  other_path = other;
+  opens_of_other = 0;
+  assert_int_equal (pool_open_private (&p, other, false), -1);
+  assert_int_equal (opens_of_other, 0);
+  other_path = NULL;
+  assert_true (log_errors_contain ("default cache file"));
   assert_true (log_errors_contain ("is not a regular file"));
-  unlink (fifo);
+  unlink (other);
 
   assert_int_equal (chmod (testfile_path, 0620), 0);
   log_errors_forget ();
@@ -541,6 +561,32 @@ test_private (void **state)
     assert_true (log_errors_contain ("is owned by uid 65534"));
     assert_int_equal (chown (testfile_path, 0, -1), 0);
   }
+
+  /* Replaced between the lstat and the open: by a symbolic link
+   * (O_NOFOLLOW refuses it), by a file others can write (the check
+   * after the open refuses it).
+   */
+  fd = open (other, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  assert_true (fd >= 0);
+  close (fd);
+  assert_int_equal (symlink (other, lnk), 0);
+  swap_from = lnk;
+  swap_to = testfile_path;
+  log_errors_forget ();
+  assert_int_equal (pool_open_private (&p, testfile_path, false), -1);
+  assert_null (swap_to);
+  assert_true (log_errors_contain ("is a symbolic link"));
+  assert_int_equal (unlink (testfile_path), 0);
+  fd = open (testfile_path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  assert_true (fd >= 0);
+  close (fd);
+  assert_int_equal (chmod (other, 0606), 0);
+  swap_from = other;
+  swap_to = testfile_path;
+  log_errors_forget ();
+  assert_int_equal (pool_open_private (&p, testfile_path, false), -1);
+  assert_null (swap_to);
+  assert_true (log_errors_contain ("writable by group or others"));
 
   unlink (testfile_path);
   assert_int_equal (pool_open_private (&p, testfile_path, false), 0);

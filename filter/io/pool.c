@@ -510,17 +510,16 @@ enum content {
 
 /* Does the start of the page-table region (right after the
  * superblocks, whatever the geometry) hold a valid page-table entry?
- * Sets *used if it holds anything at all.  Returns 1, 0 or -1.
+ * Returns 1, 0 or -1.
  */
 static int
-pt_start_entries (struct pool *p, bool *used)
+pt_start_entries (struct pool *p)
 {
   uint8_t *buf;
   uint64_t n = LAYOUT_POOL_ALIGN - LAYOUT_PT_OFFSET;
   struct layout_entry e;
   int r = 0;
 
-  *used = false;
   if (p->dev_size <= LAYOUT_PT_OFFSET)
     return 0;
   if (n > p->dev_size - LAYOUT_PT_OFFSET)
@@ -535,8 +534,7 @@ pt_start_entries (struct pool *p, bool *used)
     free (buf);
     return -1;
   }
-  *used = !all_zero (buf, n);
-  for (uint64_t i = 0; *used && r == 0 && i + LAYOUT_ENTRY_SIZE <= n;
+  for (uint64_t i = 0; r == 0 && i + LAYOUT_ENTRY_SIZE <= n;
        i += LAYOUT_ENTRY_SIZE)
     r = layout_entry_decode (buf + i, LAYOUT_MAX_SECTORS, &e) == 0;
   free (buf);
@@ -596,13 +594,12 @@ zero_from (struct pool *p, uint64_t from, uint64_t *at)
 static enum content
 classify (struct pool *p, const uint8_t *head, uint64_t *at)
 {
-  bool used;
   int r;
 
   for (int i = 0; i < LAYOUT_SB_COUNT; i++)
     if (memcmp (head + i * LAYOUT_SB_SIZE, LAYOUT_MAGIC, 8) == 0)
       return CONTENT_CACHE;
-  r = pt_start_entries (p, &used);
+  r = pt_start_entries (p);
   if (r != 0)
     return r == 1 ? CONTENT_CACHE : CONTENT_ERROR;
   if ((*at = first_nonzero (head, LAYOUT_PT_OFFSET)) < LAYOUT_PT_OFFSET)

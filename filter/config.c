@@ -52,7 +52,7 @@ static const char *const ignored_prefixes[] = {
 static bool
 is_secret (const char *key)
 {
-  return strstr (key, "password") || strstr (key, "secret") ||
+  return strstr (key, "pass") || strstr (key, "secret") ||
     strstr (key, "token") || strstr (key, "cookie") ||
     strstr (key, "header") || strstr (key, "key");
 }
@@ -65,235 +65,254 @@ bad_value (const char *key, const char *value)
   return -1;
 }
 
+/* The ssdcache-* parameters: one table entry each (params below).
+ *
+ * parse reads the value and stores it through the one target pointer
+ * it uses: str (a string, replacing the last one), or one of u64,
+ * u32, uint and flag (store picks the one that is set), plus *set =
+ * true if set is given.  bad, when given, is the message for a value
+ * that parses but is not allowed (empty, not in [lo, hi] or not a
+ * power of two with pow2, not one of the choices): a printf format
+ * given the key and then the value.  Numbers are checked against
+ * [lo, hi] only when bad is given.
+ */
+struct choice {
+  const char *name;
+  unsigned value;
+};
+
+struct param {
+  const char *key;
+  int (*parse) (const struct param *p, const char *value);
+  char **str;
+  uint64_t *u64;
+  uint32_t *u32;
+  unsigned *uint;
+  bool *flag;
+  bool *set;
+  uint64_t lo, hi;
+  bool pow2;
+  const struct choice *choices;   /* parse_choice: ends with a NULL name */
+  const char *bad;
+};
+
+static void
+store (const struct param *p, uint64_t v)
+{
+  if (p->u64)
+    *p->u64 = v;
+  else if (p->u32)
+    *p->u32 = v;
+  else if (p->uint)
+    *p->uint = v;
+  else if (p->flag)
+    *p->flag = v;
+  if (p->set)
+    *p->set = true;
+}
+
 static int
-parse_pow2_page (const char *key, const char *value, uint32_t *out)
+not_allowed (const struct param *p, const char *value)
+{
+  nbdkit_error (p->bad, p->key, value);
+  return -1;
+}
+
+static bool
+in_bounds (const struct param *p, uint64_t v)
+{
+  return p->bad == NULL ||
+    (v >= p->lo && v <= p->hi && (!p->pow2 || (v & (v - 1)) == 0));
+}
+
+/* A file name, made absolute (nbdkit may change directory later). */
+static int
+parse_path (const struct param *p, const char *value)
+{
+  if (*value == '\0')
+    return not_allowed (p, value);
+  free (*p->str);
+  *p->str = nbdkit_absolute_path (value);
+  return *p->str ? 0 : -1;
+}
+
+static int
+parse_string (const struct param *p, const char *value)
+{
+  if (*value == '\0')
+    return not_allowed (p, value);
+  free (*p->str);
+  *p->str = strdup (value);
+  return *p->str ? 0 : -1;
+}
+
+static int
+parse_size (const struct param *p, const char *value)
 {
   int64_t v = nbdkit_parse_size (value);
 
   if (v == -1)
-    return bad_value (key, value);
-  if (v < LAYOUT_MIN_PAGE || v > LAYOUT_MAX_PAGE || (v & (v - 1)) != 0) {
-    nbdkit_error ("%s: must be a power of two from 4K to 2M, not %s",
-                  key, value);
-    return -1;
-  }
-  *out = v;
+    return bad_value (p->key, value);
+  if (!in_bounds (p, v))
+    return not_allowed (p, value);
+  store (p, v);
   return 0;
 }
+
+static int
+parse_bool (const struct param *p, const char *value)
+{
+  int r = nbdkit_parse_bool (value);
+
+  if (r == -1)
+    return bad_value (p->key, value);
+  store (p, r);
+  return 0;
+}
+
+static int
+parse_unsigned (const struct param *p, const char *value)
+{
+  unsigned v;
+
+  if (nbdkit_parse_unsigned (p->key, value, &v) == -1)
+    return bad_value (p->key, value);
+  if (!in_bounds (p, v))
+    return not_allowed (p, value);
+  store (p, v);
+  return 0;
+}
+
+static int
+parse_uint32 (const struct param *p, const char *value)
+{
+  uint32_t v;
+
+  if (nbdkit_parse_uint32_t (p->key, value, &v) == -1)
+    return bad_value (p->key, value);
+  if (!in_bounds (p, v))
+    return not_allowed (p, value);
+  store (p, v);
+  return 0;
+}
+
+static int
+parse_choice (const struct param *p, const char *value)
+{
+  for (const struct choice *c = p->choices; c->name; c++)
+    if (strcmp (value, c->name) == 0) {
+      store (p, c->value);
+      return 0;
+    }
+  return not_allowed (p, value);
+}
+
+/* The policy module owns the policy names (and their aliases). */
+static int
+parse_policy (const struct param *p, const char *value)
+{
+  enum evict_policy policy;
+
+  if (evict_policy_parse (value, &policy) == -1) {
+    nbdkit_error ("%s: unknown policy '%s' (expected %s or %s)", p->key,
+                  value, evict_policy_name (EVICT_S3FIFO),
+                  evict_policy_name (EVICT_CLOCK));
+    return -1;
+  }
+  store (p, policy);
+  return 0;
+}
+
+/* auto, off (or 0), or a fixed window: a size, to the entry's target. */
+static int
+parse_readahead (const struct param *p, const char *value)
+{
+  if (strcmp (value, "auto") == 0) {
+    config.ra_mode = READAHEAD_AUTO;
+    return 0;
+  }
+  if (strcmp (value, "off") == 0 || strcmp (value, "0") == 0) {
+    config.ra_mode = READAHEAD_OFF;
+    return 0;
+  }
+  if (parse_size (p, value) == -1)
+    return -1;
+  config.ra_mode = READAHEAD_FIXED;
+  return 0;
+}
+
+static const struct choice modes[] = {
+  { "writethrough", LAYOUT_MODE_WRITETHROUGH },
+  { "writearound", LAYOUT_MODE_WRITEAROUND },
+  { "writeback", LAYOUT_MODE_WRITEBACK },
+  { NULL, 0 }
+};
+static const struct choice verify_modes[] = {
+  { "off", false }, { "lazy", true }, { NULL, 0 }
+};
+static const struct choice flush_modes[] = {
+  { "cache", CACHE_FLUSH_CACHE }, { "backend", CACHE_FLUSH_BACKEND },
+  { NULL, 0 }
+};
+
+#define GIB (UINT64_C (1) << 30)
+/* The ssdcache-partial-pages message below spells PT_SIDE_MAX out. */
+_Static_assert (PT_SIDE_MAX == 131088384, "update ssdcache-partial-pages");
+
+static const struct param params[] = {
+  { "ssdcache-file", parse_path, .str = &config.file,
+    .bad = "%s: the path must not be empty" },
+  { "ssdcache-size", parse_size, .u64 = &config.size,
+    .lo = 1, .hi = INT64_MAX,
+    .bad = "%s: the cache size must be greater than zero" },
+  { "ssdcache-page-size", parse_size, .u32 = &config.page_size,
+    .lo = LAYOUT_MIN_PAGE, .hi = LAYOUT_MAX_PAGE, .pow2 = true,
+    .bad = "%s: must be a power of two from 4K to 2M, not %s" },
+  { "ssdcache-mode", parse_choice, .uint = &config.mode, .choices = modes,
+    .bad = "%s: unknown mode '%s' (expected writethrough, writeback or "
+           "writearound)" },
+  { "ssdcache-id", parse_string, .str = &config.id,
+    .bad = "%s: the identity must not be empty" },
+  { "ssdcache-reset", parse_bool, .flag = &config.reset },
+  { "ssdcache-direct", parse_bool, .flag = &config.direct },
+  { "ssdcache-defer-writes", parse_bool, .flag = &config.defer_writes },
+  { "ssdcache-stats", parse_path, .str = &config.stats_file,
+    .bad = "%s: the path must not be empty" },
+  { "ssdcache-policy", parse_policy, .uint = &config.policy },
+  { "ssdcache-seq-cutoff", parse_size, .u64 = &config.seq_cutoff },
+  { "ssdcache-verify", parse_choice, .flag = &config.verify,
+    .choices = verify_modes, .bad = "%s: expected off or lazy, not '%s'" },
+  { "ssdcache-seq-streams", parse_unsigned, .uint = &config.seq_streams,
+    .lo = 1, .hi = 1024, .bad = "%s: from 1 to 1024, not %s" },
+  { "ssdcache-partial-pages", parse_uint32, .u32 = &config.partial_pages,
+    .set = &config.partial_pages_set, .lo = 0, .hi = PT_SIDE_MAX,
+    .bad = "%s: at most 131088384, not %s" },
+  { "ssdcache-promote", parse_unsigned, .uint = &config.promote,
+    .lo = 1, .hi = 255, .bad = "%s: from 1 to 255, not %s" },
+  { "ssdcache-readahead", parse_readahead, .u64 = &config.ra_window,
+    .lo = 4096, .hi = GIB,
+    .bad = "%s: auto, off, or a window from 4K to 1G, not %s" },
+  { "ssdcache-readahead-max", parse_size, .u64 = &config.ra_max,
+    .lo = READAHEAD_MIN_WINDOW, .hi = GIB,
+    .bad = "%s: from 128K to 1G, not %s" },
+  { "ssdcache-flush", parse_choice, .uint = &config.flush_mode,
+    .choices = flush_modes, .bad = "%s: expected cache or backend, not '%s'" },
+  { "ssdcache-writeback-high", parse_unsigned, .uint = &config.wb.high_pct,
+    .lo = 0, .hi = 100, .bad = "%s: a percentage from 0 to 100, not %s" },
+  { "ssdcache-writeback-low", parse_unsigned, .uint = &config.wb.low_pct,
+    .lo = 0, .hi = 100, .bad = "%s: a percentage from 0 to 100, not %s" },
+  { "ssdcache-writeback-rate", parse_size, .u64 = &config.wb.rate },
+  { "ssdcache-writeback-idle", parse_unsigned, .uint = &config.wb.idle_ms },
+  { "ssdcache-writeback-on-exit", parse_bool,
+    .flag = &config.writeback_on_exit },
+};
 
 int
 config_set (const char *key, const char *value)
 {
-  if (strcmp (key, "ssdcache-file") == 0) {
-    if (*value == '\0') {
-      nbdkit_error ("%s: the path must not be empty", key);
-      return -1;
-    }
-    free (config.file);
-    config.file = nbdkit_absolute_path (value);
-    return config.file ? 0 : -1;
-  }
-  if (strcmp (key, "ssdcache-size") == 0) {
-    int64_t v = nbdkit_parse_size (value);
-    if (v == -1)
-      return bad_value (key, value);
-    if (v == 0) {
-      nbdkit_error ("%s: the cache size must be greater than zero", key);
-      return -1;
-    }
-    config.size = v;
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-page-size") == 0)
-    return parse_pow2_page (key, value, &config.page_size);
-  if (strcmp (key, "ssdcache-mode") == 0) {
-    if (strcmp (value, "writethrough") == 0)
-      config.mode = LAYOUT_MODE_WRITETHROUGH;
-    else if (strcmp (value, "writearound") == 0)
-      config.mode = LAYOUT_MODE_WRITEAROUND;
-    else if (strcmp (value, "writeback") == 0)
-      config.mode = LAYOUT_MODE_WRITEBACK;
-    else {
-      nbdkit_error ("%s: unknown mode '%s' (expected writethrough, "
-                    "writeback or writearound)", key, value);
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-id") == 0) {
-    if (*value == '\0') {
-      nbdkit_error ("%s: the identity must not be empty", key);
-      return -1;
-    }
-    free (config.id);
-    config.id = strdup (value);
-    return config.id ? 0 : -1;
-  }
-  if (strcmp (key, "ssdcache-reset") == 0) {
-    int r = nbdkit_parse_bool (value);
-    if (r == -1)
-      return bad_value (key, value);
-    config.reset = r;
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-direct") == 0) {
-    int r = nbdkit_parse_bool (value);
-    if (r == -1)
-      return bad_value (key, value);
-    config.direct = r;
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-defer-writes") == 0) {
-    int r = nbdkit_parse_bool (value);
-    if (r == -1)
-      return bad_value (key, value);
-    config.defer_writes = r;
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-stats") == 0) {
-    if (*value == '\0') {
-      nbdkit_error ("%s: the path must not be empty", key);
-      return -1;
-    }
-    free (config.stats_file);
-    config.stats_file = nbdkit_absolute_path (value);
-    return config.stats_file ? 0 : -1;
-  }
-  if (strcmp (key, "ssdcache-policy") == 0) {
-    enum evict_policy p;
-    if (evict_policy_parse (value, &p) == -1) {
-      nbdkit_error ("%s: unknown policy '%s' (expected %s or %s)", key, value,
-                    evict_policy_name (EVICT_S3FIFO),
-                    evict_policy_name (EVICT_CLOCK));
-      return -1;
-    }
-    config.policy = p;
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-seq-cutoff") == 0) {
-    int64_t v = nbdkit_parse_size (value);
-    if (v == -1)
-      return bad_value (key, value);
-    config.seq_cutoff = v;
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-verify") == 0) {
-    if (strcmp (value, "off") == 0)
-      config.verify = false;
-    else if (strcmp (value, "lazy") == 0)
-      config.verify = true;
-    else {
-      nbdkit_error ("%s: expected off or lazy, not '%s'", key, value);
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-seq-streams") == 0) {
-    if (nbdkit_parse_unsigned (key, value, &config.seq_streams) == -1)
-      return bad_value (key, value);
-    if (config.seq_streams == 0 || config.seq_streams > 1024) {
-      nbdkit_error ("%s: from 1 to 1024, not %s", key, value);
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-partial-pages") == 0) {
-    if (nbdkit_parse_uint32_t (key, value, &config.partial_pages) == -1)
-      return bad_value (key, value);
-    if (config.partial_pages > PT_SIDE_MAX) {
-      nbdkit_error ("%s: at most %u, not %s", key, PT_SIDE_MAX, value);
-      return -1;
-    }
-    config.partial_pages_set = true;
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-promote") == 0) {
-    if (nbdkit_parse_unsigned (key, value, &config.promote) == -1)
-      return bad_value (key, value);
-    if (config.promote == 0 || config.promote > 255) {
-      nbdkit_error ("%s: from 1 to 255, not %s", key, value);
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-readahead") == 0) {
-    int64_t v;
-    if (strcmp (value, "auto") == 0) {
-      config.ra_mode = READAHEAD_AUTO;
-      return 0;
-    }
-    if (strcmp (value, "off") == 0 || strcmp (value, "0") == 0) {
-      config.ra_mode = READAHEAD_OFF;
-      return 0;
-    }
-    v = nbdkit_parse_size (value);
-    if (v == -1)
-      return bad_value (key, value);
-    if (v < 4096 || v > (INT64_C (1) << 30)) {
-      nbdkit_error ("%s: auto, off, or a window from 4K to 1G, not %s",
-                    key, value);
-      return -1;
-    }
-    config.ra_mode = READAHEAD_FIXED;
-    config.ra_window = v;
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-readahead-max") == 0) {
-    int64_t v = nbdkit_parse_size (value);
-    if (v == -1)
-      return bad_value (key, value);
-    if (v < READAHEAD_MIN_WINDOW || v > (INT64_C (1) << 30)) {
-      nbdkit_error ("%s: from 128K to 1G, not %s", key, value);
-      return -1;
-    }
-    config.ra_max = v;
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-flush") == 0) {
-    if (strcmp (value, "cache") == 0)
-      config.flush_mode = CACHE_FLUSH_CACHE;
-    else if (strcmp (value, "backend") == 0)
-      config.flush_mode = CACHE_FLUSH_BACKEND;
-    else {
-      nbdkit_error ("%s: expected cache or backend, not '%s'", key, value);
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-writeback-high") == 0 ||
-      strcmp (key, "ssdcache-writeback-low") == 0) {
-    unsigned v;
-    if (nbdkit_parse_unsigned (key, value, &v) == -1)
-      return bad_value (key, value);
-    if (v > 100) {
-      nbdkit_error ("%s: a percentage from 0 to 100, not %s", key, value);
-      return -1;
-    }
-    if (key[19] == 'h')
-      config.wb.high_pct = v;
-    else
-      config.wb.low_pct = v;
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-writeback-rate") == 0) {
-    int64_t v = nbdkit_parse_size (value);
-    if (v == -1)
-      return bad_value (key, value);
-    config.wb.rate = v;
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-writeback-idle") == 0) {
-    if (nbdkit_parse_unsigned (key, value, &config.wb.idle_ms) == -1)
-      return bad_value (key, value);
-    return 0;
-  }
-  if (strcmp (key, "ssdcache-writeback-on-exit") == 0) {
-    int r = nbdkit_parse_bool (value);
-    if (r == -1)
-      return bad_value (key, value);
-    config.writeback_on_exit = r;
-    return 0;
-  }
+  for (size_t i = 0; i < sizeof params / sizeof params[0]; i++)
+    if (strcmp (key, params[i].key) == 0)
+      return params[i].parse (&params[i], value);
   nbdkit_error ("unknown parameter '%s' (see nbdkit-ssdcache-filter(1))",
                 key);
   return -1;
@@ -359,22 +378,75 @@ fnv1a (const char *s, size_t n, uint64_t h)
   return h;
 }
 
-static int
-mkdir_p (char *path)
+/* A directory the default cache file may go in: the effective uid's
+ * own, and nobody else's to change.  Otherwise why says what is wrong
+ * (why has room for 128 bytes).
+ */
+static bool
+dir_is_private (const char *dir, char *why)
 {
-  for (char *p = path + 1; *p; p++) {
-    if (*p == '/') {
+  struct stat st;
+
+  if (lstat (dir, &st) == -1)
+    snprintf (why, 128, "cannot be examined: %s", strerror (errno));
+  else if (S_ISLNK (st.st_mode))
+    snprintf (why, 128, "is a symbolic link");
+  else if (!S_ISDIR (st.st_mode))
+    snprintf (why, 128, "is not a directory");
+  else if (st.st_uid != geteuid ())
+    snprintf (why, 128, "is owned by uid %u, not by this process (uid %u)",
+              (unsigned) st.st_uid, (unsigned) geteuid ());
+  else if (st.st_mode & (S_IWGRP | S_IWOTH))
+    snprintf (why, 128, "is writable by group or others (mode %04o)",
+              (unsigned) (st.st_mode & 07777));
+  else
+    return true;
+  return false;
+}
+
+/* Create dir and its missing parents, mode 0700, and check dir and
+ * every parent created here with dir_is_private.  Parents that existed
+ * before are the user's choice and are not checked.
+ */
+static int
+make_private_dir (char *dir)
+{
+  char why[128];
+  char *p = dir;
+
+  /* "dir/" would make lstat follow a symbolic link. */
+  for (size_t n = strlen (dir); n > 1 && dir[n - 1] == '/'; n--)
+    dir[n - 1] = '\0';
+  do {
+    bool made;
+
+    p = strchr (p + 1, '/');
+    if (p)
       *p = '\0';
-      if (mkdir (path, 0700) == -1 && errno != EEXIST)
-        return -1;
-      *p = '/';
+    made = mkdir (dir, 0700) == 0;
+    if (!made && errno != EEXIST) {
+      nbdkit_error ("ssdcache-file: cannot create cache directory %s: %m "
+                    "(set NBDKIT_SSDCACHE_DIR or ssdcache-file)", dir);
+      return -1;
     }
-  }
-  if (mkdir (path, 0700) == -1 && errno != EEXIST)
-    return -1;
+    if ((made || p == NULL) && !dir_is_private (dir, why)) {
+      nbdkit_error ("ssdcache-file: cache directory %s %s; refusing to "
+                    "put the cache there (it must be a directory of this "
+                    "user's that nobody else can write, not a symbolic "
+                    "link): remove it, or set NBDKIT_SSDCACHE_DIR or "
+                    "ssdcache-file", dir, why);
+      return -1;
+    }
+    if (p)
+      *p = '/';
+  } while (p);
   return 0;
 }
 
+/* The default cache directory: $NBDKIT_SSDCACHE_DIR, or
+ * $XDG_CACHE_HOME/nbdkit-ssdcache, or $HOME/.cache/nbdkit-ssdcache, or
+ * /var/tmp/nbdkit-ssdcache-EUID.
+ */
 static char *
 default_dir (void)
 {
@@ -388,7 +460,7 @@ default_dir (void)
   else if ((e = getenv ("HOME")) != NULL && *e == '/')
     asprintf (&dir, "%s/.cache/nbdkit-ssdcache", e);
   else
-    asprintf (&dir, "/var/tmp/nbdkit-ssdcache-%ld", (long) getuid ());
+    asprintf (&dir, "/var/tmp/nbdkit-ssdcache-%ld", (long) geteuid ());
   return dir;
 }
 
@@ -439,9 +511,7 @@ config_finish (void)
       nbdkit_error ("cannot build the default cache directory name: %m");
       return -1;
     }
-    if (mkdir_p (dir) == -1) {
-      nbdkit_error ("ssdcache-file: cannot create cache directory %s: %m "
-                    "(set NBDKIT_SSDCACHE_DIR or ssdcache-file)", dir);
+    if (make_private_dir (dir) == -1) {
       free (dir);
       return -1;
     }
@@ -452,6 +522,7 @@ config_finish (void)
       return -1;
     }
     free (dir);
+    config.file_default = true;
   }
   nbdkit_debug ("ssdcache: cache file %s, identity: %s",
                 config.file, config.id_text);

@@ -17,15 +17,16 @@
 
 struct config {
   char *file;                  /* cache file (absolute), after config_finish */
+  bool file_default;           /* file was not given: the default one */
   uint64_t size;               /* 0: default */
   uint32_t page_size;          /* 0: default */
-  enum layout_mode mode;
+  unsigned mode;               /* enum layout_mode */
   char *id;                    /* ssdcache-id, or NULL */
   bool reset;
   bool direct;                 /* ssdcache-direct */
   bool defer_writes;           /* ssdcache-defer-writes */
   char *stats_file;            /* ssdcache-stats, or NULL */
-  enum cache_flush_mode flush_mode;
+  unsigned flush_mode;         /* enum cache_flush_mode */
   struct cache_writeback_config wb;
   bool writeback_on_exit;
   unsigned policy;             /* enum evict_policy */

@@ -118,6 +118,7 @@ ssdcache_get_ready (int thread_model)
 {
   struct cache_config cfg = {
     .path = config.file,
+    .private_file = config.file_default,
     .size = config.size,
     .page_size = config.page_size,
     .mode = config.mode,

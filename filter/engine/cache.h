@@ -49,6 +49,9 @@ struct cache_writeback_config {
 
 struct cache_config {
   const char *path;            /* cache file */
+  bool private_file;           /* path is the default cache file, which
+                                  must be the user's own (pool.h:
+                                  pool_open_private) */
   uint64_t size;               /* data capacity in bytes (0: default) */
   uint32_t page_size;          /* 0: default, or the existing cache's */
   enum layout_mode mode;

@@ -157,6 +157,8 @@ sb_mismatch (const struct cache *c)
  * file is unusable, 0: it holds no cache yet, 1: a superblock was
  * read): accept the superblock (c->have_sb), leave the file to be
  * re-initialised by cache_attach (ssdcache-reset=true), or refuse it.
+ * A file that is no cache but holds data (c->pool.foreign) is never
+ * re-initialised.
  * Returns -1 (logged) if refused.
  */
 static int
@@ -166,6 +168,8 @@ accept_or_reset (struct cache *c, int r)
   const char *mismatch;
 
   if (r == -1) {
+    if (c->pool.foreign)
+      return -1;                /* not a cache: never reset it (logged) */
     if (!c->reset) {
       log_error ("cache file %s cannot be used; to discard it and start "
                  "an empty cache, add ssdcache-reset=true", c->path);
@@ -216,7 +220,9 @@ cache_open (const struct cache_config *cfg)
   if (c == NULL)
     return NULL;
   if (copy_config (c, cfg) == -1 ||
-      pool_open (&c->pool, c->path, cfg->direct) == -1 ||
+      (cfg->private_file
+       ? pool_open_private (&c->pool, c->path, cfg->direct)
+       : pool_open (&c->pool, c->path, cfg->direct)) == -1 ||
       accept_or_reset (c, pool_load_sb (&c->pool)) == -1) {
     cache_close (c);
     return NULL;

@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -125,7 +126,12 @@ read_span (struct pool *p, uint8_t *b, size_t n, uint64_t a, uint64_t need)
         continue;
       return -1;
     }
-    if (r == 0) {
+    done += r;
+    /* The end of the file: nothing read, or a short read that leaves
+     * the position unaligned (asking again there would be an unaligned
+     * direct read).
+     */
+    if (r == 0 || !IS_ALIGNED (done, POOL_DIRECT_ALIGN)) {
       if (a + done < need) {
         errno = EIO;
         return -1;
@@ -133,7 +139,6 @@ read_span (struct pool *p, uint8_t *b, size_t n, uint64_t a, uint64_t need)
       memset (b + done, 0, n - done);
       break;
     }
-    done += r;
   }
   return 0;
 }
@@ -329,8 +334,34 @@ check_direct (struct pool *p)
   return 0;
 }
 
-int
-pool_open (struct pool *p, const char *path, bool direct)
+/* The default cache file must be this user's own (pool_open_private).
+ * Returns 0, or -1 with the reason logged.
+ */
+static int
+check_private (const char *path, const struct stat *st)
+{
+  char why[128];
+
+  if (S_ISLNK (st->st_mode))
+    snprintf (why, sizeof why, "is a symbolic link");
+  else if (!S_ISREG (st->st_mode))
+    snprintf (why, sizeof why, "is not a regular file");
+  else if (st->st_uid != geteuid ())
+    snprintf (why, sizeof why, "is owned by uid %u, not by this process "
+              "(uid %u)", (unsigned) st->st_uid, (unsigned) geteuid ());
+  else if (st->st_mode & (S_IWGRP | S_IWOTH))
+    snprintf (why, sizeof why, "is writable by group or others (mode %04o)",
+              (unsigned) (st->st_mode & 07777));
+  else
+    return 0;
+  log_error ("ssdcache-file: default cache file %s %s: it is not a cache "
+             "file this filter made, refusing to use it; delete it, or "
+             "name a cache file with ssdcache-file", path, why);
+  return -1;
+}
+
+static int
+open_pool (struct pool *p, const char *path, bool direct, bool private)
 {
   struct stat st;
 
@@ -352,8 +383,14 @@ pool_open (struct pool *p, const char *path, bool direct)
     p->direct = true;
   }
 
-  p->fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0),
-                0600);
+  /* The default file: look before opening (open has side effects on a
+   * FIFO or a device), and open without following a symbolic link
+   * planted after the look.
+   */
+  if (private && lstat (path, &st) == 0 && check_private (path, &st) == -1)
+    goto err;
+  p->fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0) |
+                (private ? O_NOFOLLOW : 0), 0600);
   if (p->fd == -1 && direct && errno == EINVAL) {
     /* Linux refuses O_DIRECT at open on file systems without it (tmpfs
      * before Linux 6.6, some FUSE file systems).
@@ -363,16 +400,23 @@ pool_open (struct pool *p, const char *path, bool direct)
                "put ssdcache-file on another file system", path);
     goto err;
   }
+  if (p->fd == -1 && private && errno == ELOOP) {
+    st.st_mode = S_IFLNK;
+    check_private (path, &st);
+    goto err;
+  }
   if (p->fd == -1) {
     log_error ("ssdcache-file: cannot open %s: %m", path);
     goto err;
   }
-  if (direct && check_direct (p) == -1)
-    goto err;
   if (fstat (p->fd, &st) == -1) {
     log_error ("ssdcache-file: fstat: %s: %m", path);
     goto err;
   }
+  if (private && check_private (path, &st) == -1)
+    goto err;
+  if (direct && check_direct (p) == -1)
+    goto err;
   if (S_ISBLK (st.st_mode)) {
     p->is_blockdev = true;
     if (ioctl (p->fd, BLKGETSIZE64, &p->dev_size) == -1) {
@@ -407,6 +451,18 @@ pool_open (struct pool *p, const char *path, bool direct)
   return -1;
 }
 
+int
+pool_open (struct pool *p, const char *path, bool direct)
+{
+  return open_pool (p, path, direct, false);
+}
+
+int
+pool_open_private (struct pool *p, const char *path, bool direct)
+{
+  return open_pool (p, path, direct, true);
+}
+
 void
 pool_close (struct pool *p)
 {
@@ -433,17 +489,36 @@ all_zero (const uint8_t *b, size_t n)
   return true;
 }
 
+/* Offset of the first non-zero byte of b[0, n), or n. */
+static size_t
+first_nonzero (const uint8_t *b, size_t n)
+{
+  size_t i = 0;
+
+  while (i < n && b[i] == 0)
+    i++;
+  return i;
+}
+
+/* What a cache file holds before its superblocks are decoded. */
+enum content {
+  CONTENT_ERROR = -1,         /* could not read it (logged) */
+  CONTENT_BLANK,              /* nothing: empty, or zeroes (see below) */
+  CONTENT_CACHE,              /* an ssdcache cache, maybe a damaged one */
+  CONTENT_FOREIGN,            /* something else: never overwritten */
+};
+
 /* Does the start of the page-table region (right after the
- * superblocks, whatever the geometry) hold anything?  Used when both
- * superblocks read as zeroes: a new cache, or one whose superblocks
- * were wiped.  Returns 1 (something there), 0 (all zeroes) or -1.
+ * superblocks, whatever the geometry) hold a valid page-table entry?
+ * Returns 1, 0 or -1.
  */
 static int
-pt_start_used (struct pool *p)
+pt_start_entries (struct pool *p)
 {
   uint8_t *buf;
   uint64_t n = LAYOUT_POOL_ALIGN - LAYOUT_PT_OFFSET;
-  int r;
+  struct layout_entry e;
+  int r = 0;
 
   if (p->dev_size <= LAYOUT_PT_OFFSET)
     return 0;
@@ -459,9 +534,92 @@ pt_start_used (struct pool *p)
     free (buf);
     return -1;
   }
-  r = !all_zero (buf, n);
+  for (uint64_t i = 0; r == 0 && i + LAYOUT_ENTRY_SIZE <= n;
+       i += LAYOUT_ENTRY_SIZE)
+    r = layout_entry_decode (buf + i, LAYOUT_MAX_SECTORS, &e) == 0;
   free (buf);
   return r;
+}
+
+/* Are bytes [from, end of file) all zeroes?  Holes are skipped
+ * (SEEK_DATA); on a block device only what lies before
+ * LAYOUT_POOL_ALIGN is read (a whole device would take too long).
+ * Returns 1, 0 with *at the first non-zero byte, or -1.
+ */
+static int
+zero_from (struct pool *p, uint64_t from, uint64_t *at)
+{
+  uint64_t end = p->dev_size;
+  uint8_t *buf = bounce_alloc (BOUNCE_MAX);
+
+  if (buf == NULL) {
+    log_error ("malloc: %m");
+    return -1;
+  }
+  if (p->is_blockdev && end > LAYOUT_POOL_ALIGN)
+    end = LAYOUT_POOL_ALIGN;
+  while (from < end) {
+    off_t d = p->is_blockdev ? (off_t) from : lseek (p->fd, from, SEEK_DATA);
+    size_t n, z;
+
+    if (d == -1 && errno == ENXIO)      /* only holes after from */
+      break;
+    if (d == -1)                        /* no SEEK_DATA: read it all */
+      d = from;
+    if ((uint64_t) d >= end)
+      break;
+    n = end - d < BOUNCE_MAX ? end - d : BOUNCE_MAX;
+    if (pool_pread (p, buf, n, d) == -1) {
+      log_error ("cache file %s: reading: %m", p->path);
+      free (buf);
+      return -1;
+    }
+    if ((z = first_nonzero (buf, n)) < n) {
+      *at = d + z;
+      free (buf);
+      return 0;
+    }
+    from = d + n;
+  }
+  free (buf);
+  return 1;
+}
+
+/* head: the first LAYOUT_PT_OFFSET bytes of the file (zeroes past its
+ * end).  Ours: a superblock magic in either copy, or a valid entry at
+ * the start of the page table (superblocks damaged or wiped).  Blank:
+ * no byte that is not zero.  Anything else is foreign; *at is its
+ * first non-zero byte.
+ */
+static enum content
+classify (struct pool *p, const uint8_t *head, uint64_t *at)
+{
+  int r;
+
+  for (int i = 0; i < LAYOUT_SB_COUNT; i++)
+    if (memcmp (head + i * LAYOUT_SB_SIZE, LAYOUT_MAGIC, 8) == 0)
+      return CONTENT_CACHE;
+  r = pt_start_entries (p);
+  if (r != 0)
+    return r == 1 ? CONTENT_CACHE : CONTENT_ERROR;
+  if ((*at = first_nonzero (head, LAYOUT_PT_OFFSET)) < LAYOUT_PT_OFFSET)
+    return CONTENT_FOREIGN;
+  r = zero_from (p, LAYOUT_PT_OFFSET, at);
+  if (r == -1)
+    return CONTENT_ERROR;
+  return r ? CONTENT_BLANK : CONTENT_FOREIGN;
+}
+
+static void
+refuse_foreign (struct pool *p, uint64_t at)
+{
+  p->foreign = true;
+  log_error ("cache file %s is not an ssdcache cache (no superblock, no "
+             "page table) and is not empty (byte %llu is not zero): "
+             "refusing to use or overwrite it, even with "
+             "ssdcache-reset=true; delete it if its contents are not "
+             "needed, or choose another ssdcache-file",
+             p->path, (unsigned long long) at);
 }
 
 int
@@ -471,40 +629,46 @@ pool_load_sb (struct pool *p)
   struct layout_sb sb[2];
   const char *why[2] = { NULL, NULL };
   int ok[2], best = -1;
+  uint64_t at = 0;
+  enum content what;
 
   p->sb_damaged = false;
-  if (p->dev_size < LAYOUT_PT_OFFSET) {
-    if (p->dev_size == 0)
-      return 0;
-    log_error ("cache file %s: too small to hold a cache (%llu bytes)",
-               p->path, (unsigned long long) p->dev_size);
-    return -1;
-  }
+  p->foreign = false;
+  if (p->dev_size == 0)
+    return 0;
   buf = bounce_alloc (LAYOUT_PT_OFFSET);
   if (buf == NULL) {
     log_error ("malloc: %m");
     return -1;
   }
-  if (pool_pread (p, buf, LAYOUT_PT_OFFSET, 0) == -1) {
+  memset (buf, 0, LAYOUT_PT_OFFSET);
+  if (pool_pread (p, buf, p->dev_size < LAYOUT_PT_OFFSET ? p->dev_size
+                  : LAYOUT_PT_OFFSET, 0) == -1) {
     log_error ("cache file %s: reading superblocks: %m", p->path);
     free (buf);
     return -1;
   }
-  if (all_zero (buf, LAYOUT_PT_OFFSET)) {
-    int used;
-
+  what = classify (p, buf, &at);
+  if (what != CONTENT_CACHE) {
     free (buf);
-    /* Zeroes everywhere: a new (or pre-zeroed) file.  Zeroed
-     * superblocks in front of a page table: a damaged cache, which may
-     * hold dirty data; never format over it unasked.
+    if (what == CONTENT_FOREIGN)
+      refuse_foreign (p, at);
+    return what == CONTENT_BLANK ? 0 : -1;
+  }
+  if (p->dev_size < LAYOUT_PT_OFFSET) {
+    log_error ("cache file %s: too small to hold a cache (%llu bytes)",
+               p->path, (unsigned long long) p->dev_size);
+    free (buf);
+    return -1;
+  }
+  if (all_zero (buf, LAYOUT_PT_OFFSET)) {
+    /* Zeroed superblocks in front of a page table: a damaged cache,
+     * which may hold dirty data; never format over it unasked.
      */
-    used = pt_start_used (p);
-    if (used == 0)
-      return 0;
-    if (used == 1)
-      log_error ("cache file %s: both superblocks are zeroed, but the page "
-                 "table behind them is not: a damaged cache, not a new "
-                 "one", p->path);
+    log_error ("cache file %s: both superblocks are zeroed, but the page "
+               "table behind them is not: a damaged cache, not a new "
+               "one", p->path);
+    free (buf);
     return -1;
   }
   for (int i = 0; i < 2; i++) {

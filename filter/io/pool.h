@@ -55,6 +55,9 @@ struct pool {
   struct layout_sb sb;        /* last superblock read or written */
   unsigned next_sb;           /* copy (0/1) the next pool_write_sb writes */
   bool sb_damaged;            /* pool_load_sb found one copy unusable */
+  bool foreign;               /* pool_load_sb found no cache, but data:
+                                 never to be overwritten, not even by a
+                                 reset */
 };
 
 /* Open (creating it if missing, mode 0600) and lock the cache file,
@@ -63,15 +66,29 @@ struct pool {
  * the file.  Returns 0 or -1.
  */
 extern int pool_open (struct pool *p, const char *path, bool direct);
+
+/* pool_open for the default cache file, which the filter named in a
+ * directory of the user's own (config.c): it is never reached through
+ * a symbolic link (lstat, then O_NOFOLLOW), and it must be a regular
+ * file owned by the effective uid that neither group nor others can
+ * write.  Anything else is refused, with a message saying to delete
+ * it.
+ */
+extern int pool_open_private (struct pool *p, const char *path,
+                              bool direct);
 extern void pool_close (struct pool *p);
 
 /* Read both superblock copies and keep the valid one with the highest
  * generation in p->sb.  Returns 1 if one was found (p->sb_damaged: the
- * other copy is damaged, logged), 0 if the file has no superblock at
- * all (new, or zeroes up to the page table), -1 if superblocks exist
- * but none is usable, if either copy is from a newer format version,
- * or if zeroed superblocks sit in front of a page table (reason logged
- * with the file name).
+ * other copy is damaged, logged), 0 if the file is blank (empty, or
+ * zeroes throughout: holes are skipped; on a block device, zeroes in
+ * its first LAYOUT_POOL_ALIGN bytes), -1 if superblocks exist but
+ * none is usable, if either copy is from a newer format version, or if
+ * zeroed superblocks sit in front of a page table (reason logged with
+ * the file name).  -1 with p->foreign: the file holds something that
+ * is not a cache (no superblock magic, no valid entry at the start of
+ * the page table, and a byte that is not zero), which must never be
+ * overwritten, not even when the user asked for a reset.
  */
 extern int pool_load_sb (struct pool *p);
 

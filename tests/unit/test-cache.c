@@ -1501,7 +1501,24 @@ test_garbage_file (void **state)
     assert_int_equal (st.st_size, 100);
   }
 
+  /* Not even a reset overwrites a file that is not a cache. */
   cfg.reset = true;
+  errs = log_error_count;
+  assert_null (cache_open (&cfg));
+  assert_true (log_error_count > errs);
+  if (strstr (log_error_last, "not an ssdcache cache") == NULL ||
+      strstr (log_error_last, "delete it") == NULL)
+    fail_msg ("unexpected message: %s", log_error_last);
+  {
+    uint8_t back[200];
+    int fd = open (cache_path, O_RDONLY);
+    assert_int_equal (pread (fd, back, sizeof back, 0), 100);
+    close (fd);
+    assert_memory_equal (junk, back, 100);
+  }
+  /* Emptied, it is a new cache. */
+  assert_int_equal (truncate (cache_path, 0), 0);
+  cfg.reset = false;
   c = open_attach (&cfg, rb.size);
   read_all_check (c, &rb, 16 * PS);
   cache_close (c);

@@ -15,6 +15,13 @@
  * of different page-table entries of the same 4 KiB blocks (none may
  * be lost); the refusal of a file system without direct I/O.
  *
+ * What is a cache: a blank file is a new one; a file holding anything
+ * without a superblock or page-table entry is foreign (never to be
+ * overwritten); a cache with wiped superblocks is still one.
+ *
+ * The default cache file (pool_open_private) must be the user's own
+ * regular file, not a symbolic link, not writable by others.
+ *
  * Deferred slot writes (defer.c): queued writes are not made by the
  * caller; every read or write of a slot sees the writes queued for it
  * before, in order; pool_sync and defer_stop write the queue out; a
@@ -36,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 
@@ -54,6 +62,12 @@ static atomic_uint direct_calls;      /* all calls on O_DIRECT descriptors */
 static atomic_bool refuse_direct;     /* open: EINVAL for O_DIRECT */
 static atomic_int fail_fd = -1;       /* pwrite: EIO on this descriptor */
 static _Thread_local unsigned my_pwrites;   /* this thread's pwrites */
+/* open: just before opening swap_to, rename swap_from over it (once):
+ * a file replaced between pool_open_private's lstat and its open.
+ */
+static const char *swap_from, *swap_to;
+static unsigned opens_of_other;   /* open: calls naming other_path */
+static const char *other_path;
 
 static void
 check_call (int fd, const void *buf, size_t count, off_t off)
@@ -111,6 +125,12 @@ open (const char *path, int flags, ...)
     va_start (ap, flags);
     mode = va_arg (ap, mode_t);
     va_end (ap);
+  }
+  if (other_path && strcmp (path, other_path) == 0)
+    opens_of_other++;
+  if (swap_to && strcmp (path, swap_to) == 0) {
+    assert_int_equal (rename (swap_from, swap_to), 0);
+    swap_to = NULL;
   }
   if ((flags & O_DIRECT) && atomic_load (&refuse_direct)) {
     errno = EINVAL;
@@ -393,6 +413,185 @@ test_direct_refused (void **state)
   assert_int_equal (p.fd, -1);
   /* Without direct I/O the same file opens. */
   assert_int_equal (pool_open (&p, testfile_path, false), 0);
+  pool_close (&p);
+}
+
+/* -- what is a cache (pool_load_sb) ----------------------------------------- */
+
+/* Write n bytes of b at off of the test file. */
+static void
+put (const void *b, size_t n, off_t off)
+{
+  int fd = open (testfile_path, O_WRONLY);
+
+  assert_true (fd >= 0);
+  assert_int_equal (pwrite (fd, b, n, off), (ssize_t) n);
+  close (fd);
+}
+
+/* pool_load_sb on the test file as it is: its result and p.foreign. */
+static int
+load (bool direct, bool *foreign)
+{
+  struct pool p;
+  int r;
+
+  log_errors_forget ();
+  assert_int_equal (pool_open (&p, testfile_path, direct), 0);
+  r = pool_load_sb (&p);
+  *foreign = p.foreign;
+  pool_close (&p);
+  return r;
+}
+
+/* Blank (empty, zeroes, holes) is a new cache; a file with anything
+ * else that has neither a superblock nor a valid page-table entry at
+ * its start is foreign, wherever its first non-zero byte is; a cache
+ * whose superblocks are zeroed or overwritten is still a cache.
+ */
+static void
+check_contents (bool direct)
+{
+  uint8_t junk[LAYOUT_PT_OFFSET];
+  struct pool p;
+  bool foreign;
+
+  for (size_t i = 0; i < sizeof junk; i++)
+    junk[i] = (uint8_t) (i * 7 + 1);
+  reset_counts ();
+  assert_int_equal (truncate (testfile_path, 0), 0);
+  assert_int_equal (load (direct, &foreign), 0);
+  assert_int_equal (truncate (testfile_path, 100), 0);
+  assert_int_equal (load (direct, &foreign), 0);        /* 100 zeroes */
+  assert_int_equal (truncate (testfile_path, 8 << 20), 0);
+  assert_int_equal (load (direct, &foreign), 0);        /* holes */
+  put ("x", 1, 5 << 20);
+  assert_int_equal (load (direct, &foreign), -1);
+  assert_true (foreign);
+  assert_true (log_errors_contain ("byte 5242880 is not zero"));
+  assert_true (log_errors_contain ("delete it"));
+  assert_int_equal (truncate (testfile_path, 0), 0);
+  put (junk, 100, 0);
+  assert_int_equal (load (direct, &foreign), -1);
+  assert_true (foreign);
+  assert_int_equal (truncate (testfile_path, 0), 0);
+  assert_int_equal (truncate (testfile_path, 4 << 20), 0);
+  put (junk, sizeof junk, LAYOUT_PT_OFFSET);            /* no entry */
+  assert_int_equal (load (direct, &foreign), -1);
+  assert_true (foreign);
+
+  assert_int_equal (truncate (testfile_path, 0), 0);
+  format (&p, direct);
+  pool_close (&p);
+  memset (junk, 0, sizeof junk);
+  put (junk, sizeof junk, 0);                           /* wiped */
+  assert_int_equal (load (direct, &foreign), -1);
+  assert_false (foreign);
+  assert_true (log_errors_contain ("both superblocks are zeroed"));
+  memset (junk, 0xa5, sizeof junk);
+  put (junk, sizeof junk, 0);                           /* overwritten */
+  assert_int_equal (load (direct, &foreign), -1);
+  assert_false (foreign);
+  assert_true (log_errors_contain ("no valid superblock"));
+  assert_int_equal (atomic_load (&unaligned_calls), 0);
+}
+
+static void
+test_contents (void **state)
+{
+  check_contents (false);
+}
+
+static void
+test_contents_direct (void **state)
+{
+  check_contents (true);
+}
+
+/* -- the default cache file (pool_open_private) ----------------------------- */
+
+/* pool_open_private: a symbolic link, a FIFO (not even opened), a file
+ * others can write, a file of another uid (as root), and a file
+ * replaced by either between the lstat and the open are refused; the
+ * user's own file, or a missing one (created 0600), is opened.
+ */
+static void
+test_private (void **state)
+{
+  char lnk[sizeof testfile_path + 8], other[sizeof testfile_path + 8];
+  struct pool p;
+  struct stat st;
+  int fd;
+
+  snprintf (lnk, sizeof lnk, "%s.link", testfile_path);
+  snprintf (other, sizeof other, "%s.other", testfile_path);
+  assert_int_equal (pool_open_private (&p, testfile_path, false), 0);
+  pool_close (&p);
+
+  assert_int_equal (symlink (testfile_path, lnk), 0);
+  log_errors_forget ();
+  assert_int_equal (pool_open_private (&p, lnk, false), -1);
+  assert_true (log_errors_contain ("is a symbolic link"));
+  assert_int_equal (pool_open (&p, lnk, false), 0);     /* given: trusted */
+  pool_close (&p);
+  unlink (lnk);
+
+  /* A FIFO (or a device) is not even opened. */
+  assert_int_equal (mkfifo (other, 0600), 0);
+  log_errors_forget ();
+  other_path = other;
+  opens_of_other = 0;
+  assert_int_equal (pool_open_private (&p, other, false), -1);
+  assert_int_equal (opens_of_other, 0);
+  other_path = NULL;
+  assert_true (log_errors_contain ("default cache file"));
+  assert_true (log_errors_contain ("is not a regular file"));
+  unlink (other);
+
+  assert_int_equal (chmod (testfile_path, 0620), 0);
+  log_errors_forget ();
+  assert_int_equal (pool_open_private (&p, testfile_path, false), -1);
+  assert_true (log_errors_contain ("writable by group or others"));
+  assert_int_equal (chmod (testfile_path, 0600), 0);
+
+  if (geteuid () == 0) {
+    assert_int_equal (chown (testfile_path, 65534, -1), 0);
+    log_errors_forget ();
+    assert_int_equal (pool_open_private (&p, testfile_path, false), -1);
+    assert_true (log_errors_contain ("is owned by uid 65534"));
+    assert_int_equal (chown (testfile_path, 0, -1), 0);
+  }
+
+  /* Replaced between the lstat and the open: by a symbolic link
+   * (O_NOFOLLOW refuses it), by a file others can write (the check
+   * after the open refuses it).
+   */
+  fd = open (other, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  assert_true (fd >= 0);
+  close (fd);
+  assert_int_equal (symlink (other, lnk), 0);
+  swap_from = lnk;
+  swap_to = testfile_path;
+  log_errors_forget ();
+  assert_int_equal (pool_open_private (&p, testfile_path, false), -1);
+  assert_null (swap_to);
+  assert_true (log_errors_contain ("is a symbolic link"));
+  assert_int_equal (unlink (testfile_path), 0);
+  fd = open (testfile_path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  assert_true (fd >= 0);
+  close (fd);
+  assert_int_equal (chmod (other, 0606), 0);
+  swap_from = other;
+  swap_to = testfile_path;
+  log_errors_forget ();
+  assert_int_equal (pool_open_private (&p, testfile_path, false), -1);
+  assert_null (swap_to);
+  assert_true (log_errors_contain ("writable by group or others"));
+
+  unlink (testfile_path);
+  assert_int_equal (pool_open_private (&p, testfile_path, false), 0);
+  assert_int_equal (fstat (p.fd, &st), 0);
+  assert_int_equal (st.st_mode & 0077, 0);
   pool_close (&p);
 }
 
@@ -696,6 +895,12 @@ main (void)
     cmocka_unit_test_setup_teardown (test_direct_entries_concurrent,
                                      testfile_setup, testfile_teardown),
     cmocka_unit_test_setup_teardown (test_direct_refused,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_contents,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_contents_direct,
+                                     testfile_setup, testfile_teardown),
+    cmocka_unit_test_setup_teardown (test_private,
                                      testfile_setup, testfile_teardown),
     cmocka_unit_test_setup_teardown (test_defer_order,
                                      testfile_setup, testfile_teardown),

@@ -33,6 +33,7 @@
 #include "layout.h"
 #include "rambackend.h"
 #include "stats.h"
+#include "fixture.h"
 #include "testfile.h"
 
 extern int log_error_count;
@@ -47,24 +48,6 @@ extern char log_error_last[512];
 #define teardown_file testfile_teardown
 #define read_file_sb testfile_read_sb
 #define open_attach testfile_open_attach
-
-static struct cache_config
-make_cfg (uint64_t size)
-{
-  struct cache_config cfg = {
-    .path = cache_path,
-    .size = size,
-    .page_size = PS,
-    .mode = LAYOUT_MODE_WRITETHROUGH,
-    .id_digest = { 0x1111222233334444ULL, 0x5555666677778888ULL },
-    .id_text = "unit test backend",
-    .direct = testfile_direct (),
-    .defer_writes = true,       /* the filter's default */
-    .reset = false,
-  };
-  return cfg;
-}
-
 
 static void
 read_check (struct cache *c, struct rambackend *rb, uint64_t off,
@@ -160,7 +143,7 @@ static void
 test_new_file_reads_and_hits (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   struct layout_sb sb;
   uint64_t reads;
@@ -235,7 +218,7 @@ static void
 test_unaligned (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (256 * PS);
+  struct cache_config cfg = fixture_config (256 * PS, PS);
   struct cache *c;
   uint64_t s = 12345;
 
@@ -272,7 +255,7 @@ test_odd_size (void **state)
 {
   const uint64_t size = 130000;       /* 31 pages + 3024 bytes */
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (1024 * 1024);
+  struct cache_config cfg = fixture_config (1024 * 1024, PS);
   struct cache *c;
   uint64_t s = 777, reads;
 
@@ -333,7 +316,7 @@ static void
 test_writethrough_updates_cache (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   uint64_t s = 99;
 
@@ -371,7 +354,7 @@ static void
 test_write_uncached (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
 
   rambackend_init (&rb, 64 * PS, 5);
@@ -416,7 +399,7 @@ static void
 test_writearound (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
 
   cfg.mode = LAYOUT_MODE_WRITEAROUND;
@@ -452,7 +435,7 @@ static void
 test_eviction_small_cache (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (4 * PS);
+  struct cache_config cfg = fixture_config (4 * PS, PS);
   struct cache *c;
   uint64_t s = 4242;
 
@@ -494,7 +477,7 @@ static void
 test_invalidate (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   uint8_t newdata[2 * PS];
   uint64_t reads;
@@ -543,7 +526,7 @@ static void
 test_prefetch (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   int err = 0;
 
@@ -567,7 +550,7 @@ static void
 test_warm_reopen (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   struct layout_sb sb;
 
@@ -692,7 +675,7 @@ static void
 test_crash_reopen (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   struct layout_sb sb;
 
@@ -730,7 +713,7 @@ static void
 test_crash_reopen_flushed (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
 
   unlink (cache_path);
   rambackend_init (&rb, 64 * PS, 11);
@@ -749,7 +732,7 @@ static void
 test_crash_reopen_deferred (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
 
   unlink (cache_path);
@@ -775,7 +758,7 @@ static void
 test_crash_reopen_deferred_flushed (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
 
   unlink (cache_path);
   crash_small = true;
@@ -795,7 +778,7 @@ static void
 test_write_uncached_sectors (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
   uint64_t upd;
 
@@ -850,7 +833,7 @@ extern uint32_t cache_alloc_slot (struct cache *c, bool wait);
 static void
 test_evicted_entry_gone (void **state)
 {
-  struct cache_config cfg = make_cfg (2 * PS);
+  struct cache_config cfg = fixture_config (2 * PS, PS);
   struct rambackend rb;
   struct cache *c;
   uint8_t buf[PS];
@@ -910,7 +893,7 @@ static void
 wt_crash_check (uint32_t off, uint32_t len, unsigned seed, unsigned pat,
                 bool revert)
 {
-  struct cache_config cfg = make_cfg (4 * PS);
+  struct cache_config cfg = fixture_config (4 * PS, PS);
   struct rambackend rb;
   struct cache *c;
   uint8_t buf[2 * PS], orig[2 * PS];
@@ -1005,7 +988,7 @@ static void
 test_fill_entry_lags (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
   uint8_t buf[1024];
   pid_t pid;
@@ -1066,7 +1049,7 @@ static void
 test_wt_unsealed_clean (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
   uint8_t buf[PS];
   pid_t pid;
@@ -1136,7 +1119,7 @@ static void
 test_corrupt_data (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
   uint64_t pool;
   uint8_t garbage[100];
@@ -1179,7 +1162,7 @@ static void
 test_corrupt_entry (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
   struct layout_sb sb;
 
@@ -1211,7 +1194,7 @@ static void
 test_entry_conflicts (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
   struct layout_sb sb;
   uint8_t raw[LAYOUT_ENTRY_SIZE];
@@ -1275,7 +1258,7 @@ static void
 test_wrong_identity (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
   int errs;
 
@@ -1316,7 +1299,7 @@ static void
 test_wrong_backend_size (void **state)
 {
   struct rambackend rb, rb2;
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
   int errs;
 
@@ -1352,7 +1335,7 @@ test_wrong_backend_size (void **state)
 static void
 test_too_many_pages (void **state)
 {
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   const uint64_t max = (uint64_t) UINT32_MAX * PS;   /* 2^32 - 1 pages */
   struct cache *c;
   int errs;
@@ -1377,7 +1360,7 @@ static void
 test_page_size_or_size_change (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
   int errs;
 
@@ -1429,7 +1412,7 @@ static void
 test_lock (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c, *c2;
   int errs;
 
@@ -1462,7 +1445,7 @@ static void
 test_garbage_file (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
   uint8_t junk[3 * PS];
   int errs;
@@ -1513,7 +1496,7 @@ static void
 test_one_sb_damaged (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
   uint8_t buf[LAYOUT_SB_SIZE];
   struct layout_sb sb;
@@ -1561,7 +1544,7 @@ static void
 test_backend_read_error (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   uint8_t buf[8 * PS];
   int err;
@@ -1606,7 +1589,7 @@ static void
 test_backend_write_error (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   uint8_t buf[3 * PS];
   int err;
@@ -1769,7 +1752,7 @@ run_threads (uint64_t cache_bytes, enum layout_mode mode,
              uint64_t shared, int ops, unsigned delay_us)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (cache_bytes);
+  struct cache_config cfg = fixture_config (cache_bytes, PS);
   struct cache *c;
   struct thr *t = calloc (NTHREADS, sizeof *t);
   pthread_t th[NTHREADS];
@@ -1933,7 +1916,7 @@ static void
 test_threads_readonly_big_pages (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (3 * RO_PAGE);
+  struct cache_config cfg = fixture_config (3 * RO_PAGE, PS);
   struct cache *c;
   struct ro_thr t[NTHREADS];
   pthread_t th[NTHREADS];

@@ -36,6 +36,7 @@
 #include "layout.h"
 #include "rambackend.h"
 #include "stats.h"
+#include "fixture.h"
 #include "testfile.h"
 
 extern int log_error_count;
@@ -54,22 +55,6 @@ extern int log_errors_contain (const char *text);
 #define SEED 77u
 #define ST(c, f) STATS_GET (cache_stats (c), f)
 
-static struct cache_config
-make_cfg (void)
-{
-  struct cache_config cfg = {
-    .path = testfile_path,
-    .size = SIZE,
-    .page_size = PS,
-    .mode = LAYOUT_MODE_WRITEBACK,
-    .id_digest = { 0x5151515151515151ULL, 0x2323232323232323ULL },
-    .id_text = "recovery unit test backend",
-    .direct = testfile_direct (),
-    .flush_mode = CACHE_FLUSH_CACHE,
-    .wb = { .high_pct = 100, .low_pct = 0, .rate = 0, .idle_ms = 0 },
-  };
-  return cfg;
-}
 
 static void
 dirty_pattern (uint8_t *buf, uint64_t page)
@@ -86,7 +71,7 @@ static struct rambackend crash_rb;
 static void
 make_crashed_cache (void)
 {
-  struct cache_config cfg = make_cfg ();
+  struct cache_config cfg = fixture_writeback_config (SIZE, PS);
   struct rambackend rb;
   struct cache *c;
   uint8_t *buf = malloc (SIZE);
@@ -219,7 +204,7 @@ check_data (struct cache *c, uint64_t lost)
 static struct cache *
 try_open (void)
 {
-  struct cache_config cfg = make_cfg ();
+  struct cache_config cfg = fixture_writeback_config (SIZE, PS);
   struct cache *c = cache_open (&cfg);
 
   if (c && cache_attach (c, SIZE) != 0) {

@@ -42,6 +42,7 @@
 #include "pagetable.h"
 #include "rambackend.h"
 #include "stats.h"
+#include "fixture.h"
 #include "testfile.h"
 #include "writeback.h"
 
@@ -133,26 +134,6 @@ tbe_init (struct tbe *t, struct rambackend *rb)
   t->be.pwrite = tbe_pwrite;
   t->be.flush = tbe_flush;
 }
-
-static struct cache_config
-make_cfg (uint64_t size, uint32_t page_size)
-{
-  struct cache_config cfg = {
-    .path = cache_path,
-    .size = size,
-    .page_size = page_size,
-    .mode = LAYOUT_MODE_WRITEBACK,
-    .id_digest = { 0x0123456789abcdefULL, 0xfedcba9876543210ULL },
-    .id_text = "writeback unit test backend",
-    .direct = testfile_direct (),
-    .reset = false,
-    .flush_mode = CACHE_FLUSH_CACHE,
-    /* No background cleaning unless a test asks for it. */
-    .wb = { .high_pct = 100, .low_pct = 0, .rate = 0, .idle_ms = 0 },
-  };
-  return cfg;
-}
-
 
 static void
 fill_pattern (uint8_t *buf, uint32_t len, unsigned seed)
@@ -347,7 +328,7 @@ test_wb_basics (void **state)
   const uint64_t size = 64 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (16 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
   struct cache *c;
   struct layout_sb sb;
   uint8_t *model, *orig;
@@ -434,7 +415,7 @@ test_wb_subpage (void **state)
   const uint64_t size = 16ULL * ps;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (8ULL * ps, ps);
+  struct cache_config cfg = fixture_writeback_config (8ULL * ps, ps);
   struct cache *c;
   uint8_t *model;
   int err = 0;
@@ -535,7 +516,7 @@ test_wb_bridge (void **state)
   const uint64_t size = 16ULL * ps;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (8ULL * ps, ps);
+  struct cache_config cfg = fixture_writeback_config (8ULL * ps, ps);
   struct cache *c;
   uint8_t *model;
   int err = 0;
@@ -573,7 +554,7 @@ test_wb_cow_durable (void **state)
   const uint64_t size = 32 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (4 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (4 * PS, PS);
   struct cache *c;
   uint8_t *model;
   uint8_t data_a[PS], data_now[PS], raw_a[LAYOUT_ENTRY_SIZE],
@@ -684,7 +665,7 @@ test_wb_inplace_not_durable (void **state)
   const uint64_t size = 32 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
   uint8_t *model;
   uint32_t slots[4], s0;
@@ -745,7 +726,7 @@ test_wb_full_no_thread (void **state)
   const uint64_t size = 64 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
   uint8_t *model;
   int err = 0;
@@ -800,7 +781,7 @@ test_wb_full_overwrite_durable_dirty (void **state)
   const uint64_t size = 32 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (4 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (4 * PS, PS);
   struct cache *c;
   uint8_t *model, buf[PS], old[PS], got[PS];
   int err = 0, r;
@@ -876,7 +857,7 @@ test_wb_full_thread (void **state)
   const uint64_t size = 64 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
   uint8_t *model;
   uint64_t s = 4242;
@@ -1040,7 +1021,7 @@ test_wb_crash_recovery (void **state)
   const uint64_t size = 40 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache *c;
   struct layout_sb sb;
   uint8_t *model, *orig, *synced;
@@ -1112,7 +1093,7 @@ test_wb_crash_reopen_writethrough (void **state)
   const uint64_t size = 40 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache_config wt = cfg;
   struct cache *c;
   struct layout_sb sb;
@@ -1170,7 +1151,7 @@ test_wb_crash_writethrough_serves_dirty (void **state)
   const uint64_t size = 40 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache_config wt = cfg;
   struct cache *c;
   uint8_t *model;
@@ -1244,7 +1225,7 @@ test_wb_two_versions (void **state)
   const uint64_t size = 16 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
   uint8_t *v1, *v2;
   uint32_t slots[4], old, new;
@@ -1299,7 +1280,7 @@ test_wb_two_versions_torn_newer (void **state)
   const uint64_t size = 16 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
   struct layout_sb sb;
   uint8_t *v1, *v2;
@@ -1378,7 +1359,7 @@ test_wb_written_back_successor (void **state)
   const uint64_t size = 16 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
   uint8_t v2[PS], got[PS], w[700];
   int err = 0;
@@ -1421,7 +1402,7 @@ test_wb_flush_backend (void **state)
   const uint64_t size = 64 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache *c;
   uint8_t *model;
   uint64_t flushes;
@@ -1503,7 +1484,7 @@ test_wb_flush_cache (void **state)
   const uint64_t size = 64 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache *c;
   uint8_t *model, *orig;
   uint64_t syncs, writes;
@@ -1625,7 +1606,7 @@ test_wb_zero_trim (void **state)
   const uint64_t size = 32 * PS - 1000;        /* short last page */
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache *c;
   uint8_t *model;
   struct zt_ctx z = { 0 };
@@ -1753,7 +1734,7 @@ test_wb_backend_errors (void **state)
   const uint64_t size = 64 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (32 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache *c;
   uint8_t *model, *orig;
   int err = 0, errors;
@@ -1945,7 +1926,7 @@ run_mt (enum cache_flush_mode fm, uint32_t slots, int ops, unsigned delay)
 {
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg ((uint64_t) slots * PS, PS);
+  struct cache_config cfg = fixture_writeback_config ((uint64_t) slots * PS, PS);
   struct cache *c;
   uint8_t *model;
   struct mt m[MT_THREADS];
@@ -2099,7 +2080,7 @@ test_wb_unsealed_crash (void **state)
   const uint64_t size = 16 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
   struct layout_entry e;
   uint32_t slots[4];
@@ -2152,7 +2133,7 @@ test_wb_unsealed_sealed (void **state)
   const uint64_t size = 16 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (8 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
   struct layout_entry e;
   struct layout_sb sb;
@@ -2258,7 +2239,7 @@ test_wb_unsealed_crash_backend_newer (void **state)
   const uint64_t size = 8 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (4 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (4 * PS, PS);
   struct cache *c;
   uint8_t *model, *got, child_backend[PS], v1[1024];
   int pipefd[2], err = 0;
@@ -2305,7 +2286,7 @@ test_wb_hot_pages_left_alone (void **state)
   const uint64_t size = 32 * PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (16 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
   struct cache *c;
   uint8_t *model;
   uint64_t written_back, deadline;
@@ -2390,7 +2371,7 @@ test_wb_hot_window_grows (void **state)
   const uint64_t size = 300 * (uint64_t) PS;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (256 * PS, PS);
+  struct cache_config cfg = fixture_writeback_config (256 * PS, PS);
   struct cache *c;
   uint8_t *model;
   uint64_t written_back, deadline, end;
@@ -2476,7 +2457,7 @@ partial_run (uint32_t partial_pages, uint64_t seed, bool want_full)
   const uint64_t size = (uint64_t) npages * ps;
   struct rambackend rb;
   struct tbe t;
-  struct cache_config cfg = make_cfg (16 * (uint64_t) ps, ps);
+  struct cache_config cfg = fixture_writeback_config (16 * (uint64_t) ps, ps);
   struct cache *c;
   uint8_t *model;
   uint64_t rs = seed, full = 0, rebases = 0;

@@ -24,6 +24,8 @@
 #   backend_read_bytes FILE   bytes read, from a stats filter statsfile
 #   backend_read_ops FILE     read requests, from a stats filter statsfile
 #   random_file FILE SIZE     FILE with SIZE random bytes
+#   shim_path NAME            the LD_PRELOAD shim shim/NAME.c, built
+#                             by make check
 #   $tmpdir                   a private directory, removed at exit
 #   $SSDCACHE_FILTER          absolute path of the filter under test
 #   $PYTHON, $random_io       interpreter with libnbd, random-io.py path
@@ -359,4 +361,17 @@ random_file ()
     head -c "$2" /dev/urandom > "$1.tmp"
     [ "$(stat -c %s "$1.tmp")" -eq "$2" ] || fail "could not create $1"
     mv "$1.tmp" "$1"
+}
+
+# -- LD_PRELOAD shims -----------------------------------------------------
+
+# shim_path NAME: the path of the LD_PRELOAD shim built from
+# shim/NAME.c (check_LTLIBRARIES in tests/Makefile.am: make check
+# builds it, without sanitizer flags, next to the tests).  A missing
+# shim is a failure, like a missing filter.
+shim_path ()
+{
+    local so="$abs_top_builddir/tests/shim/.libs/$1.so"
+    [ -f "$so" ] || fail "shim not built: $so (build it: make check)"
+    echo "$so"
 }

@@ -22,10 +22,7 @@ source "$(dirname "$0")/functions.sh"
 set -e -x
 
 requires "$PYTHON" -c 'import nbd'
-requires cc --version
-shim="$tmpdir/faultio.so"
-cc -shared -fPIC -O2 -o "$shim" "$testsrcdir/shim/faultio.c" -ldl ||
-    fail "cannot build the fault injection shim"
+shim="$(shim_path faultio)"
 
 img="$tmpdir/disk.img"
 cache="$tmpdir/c"

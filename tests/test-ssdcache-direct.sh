@@ -19,7 +19,6 @@ set -e -x
 
 requires "$PYTHON" -c 'import nbd'
 requires nbdcopy --version
-requires cc --version
 
 img="$tmpdir/disk.img"
 cache="$tmpdir/disk.ssdcache"
@@ -102,9 +101,7 @@ cmp "$img" "$tmpdir/expected.img" ||
 rm -rf "$tmpdir/crash"
 
 # -- 5. a file system without direct I/O -----------------------------------
-shim="$tmpdir/nodirect.so"
-cc -shared -fPIC -O2 -o "$shim" "$testsrcdir/shim/nodirect.c" -ldl ||
-    fail "cannot build the shim"
+shim="$(shim_path nodirect)"
 LD_PRELOAD="$shim" NODIRECT_PATH="$cache" \
     expect_start_failure "ssdcache-direct: .*does not support direct I/O" \
     --filter="$SSDCACHE_FILTER" file "$img" ssdcache-file="$cache" \

@@ -17,6 +17,15 @@
 #   start_nbdkit -P PIDFILE ARGS...
 #                             nbdkit in the background, wait until it is
 #                             serving, kill it at exit
+#   start_ssdcache -P PIDFILE ARGS...
+#                             start_nbdkit with the filter under test
+#                             first (outermost)
+#   run_ssdcache [--timeout SECS] ARGS...
+#                             nbdkit -U - with the filter under test
+#                             first, in the foreground (ARGS usually
+#                             end with --run COMMAND)
+#   expect_ssdcache_failure PATTERN ARGS...
+#                             expect_start_failure with the filter
 #   stop_nbdkit PIDFILE       SIGTERM, wait for a clean exit
 #   crash_nbdkit PIDFILE      SIGKILL, wait until it is gone
 #   sock_uri SOCKET           NBD URI of a Unix socket
@@ -24,6 +33,8 @@
 #   backend_read_bytes FILE   bytes read, from a stats filter statsfile
 #   backend_read_ops FILE     read requests, from a stats filter statsfile
 #   random_file FILE SIZE     FILE with SIZE random bytes
+#   shim_path NAME            the LD_PRELOAD shim shim/NAME.c, built
+#                             by make check
 #   $tmpdir                   a private directory, removed at exit
 #   $SSDCACHE_FILTER          absolute path of the filter under test
 #   $PYTHON, $random_io       interpreter with libnbd, random-io.py path
@@ -290,6 +301,48 @@ expect_start_failure ()
         fail "the error does not match \"$pattern\": nbdkit $*"
 }
 
+# -- the filter under test ----------------------------------------------
+
+# Each loads $SSDCACHE_FILTER as the first (outermost) filter, before the
+# other filters and the plugin in ARGS.  With SSDCACHE_TEST_DIRECT the
+# nbdkit they run is the wrapper above, which adds ssdcache-direct=true.
+
+# start_ssdcache -P PIDFILE ARGS...: start_nbdkit -P PIDFILE
+# --filter=ssdcache ARGS... (ARGS: -U SOCKET, more filters, the plugin
+# and the parameters).
+start_ssdcache ()
+{
+    if [ "$1" != "-P" ] || [ -z "$2" ]; then
+        fail "start_ssdcache: the first arguments must be -P PIDFILE"
+    fi
+    local pidfile="$2"
+    shift 2
+    start_nbdkit -P "$pidfile" --filter="$SSDCACHE_FILTER" "$@"
+}
+
+# run_ssdcache [--timeout SECS] ARGS...: "nbdkit -U -
+# --filter=ssdcache ARGS..." in the foreground; its exit status.  With
+# --timeout, nbdkit is killed after SECS seconds (status 124, as with
+# timeout(1)).
+run_ssdcache ()
+{
+    local t=()
+    if [ "$1" = "--timeout" ]; then
+        t=(timeout "$2")
+        shift 2
+    fi
+    "${t[@]}" nbdkit -U - --filter="$SSDCACHE_FILTER" "$@"
+}
+
+# expect_ssdcache_failure PATTERN ARGS...: expect_start_failure PATTERN
+# --filter=ssdcache ARGS...
+expect_ssdcache_failure ()
+{
+    local pattern="$1"
+    shift
+    expect_start_failure "$pattern" --filter="$SSDCACHE_FILTER" "$@"
+}
+
 # sock_uri SOCKET: the NBD URI of a Unix socket.
 sock_uri ()
 {
@@ -359,4 +412,17 @@ random_file ()
     head -c "$2" /dev/urandom > "$1.tmp"
     [ "$(stat -c %s "$1.tmp")" -eq "$2" ] || fail "could not create $1"
     mv "$1.tmp" "$1"
+}
+
+# -- LD_PRELOAD shims -----------------------------------------------------
+
+# shim_path NAME: the path of the LD_PRELOAD shim built from
+# shim/NAME.c (check_LTLIBRARIES in tests/Makefile.am: make check
+# builds it, without sanitizer flags, next to the tests).  A missing
+# shim is a failure, like a missing filter.
+shim_path ()
+{
+    local so="$abs_top_builddir/tests/shim/.libs/$1.so"
+    [ -f "$so" ] || fail "shim not built: $so (build it: make check)"
+    echo "$so"
 }

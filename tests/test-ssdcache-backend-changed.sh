@@ -34,16 +34,16 @@ cp "$img" "$tmpdir/old.img"
 read_all ()
 {
     rm -f "$tmpdir/copy.img"
-    nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-           ssdcache-file="$cache" ssdcache-stats="$tmpdir/stats" "$@" \
-           --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
+    run_ssdcache file "$img" \
+                 ssdcache-file="$cache" ssdcache-stats="$tmpdir/stats" "$@" \
+                 --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
     cat "$tmpdir/stats"
 }
 
 # 1. Cache the first half of the file only (4M file, 64K pages).
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-       ssdcache-file="$cache" ssdcache-size=4M ssdcache-page-size=64K \
-       --run 'nbdsh -u "$uri" -c "h.pread(2 * 1024 * 1024, 0)"'
+run_ssdcache file "$img" \
+             ssdcache-file="$cache" ssdcache-size=4M ssdcache-page-size=64K \
+             --run 'nbdsh -u "$uri" -c "h.pread(2 * 1024 * 1024, 0)"'
 
 # 2. Change the whole file behind the cache's back: same path, same
 #    size, new contents (in place, like an edit by another program).
@@ -98,10 +98,10 @@ cmp "$tmpdir/copy.img" "$img" || fail "ssdcache-verify=lazy, unchanged: wrong da
 
 # 4c. Writeback: a dirty sector wins over the changed backend; the clean
 #     rest of its page comes from the changed backend.
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-       ssdcache-file="$cache" ssdcache-mode=writeback \
-       ssdcache-writeback-on-exit=false ssdcache-writeback-idle=0 \
-       --run 'nbdsh -u "$uri" -c "h.pwrite(b\"W\" * 512, 4096); h.flush()"'
+run_ssdcache file "$img" \
+             ssdcache-file="$cache" ssdcache-mode=writeback \
+             ssdcache-writeback-on-exit=false ssdcache-writeback-idle=0 \
+             --run 'nbdsh -u "$uri" -c "h.pwrite(b\"W\" * 512, 4096); h.flush()"'
 random_file "$tmpdir/new2.img" 65536
 dd if="$tmpdir/new2.img" of="$img" bs=64K count=1 conv=notrunc status=none
 cp "$img" "$tmpdir/expect.img"

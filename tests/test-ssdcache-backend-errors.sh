@@ -325,11 +325,11 @@ run ()
     touch "$trigger"
     local size_opt=ssdcache-size=2M
     [ "$mode" = writeback ] && size_opt=ssdcache-size=4M
-    start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" "$@" \
-                 ssdcache-file="$cache" "$size_opt" ssdcache-page-size=16K \
-                 ssdcache-mode="$mode" ssdcache-flush="$flush" \
-                 ssdcache-writeback-idle=100 ssdcache-stats="$stats" \
-                 2> "$log"
+    start_ssdcache -P "$pid" -U "$sock" "$@" \
+                   ssdcache-file="$cache" "$size_opt" ssdcache-page-size=16K \
+                   ssdcache-mode="$mode" ssdcache-flush="$flush" \
+                   ssdcache-writeback-idle=100 ssdcache-stats="$stats" \
+                   2> "$log"
     "$PYTHON" "$tmpdir/drive.py" --socket "$sock" --backing "$img" \
               --trigger "$trigger" --seed $((seed + run)) \
               --save "$tmpdir/expected.img" --expect "$expect" \
@@ -350,9 +350,9 @@ run ()
     fi
     t1=$SECONDS
     # A restart on the same cache (warm) reads exactly the file.
-    nbdkit -U - --filter="$SSDCACHE_FILTER" "$@" ssdcache-file="$cache" \
-           ssdcache-mode="$mode" \
-           --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"' 2> "$log" ||
+    run_ssdcache "$@" ssdcache-file="$cache" \
+                 ssdcache-mode="$mode" \
+                 --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"' 2> "$log" ||
         { cat "$log"; fail "$label: $mode: restart on the cache failed"; }
     check_log "$label restart"
     cmp "$img" "$tmpdir/copy.img" ||
@@ -372,11 +372,11 @@ start_s=$SECONDS
 # zeroes once the errors stop.  Never: success and the old data.
 touch "$trigger"
 rm -f "$cache"
-start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
-             --filter=error file "$img" error-file="$trigger" \
-             error-pread=EIO error-pread-rate=100% \
-             ssdcache-file="$cache" ssdcache-size=4M ssdcache-page-size=16K \
-             ssdcache-mode=writeback 2> "$log"
+start_ssdcache -P "$pid" -U "$sock" \
+               --filter=error file "$img" error-file="$trigger" \
+               error-pread=EIO error-pread-rate=100% \
+               ssdcache-file="$cache" ssdcache-size=4M ssdcache-page-size=16K \
+               ssdcache-mode=writeback 2> "$log"
 TRIGGER="$trigger" nbdsh -u "$(sock_uri "$sock")" -c '
 import errno, os
 ps = 16384

@@ -11,10 +11,7 @@ source "$(dirname "$0")/functions.sh"
 set -e -x
 
 requires "$PYTHON" -c 'import nbd'
-requires cc --version
-shim="$tmpdir/faultio.so"
-cc -shared -fPIC -O2 -o "$shim" "$testsrcdir/shim/faultio.c" -ldl ||
-    fail "cannot build the fault injection shim"
+shim="$(shim_path faultio)"
 
 size=$((8 * 1024 * 1024))
 sock="$tmpdir/sock"
@@ -30,10 +27,10 @@ run_case ()                 # run_case MODE OPS FAILING-MIX EXTRA-ARGS...
     rm -f "$tmpdir/c" "$trigger" "$tmpdir/stats"
     export LD_PRELOAD="$shim" FAULTIO_PATH="$tmpdir/c"
     export FAULTIO_TRIGGER="$trigger" FAULTIO_OPS="$ops"
-    start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
-                 file "$tmpdir/disk.img" ssdcache-file="$tmpdir/c" \
-                 ssdcache-size=2M ssdcache-page-size=4K ssdcache-mode="$mode" \
-                 ssdcache-stats="$tmpdir/stats" "$@"
+    start_ssdcache -P "$pid" -U "$sock" \
+                   file "$tmpdir/disk.img" ssdcache-file="$tmpdir/c" \
+                   ssdcache-size=2M ssdcache-page-size=4K ssdcache-mode="$mode" \
+                   ssdcache-stats="$tmpdir/stats" "$@"
     unset LD_PRELOAD
     # Healthy for a while, then the cache device fails.
     "$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 1500 \
@@ -82,11 +79,11 @@ truncate -s $size "$tmpdir/zero.img"
 rm -f "$tmpdir/c" "$trigger"
 export LD_PRELOAD="$shim" FAULTIO_PATH="$tmpdir/c"
 export FAULTIO_TRIGGER="$trigger" FAULTIO_OPS=rw
-start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
-             file "$tmpdir/zero.img" ssdcache-file="$tmpdir/c" \
-             ssdcache-mode=writeback ssdcache-writeback-idle=0 \
-             ssdcache-writeback-high=100 ssdcache-writeback-on-exit=false \
-             ssdcache-stats="$tmpdir/stats"
+start_ssdcache -P "$pid" -U "$sock" \
+               file "$tmpdir/zero.img" ssdcache-file="$tmpdir/c" \
+               ssdcache-mode=writeback ssdcache-writeback-idle=0 \
+               ssdcache-writeback-high=100 ssdcache-writeback-on-exit=false \
+               ssdcache-stats="$tmpdir/stats"
 unset LD_PRELOAD
 "$PYTHON" - "$sock" "$trigger" <<'PY'
 import errno, os, sys
@@ -123,9 +120,9 @@ random_file "$tmpdir/disk.img" $size
 rm -f "$tmpdir/c" "$trigger" "$tmpdir/stats"
 export LD_PRELOAD="$shim" FAULTIO_PATH="$tmpdir/c"
 export FAULTIO_TRIGGER="$trigger" FAULTIO_OPS=w
-start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
-             file "$tmpdir/disk.img" ssdcache-file="$tmpdir/c" \
-             ssdcache-stats="$tmpdir/stats"
+start_ssdcache -P "$pid" -U "$sock" \
+               file "$tmpdir/disk.img" ssdcache-file="$tmpdir/c" \
+               ssdcache-stats="$tmpdir/stats"
 unset LD_PRELOAD
 "$PYTHON" - "$sock" "$trigger" "$tmpdir/disk.img" <<'PY'
 import sys, time

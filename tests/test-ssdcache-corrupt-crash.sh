@@ -35,14 +35,14 @@ pool=$((1024 * 1024))
 random_file "$img" $size
 cp "$img" "$tmpdir/orig.img"
 
-args=( --filter="$SSDCACHE_FILTER" file "$img" ssdcache-file="$cache"
+args=( file "$img" ssdcache-file="$cache"
        ssdcache-size=256K ssdcache-page-size=4K ssdcache-mode=writeback
        ssdcache-writeback-idle=0 ssdcache-writeback-high=100
        ssdcache-writeback-on-exit=false ssdcache-stats="$stats" )
 
 # -- the crashed cache ------------------------------------------------------
 
-start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
 "$PYTHON" - "$sock" <<'PY'
 import sys, nbd
 h = nbd.NBD(); h.connect_unix(sys.argv[1])
@@ -149,7 +149,7 @@ check ()
 {
     local name="$1" lost="$2" pattern="${3:-}" status=0
     rm -f "$stats"
-    timeout 60 nbdkit -U - "${args[@]}" \
+    run_ssdcache --timeout 60 "${args[@]}" \
         --run "'$PYTHON' '$tmpdir/check.py' \"\$unixsocket\" '$img'" \
         > "$tmpdir/out" 2> "$tmpdir/log" || status=$?
     cat "$tmpdir/out" "$tmpdir/log"
@@ -169,7 +169,7 @@ check ()
 refused ()
 {
     local name="$1" pattern="$2"
-    expect_start_failure "$pattern" "${args[@]}"
+    expect_ssdcache_failure "$pattern" "${args[@]}"
     grep -Fq -- "$cache" "$tmpdir/err" ||
         fail "$name: the error does not name the cache file"
 }

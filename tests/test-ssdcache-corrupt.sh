@@ -32,10 +32,10 @@ random_file "$img" $size
 run ()
 {
     rm -f "$stats"
-    nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-           ssdcache-file="$cache" ssdcache-size=$size ssdcache-page-size=$page \
-           ssdcache-stats="$stats" "$@" \
-           --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
+    run_ssdcache file "$img" \
+                 ssdcache-file="$cache" ssdcache-size=$size ssdcache-page-size=$page \
+                 ssdcache-stats="$stats" "$@" \
+                 --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
     cat "$stats"
     cmp "$img" "$tmpdir/copy.img" ||
         fail "data served from a damaged cache differs from the backing file"
@@ -122,5 +122,5 @@ run
 # Both damaged: refused, naming the file.
 poke 30 1
 poke $((4096 + 30)) 1
-expect_start_failure "$cache" --filter="$SSDCACHE_FILTER" file "$img" \
+expect_ssdcache_failure "$cache" file "$img" \
     ssdcache-file="$cache" ssdcache-size=$size ssdcache-page-size=$page

@@ -27,12 +27,12 @@ random_file "$img" $size
 cp "$img" "$tmpdir/before.img"
 seed="${RANDOM_IO_SEED:-$RANDOM}"
 
-args=( --filter="$SSDCACHE_FILTER" --filter=stats file "$img"
+args=( --filter=stats file "$img"
        statsfile="$bstats" ssdcache-file="$cache" ssdcache-size=8M
        ssdcache-stats="$stats" )
 
 # Run 1: read everything, write some, crash.
-start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
 nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
 cmp "$img" "$tmpdir/copy.img" || fail "run 1 read data that is not the file's"
 "$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 400 \
@@ -46,7 +46,7 @@ cmp "$img" "$tmpdir/expected.img" ||
     fail "the backing file does not hold the completed writes"
 
 # Run 2: restart after the crash, read everything.
-start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
 nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
 stop_nbdkit "$pid"
 cat "$bstats" "$stats"
@@ -64,7 +64,7 @@ b2="$(backend_read_bytes "$bstats")"
 # Run 2b: cache everything, change cached pages (writes, zeroes,
 # trims) without reading them again, kill -9, restart: the changed
 # pages must not come back from the cache file.
-start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
 nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
 cmp "$img" "$tmpdir/copy.img"
 nbdsh -u "$(sock_uri "$sock")" -c - <<'PY'
@@ -76,7 +76,7 @@ h.trim(2 * 65536, 4 * 1024 * 1024)
 h.trim(777, 5 * 1024 * 1024 + 3)
 PY
 crash_nbdkit "$pid"
-start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
 nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
 stop_nbdkit "$pid"
 cmp "$img" "$tmpdir/copy.img" ||
@@ -85,10 +85,10 @@ cmp "$img" "$tmpdir/copy.img" ||
 # Run 3: plain crash right after a cold read, no writes: the restart
 # must read (almost) nothing from the backend.
 rm -f "$cache" "$stats"
-start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
 nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
 crash_nbdkit "$pid"
-start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
 nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
 stop_nbdkit "$pid"
 cat "$bstats" "$stats"

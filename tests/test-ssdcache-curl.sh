@@ -111,10 +111,10 @@ read_url ()
     local u="$1" cmd="$2"
     shift 2
     rm -f "$stats" "$bstats"
-    nbdkit -r -U - --filter="$SSDCACHE_FILTER" --filter=stats \
-           curl url="$u" statsfile="$bstats" \
-           ssdcache-file="$cache" ssdcache-stats="$stats" "$@" \
-           --run "$cmd"
+    run_ssdcache -r --filter=stats \
+                 curl url="$u" statsfile="$bstats" \
+                 ssdcache-file="$cache" ssdcache-stats="$stats" "$@" \
+                 --run "$cmd"
     cat "$stats" "$bstats"
 }
 
@@ -149,9 +149,8 @@ b="$(backend_read_bytes "$bstats")"
 
 # -- 3. identity: another URL -------------------------------------------------
 
-expect_start_failure "built for another backend" \
-    -r --filter="$SSDCACHE_FILTER" curl url="$other_url" \
-    ssdcache-file="$cache"
+expect_ssdcache_failure "built for another backend" \
+    -r curl url="$other_url" ssdcache-file="$cache"
 # The refusal left the first URL's cache alone: still warm.
 read_url "$url" "$copy"
 cmp "$www/disk.img" "$tmpdir/copy.img" || fail "read after the refusal differs"
@@ -170,5 +169,5 @@ cmp "$www/other.img" "$tmpdir/copy.img" || fail "warm read of the other URL diff
 [ "$(backend_read_bytes "$bstats")" -le $((size / 64)) ] ||
     fail "the other URL's cache is not warm after a restart"
 # And now the first URL is the stranger.
-expect_start_failure "built for another backend" \
-    -r --filter="$SSDCACHE_FILTER" curl url="$url" ssdcache-file="$cache"
+expect_ssdcache_failure "built for another backend" \
+    -r curl url="$url" ssdcache-file="$cache"

@@ -27,9 +27,9 @@ run ()
     local f="$1"
     shift
     rm -f "$stats" "$bstats"
-    nbdkit -U - --filter="$SSDCACHE_FILTER" --filter=stats file "$f" \
-           statsfile="$bstats" ssdcache-stats="$stats" "$@" \
-           --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
+    run_ssdcache --filter=stats file "$f" \
+                 statsfile="$bstats" ssdcache-stats="$stats" "$@" \
+                 --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
     cmp "$f" "$tmpdir/copy.img" || fail "data read differs from $f"
 }
 

@@ -22,10 +22,7 @@ source "$(dirname "$0")/functions.sh"
 set -e -x
 
 requires "$PYTHON" -c 'import nbd'
-requires cc --version
-shim="$tmpdir/faultio.so"
-cc -shared -fPIC -O2 -o "$shim" "$testsrcdir/shim/faultio.c" -ldl ||
-    fail "cannot build the fault injection shim"
+shim="$(shim_path faultio)"
 
 img="$tmpdir/disk.img"
 cache="$tmpdir/c"
@@ -35,7 +32,7 @@ trigger="$tmpdir/trigger"
 stats="$tmpdir/stats"
 size=$((2 * 1024 * 1024))
 
-args=( --filter="$SSDCACHE_FILTER" file "$img" ssdcache-file="$cache"
+args=( file "$img" ssdcache-file="$cache"
        ssdcache-page-size=4K ssdcache-mode=writeback
        ssdcache-writeback-idle=0 ssdcache-writeback-high=100
        ssdcache-writeback-on-exit=false ssdcache-stats="$stats" )
@@ -82,7 +79,7 @@ run_case ()
     rm -f "$cache" "$trigger"
     export LD_PRELOAD="$shim" FAULTIO_PATH="$cache"
     export FAULTIO_TRIGGER="$trigger" FAULTIO_OPS=w
-    start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+    start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
     unset LD_PRELOAD
     "$PYTHON" "$tmpdir/client.py" "$sock" "$trigger" "$case" "$tmpdir/want"
     crash_nbdkit "$pid"
@@ -90,7 +87,7 @@ run_case ()
     want="$(cat "$tmpdir/want")"
 
     # Restart on the same cache file (the device works again).
-    start_nbdkit -P "$pid" -U "$sock" "${args[@]/ssdcache-writeback-on-exit=false/ssdcache-writeback-on-exit=true}"
+    start_ssdcache -P "$pid" -U "$sock" "${args[@]/ssdcache-writeback-on-exit=false/ssdcache-writeback-on-exit=true}"
     "$PYTHON" - "$sock" "$want" <<'PY'
 import sys, nbd
 h = nbd.NBD(); h.connect_unix(sys.argv[1])

@@ -19,7 +19,6 @@ set -e -x
 
 requires "$PYTHON" -c 'import nbd'
 requires nbdcopy --version
-requires cc --version
 
 img="$tmpdir/disk.img"
 cache="$tmpdir/disk.ssdcache"
@@ -46,9 +45,9 @@ fd_flags ()
 # -- 1. writethrough, random I/O -----------------------------------------
 random_file "$img" $size
 cp "$img" "$tmpdir/before.img"
-start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" file "$img" \
-             ssdcache-file="$cache" ssdcache-size=2M ssdcache-page-size=64K \
-             ssdcache-direct=true ssdcache-stats="$stats"
+start_ssdcache -P "$pid" -U "$sock" file "$img" \
+               ssdcache-file="$cache" ssdcache-size=2M ssdcache-page-size=64K \
+               ssdcache-direct=true ssdcache-stats="$stats"
 flags="$(fd_flags "$(cat "$pid")" "$cache")" ||
     fail "nbdkit has no descriptor open on $cache"
 # O_DIRECT is 040000 on x86, 0200000 on arm64/ppc: ask Python.
@@ -68,9 +67,9 @@ cmp "$img" "$tmpdir/expected.img" ||
 [ "$(stat_get "$stats" degraded)" -eq 0 ] || fail "degraded"
 
 # -- 2. warm restart -------------------------------------------------------
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" ssdcache-file="$cache" \
-       ssdcache-direct=true ssdcache-stats="$stats" \
-       --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
+run_ssdcache file "$img" ssdcache-file="$cache" \
+             ssdcache-direct=true ssdcache-stats="$stats" \
+             --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
 cat "$stats"
 cmp "$img" "$tmpdir/copy.img" || fail "the restarted cache served wrong data"
 [ "$(stat_get "$stats" loaded_slots)" -gt 0 ] || fail "not warm after restart"
@@ -80,14 +79,14 @@ cmp "$img" "$tmpdir/copy.img" || fail "the restarted cache served wrong data"
 # -- 3. writeback, 4K pages, sub-block writes --------------------------------
 rm -f "$cache"
 cp "$img" "$tmpdir/before.img"
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" ssdcache-file="$cache" \
-       ssdcache-size=1M ssdcache-page-size=4K ssdcache-mode=writeback \
-       ssdcache-direct=true ssdcache-stats="$stats" \
-       --run '"$PYTHON" "$random_io" --uri "$uri" --connections 3 \
-                --ops 3000 --seed '"$((seed + 1))"' --max-len 20K \
-                --mix read=50,write=40,zero=5,flush=4,cache=1 \
-                --model "$tmpdir/before.img" \
-                --save-model "$tmpdir/expected.img"'
+run_ssdcache file "$img" ssdcache-file="$cache" \
+             ssdcache-size=1M ssdcache-page-size=4K ssdcache-mode=writeback \
+             ssdcache-direct=true ssdcache-stats="$stats" \
+             --run '"$PYTHON" "$random_io" --uri "$uri" --connections 3 \
+                      --ops 3000 --seed '"$((seed + 1))"' --max-len 20K \
+                      --mix read=50,write=40,zero=5,flush=4,cache=1 \
+                      --model "$tmpdir/before.img" \
+                      --save-model "$tmpdir/expected.img"'
 cat "$stats"
 cmp "$img" "$tmpdir/expected.img" ||
     fail "writeback: the backing file differs from the model after a clean stop"
@@ -102,15 +101,11 @@ cmp "$img" "$tmpdir/expected.img" ||
 rm -rf "$tmpdir/crash"
 
 # -- 5. a file system without direct I/O -----------------------------------
-shim="$tmpdir/nodirect.so"
-cc -shared -fPIC -O2 -o "$shim" "$testsrcdir/shim/nodirect.c" -ldl ||
-    fail "cannot build the shim"
+shim="$(shim_path nodirect)"
 LD_PRELOAD="$shim" NODIRECT_PATH="$cache" \
-    expect_start_failure "ssdcache-direct: .*does not support direct I/O" \
-    --filter="$SSDCACHE_FILTER" file "$img" ssdcache-file="$cache" \
-    ssdcache-direct=true
+    expect_ssdcache_failure "ssdcache-direct: .*does not support direct I/O" \
+    file "$img" ssdcache-file="$cache" ssdcache-direct=true
 LD_PRELOAD="$shim" NODIRECT_PATH="$cache" \
-    nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-    ssdcache-file="$cache" ssdcache-direct=false \
+    run_ssdcache file "$img" ssdcache-file="$cache" ssdcache-direct=false \
     --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
 cmp "$img" "$tmpdir/copy.img" || fail "wrong data without direct I/O"

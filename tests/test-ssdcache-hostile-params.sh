@@ -53,9 +53,9 @@ works ()
     local f="$1" status=0
     shift
     rm -f "$tmpdir/copy.img"
-    timeout 30 nbdkit -U - --filter="$SSDCACHE_FILTER" file "$f" "$@" \
-            --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"' \
-            2> "$tmpdir/err" || status=$?
+    run_ssdcache --timeout 30 file "$f" "$@" \
+                 --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"' \
+                 2> "$tmpdir/err" || status=$?
     cat "$tmpdir/err"
     status_ok $status "$*"
     [ $status -eq 0 ] || fail "nbdkit failed: $*"
@@ -68,8 +68,8 @@ refused ()
 {
     local pattern="$1" f="$2" status=0
     shift 2
-    timeout 30 nbdkit -U - --filter="$SSDCACHE_FILTER" file "$f" "$@" \
-            --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmpdir/err" ||
+    run_ssdcache --timeout 30 file "$f" "$@" \
+                 --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmpdir/err" ||
         status=$?
     cat "$tmpdir/err"
     status_ok $status "$*"
@@ -103,9 +103,9 @@ refused ssdcache-page-size "$img" ssdcache-file="$c" ssdcache-page-size=42949713
 # before anything is allocated (the cache file stays empty).
 rm -f "$c"
 status=0
-timeout 30 nbdkit -U - --filter="$SSDCACHE_FILTER" null 20T \
-        ssdcache-file="$c" ssdcache-size=20T ssdcache-page-size=4K \
-        --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmpdir/err" || status=$?
+run_ssdcache --timeout 30 null 20T \
+             ssdcache-file="$c" ssdcache-size=20T ssdcache-page-size=4K \
+             --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmpdir/err" || status=$?
 cat "$tmpdir/err"
 status_ok $status "null 20T, ssdcache-size=20T, 4K pages"
 [ $status -ne 0 ] || fail "a backend of more than 2^32 - 1 pages was not refused"
@@ -116,9 +116,9 @@ grep -q 'at most 4294967295 pages.*ssdcache-page-size' "$tmpdir/err" ||
 # would be more than 2^32 slots (the spare quarter): refused too.
 rm -f "$c"
 status=0
-timeout 30 nbdkit -U - --filter="$SSDCACHE_FILTER" null 16383G \
-        ssdcache-file="$c" ssdcache-size=20T ssdcache-page-size=4K \
-        --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmpdir/err" || status=$?
+run_ssdcache --timeout 30 null 16383G \
+             ssdcache-file="$c" ssdcache-size=20T ssdcache-page-size=4K \
+             --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmpdir/err" || status=$?
 cat "$tmpdir/err"
 status_ok $status "null 16383G, ssdcache-size=20T, 4K pages"
 [ $status -ne 0 ] || fail "a cache of more than 2^32 slots was not refused"
@@ -126,9 +126,9 @@ grep -q 'ssdcache-size.*too many pages' "$tmpdir/err" ||
     fail "more than 2^32 slots: the error does not say ssdcache-size: too many pages"
 [ ! -s "$c" ] || fail "the refused 20T cache left a $(stat -c %s "$c") byte file"
 # The same backend with 64K pages and a modest cache works.
-timeout 30 nbdkit -U - --filter="$SSDCACHE_FILTER" null 20T \
-        ssdcache-file="$c" ssdcache-size=4M ssdcache-reset=true \
-        --run 'nbdsh -u "$uri" -c "assert h.pread(65536, 20 * 2**40 - 65536) == bytes(65536)"' ||
+run_ssdcache --timeout 30 null 20T \
+             ssdcache-file="$c" ssdcache-size=4M ssdcache-reset=true \
+             --run 'nbdsh -u "$uri" -c "assert h.pread(65536, 20 * 2**40 - 65536) == bytes(65536)"' ||
     fail "a 4M cache over a 20T backend does not work"
 rm -f "$c"
 
@@ -142,12 +142,12 @@ refused ssdcache-writeback-idle "$img" ssdcache-file="$c" ssdcache-writeback-idl
 refused ssdcache-writeback-rate "$img" ssdcache-file="$c" ssdcache-writeback-rate=16E
 # The largest accepted values work (writes, flush to the backend).
 cp "$img" "$tmpdir/wb.img"
-timeout 30 nbdkit -U - --filter="$SSDCACHE_FILTER" file "$tmpdir/wb.img" \
-        ssdcache-file="$tmpdir/wb.ssdcache" ssdcache-mode=writeback \
-        ssdcache-flush=backend ssdcache-writeback-idle=4294967295 \
-        ssdcache-writeback-rate=9223372036854775807 \
-        ssdcache-writeback-high=100 ssdcache-writeback-low=100 \
-        --run 'nbdsh -u "$uri" -c "
+run_ssdcache --timeout 30 file "$tmpdir/wb.img" \
+             ssdcache-file="$tmpdir/wb.ssdcache" ssdcache-mode=writeback \
+             ssdcache-flush=backend ssdcache-writeback-idle=4294967295 \
+             ssdcache-writeback-rate=9223372036854775807 \
+             ssdcache-writeback-high=100 ssdcache-writeback-low=100 \
+             --run 'nbdsh -u "$uri" -c "
 import os
 d = os.urandom(300000)
 h.pwrite(d, 12345)
@@ -238,10 +238,10 @@ if [ "$(id -u)" -eq 0 ] &&
     # filesystem it must fail cleanly, and must not first allocate the
     # in-memory page table for 4 billion slots.
     status=0
-    timeout 30 nbdkit -U - --filter="$SSDCACHE_FILTER" null 15T \
-            ssdcache-file="$tmpdir/small/huge.ssdcache" ssdcache-size=15T \
-            ssdcache-page-size=4K \
-            --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmpdir/err" ||
+    run_ssdcache --timeout 30 null 15T \
+                 ssdcache-file="$tmpdir/small/huge.ssdcache" ssdcache-size=15T \
+                 ssdcache-page-size=4K \
+                 --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmpdir/err" ||
         status=$?
     cat "$tmpdir/err"
     status_ok $status "15T of 4K pages on a 2M filesystem"

@@ -17,15 +17,14 @@ sock="$tmpdir/sock"
 pid="$tmpdir/nbdkit.pid"
 random_file "$img" $((1024 * 1024))
 
-start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
-             file "$img" ssdcache-file="$cache"
+start_ssdcache -P "$pid" -U "$sock" \
+               file "$img" ssdcache-file="$cache"
 # The first server works.
 [ "$(nbdinfo --size "$(sock_uri "$sock")")" -eq $((1024 * 1024)) ]
 
 second ()
 {
-    expect_start_failure "in use by another process" \
-                         --filter="$SSDCACHE_FILTER" "$@"
+    expect_ssdcache_failure "in use by another process" "$@"
 }
 
 # Same backend, same cache file.
@@ -43,6 +42,6 @@ cmp "$img" "$tmpdir/copy.img" || fail "the first server's data changed"
 stop_nbdkit "$pid"
 
 # Free again: a new server starts.
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" ssdcache-file="$cache" \
-       --run 'nbdinfo --size "$uri"' ||
+run_ssdcache file "$img" ssdcache-file="$cache" \
+             --run 'nbdinfo --size "$uri"' ||
     fail "the cache file could not be used after its owner exited"

@@ -17,12 +17,12 @@ seed="${RANDOM_IO_SEED:-$RANDOM}"
 # Big cache (nothing evicted) then small cache (eviction).
 for cs in 10M 1M; do
     rm -f "$tmpdir/mem.ssdcache"
-    nbdkit -U - --filter="$SSDCACHE_FILTER" memory 10M \
-           ssdcache-file="$tmpdir/mem.ssdcache" ssdcache-size=$cs \
-           ssdcache-stats="$stats" \
-           --run '"$PYTHON" "$random_io" --uri "$uri" --connections 2 \
-                    --ops 2000 --seed '"$seed"' --model-zero --trim-reads-zero \
-                    --mix read=50,write=35,zero=6,trim=5,flush=2,cache=2'
+    run_ssdcache memory 10M \
+                 ssdcache-file="$tmpdir/mem.ssdcache" ssdcache-size=$cs \
+                 ssdcache-stats="$stats" \
+                 --run '"$PYTHON" "$random_io" --uri "$uri" --connections 2 \
+                          --ops 2000 --seed '"$seed"' --model-zero --trim-reads-zero \
+                          --mix read=50,write=35,zero=6,trim=5,flush=2,cache=2'
     cat "$stats"
     [ "$(stat_get "$stats" write_ops)" -gt 0 ] || fail "no writes counted"
     [ "$(stat_get "$stats" read_hits)" -gt 0 ] || fail "no read hits with a $cs cache"

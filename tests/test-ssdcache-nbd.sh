@@ -45,9 +45,9 @@ nbd_args=( nbd socket="$bsock" )
 
 cp "$img" "$tmpdir/model0.img"
 rm -f "$stats"
-start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" "${nbd_args[@]}" \
-             ssdcache-file="$tmpdir/small.ssdcache" ssdcache-size=2M \
-             ssdcache-page-size=16K ssdcache-stats="$stats"
+start_ssdcache -P "$pid" -U "$sock" "${nbd_args[@]}" \
+               ssdcache-file="$tmpdir/small.ssdcache" ssdcache-size=2M \
+               ssdcache-page-size=16K ssdcache-stats="$stats"
 "$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 3000 \
           --seed "$seed" --max-len 128K --trim-reads-zero \
           --model "$tmpdir/model0.img" --save-model "$tmpdir/model1.img" \
@@ -65,10 +65,10 @@ cmp "$img" "$tmpdir/model1.img" ||
 warm ()
 {
     rm -f "$stats" "$bstats" "$tmpdir/copy.img"
-    nbdkit -U - --filter="$SSDCACHE_FILTER" --filter=stats "${nbd_args[@]}" \
-           statsfile="$bstats" ssdcache-file="$tmpdir/big.ssdcache" \
-           ssdcache-size=8M ssdcache-stats="$stats" \
-           --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
+    run_ssdcache --filter=stats "${nbd_args[@]}" \
+                 statsfile="$bstats" ssdcache-file="$tmpdir/big.ssdcache" \
+                 ssdcache-size=8M ssdcache-stats="$stats" \
+                 --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
     cat "$stats" "$bstats"
     cmp "$img" "$tmpdir/copy.img" || fail "$1: data read differs from the file"
 }
@@ -84,7 +84,7 @@ b="$(backend_read_bytes "$bstats")"
 
 # -- 3. writeback round trip -----------------------------------------------------
 
-wb=( --filter="$SSDCACHE_FILTER" "${nbd_args[@]}"
+wb=( "${nbd_args[@]}"
      ssdcache-file="$tmpdir/wb.ssdcache" ssdcache-mode=writeback
      ssdcache-writeback-idle=0 ssdcache-writeback-high=100
      ssdcache-writeback-low=100 )
@@ -97,9 +97,9 @@ rm -f "$stats"
 # cleans pages; with too little room the backend could have every write
 # before the exit, and this step would not test what it says (CI saw
 # that with an 8M cache and 2000 operations).
-start_nbdkit -P "$pid" -U "$sock" "${wb[@]}" ssdcache-size=10M \
-             ssdcache-page-size=64K ssdcache-writeback-on-exit=false \
-             ssdcache-stats="$stats"
+start_ssdcache -P "$pid" -U "$sock" "${wb[@]}" ssdcache-size=10M \
+               ssdcache-page-size=64K ssdcache-writeback-on-exit=false \
+               ssdcache-stats="$stats"
 # (No trims: in writeback their effect is undefined on partial pages,
 # and the restarted reader below has no way to skip undefined bytes.)
 "$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 600 \
@@ -124,7 +124,7 @@ cmp -s "$img" "$tmpdir/model3.img" &&
 # Restart (writeback mode, default writeback-on-exit=true): the dirty
 # data is served from the cache, and a clean exit writes it back.
 rm -f "$stats"
-start_nbdkit -P "$pid" -U "$sock" "${wb[@]}" ssdcache-stats="$stats"
+start_ssdcache -P "$pid" -U "$sock" "${wb[@]}" ssdcache-stats="$stats"
 "$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 500 \
           --seed "$((seed + 2))" --mix read=1 --max-len 256K \
           --model "$tmpdir/model3.img" --timeout 30

@@ -18,8 +18,8 @@ cp "$img" "$tmpdir/orig.img"
 
 run ()
 {
-    nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-           ssdcache-file="$cache" "$@"
+    run_ssdcache file "$img" \
+                 ssdcache-file="$cache" "$@"
 }
 
 # Size as seen by nbdinfo.

@@ -24,8 +24,8 @@ for ps in 64K 4K; do
     cache="$tmpdir/odd-$ps.ssdcache"
     run ()
     {
-        nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-               ssdcache-file="$cache" ssdcache-page-size=$ps "$@"
+        run_ssdcache file "$img" \
+                     ssdcache-file="$cache" ssdcache-page-size=$ps "$@"
     }
 
     got="$(run --run 'nbdinfo --size "$uri"')"

@@ -46,7 +46,7 @@ if hits > 1.0:
     sys.exit("cache hits waited for the backend: %.3f s" % hits)
 PY
 
-nbdkit -U - --filter="$SSDCACHE_FILTER" --filter=delay \
-       file "$tmpdir/disk.img" delay-read=2 \
-       ssdcache-file="$tmpdir/c.ssdcache" \
-       --run '"$PYTHON" "$tmpdir/check.py" "$uri"'
+run_ssdcache --filter=delay \
+             file "$tmpdir/disk.img" delay-read=2 \
+             ssdcache-file="$tmpdir/c.ssdcache" \
+             --run '"$PYTHON" "$tmpdir/check.py" "$uri"'

@@ -16,8 +16,8 @@ mkdir "$tmpdir/a-directory"
 # one bad parameter, not to the set-up).
 good ()
 {
-    timeout 30 nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" "$@" \
-            --run 'nbdinfo --size "$uri"' ||
+    run_ssdcache --timeout 30 file "$img" "$@" \
+                 --run 'nbdinfo --size "$uri"' ||
         fail "nbdkit failed with good parameters: $*"
 }
 
@@ -29,8 +29,8 @@ bad ()
 {
     local name="$1" status=0
     shift
-    timeout 30 nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" "$@" \
-            --run true 2> "$tmpdir/err" || status=$?
+    run_ssdcache --timeout 30 file "$img" "$@" \
+                 --run true 2> "$tmpdir/err" || status=$?
     cat "$tmpdir/err"
     if [ $status -eq 0 ]; then
         problems+=("accepted: $*")
@@ -79,10 +79,10 @@ good "ssdcache-file=$tmpdir/n3.ssdcache"
 # error says so.  (This check may need the backend, so it may happen
 # after nbdkit forks: in a captive nbdkit it then shows as refused
 # connections, which expect_start_failure accepts.)
-expect_start_failure "ssdcache-reset=true" --filter="$SSDCACHE_FILTER" \
-                     file "$img" "$c" ssdcache-size=2M
-expect_start_failure "ssdcache-reset=true" --filter="$SSDCACHE_FILTER" \
-                     file "$img" "$c" ssdcache-page-size=128K
+expect_ssdcache_failure "ssdcache-reset=true" \
+                        file "$img" "$c" ssdcache-size=2M
+expect_ssdcache_failure "ssdcache-reset=true" \
+                        file "$img" "$c" ssdcache-page-size=128K
 good "$c" ssdcache-size=2M ssdcache-page-size=128K ssdcache-reset=true
 good "$c"
 

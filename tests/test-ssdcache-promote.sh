@@ -33,12 +33,12 @@ run ()
     local promote="$1" name="$2"
     shift 2
     rm -f "$tmpdir/c-$name"
-    nbdkit -U - --filter="$SSDCACHE_FILTER" --filter=stats \
-           file "$tmpdir/disk.img" statsfile="$tmpdir/bs-$name" \
-           ssdcache-file="$tmpdir/c-$name" ssdcache-size=4M \
-           ssdcache-readahead=off ssdcache-promote="$promote" \
-           ssdcache-stats="$tmpdir/ss-$name" \
-           --run '"$PYTHON" "$tmpdir/read.py" "$uri" "$tmpdir/disk.img" '"$*"
+    run_ssdcache --filter=stats \
+                 file "$tmpdir/disk.img" statsfile="$tmpdir/bs-$name" \
+                 ssdcache-file="$tmpdir/c-$name" ssdcache-size=4M \
+                 ssdcache-readahead=off ssdcache-promote="$promote" \
+                 ssdcache-stats="$tmpdir/ss-$name" \
+                 --run '"$PYTHON" "$tmpdir/read.py" "$uri" "$tmpdir/disk.img" '"$*"
     cat "$tmpdir/bs-$name" "$tmpdir/ss-$name"
 }
 
@@ -80,15 +80,15 @@ run 3 three $P $P $P $P
 
 # NBD_CMD_CACHE (a client's explicit prefetch) is not subject to it.
 rm -f "$tmpdir/c-cmd"
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$tmpdir/disk.img" \
-       ssdcache-file="$tmpdir/c-cmd" ssdcache-size=4M ssdcache-promote=2 \
-       ssdcache-stats="$tmpdir/ss-cmd" \
-       --run 'nbdsh -u "$uri" -c "h.cache(65536, '$P')"'
+run_ssdcache file "$tmpdir/disk.img" \
+             ssdcache-file="$tmpdir/c-cmd" ssdcache-size=4M ssdcache-promote=2 \
+             ssdcache-stats="$tmpdir/ss-cmd" \
+             --run 'nbdsh -u "$uri" -c "h.cache(65536, '$P')"'
 [ "$(stat_get "$tmpdir/ss-cmd" fills)" -eq 1 ] ||
     fail "promote=2: NBD_CMD_CACHE did not cache the page"
 
 # Bad values.
-expect_start_failure "ssdcache-promote: " --filter="$SSDCACHE_FILTER" \
+expect_ssdcache_failure "ssdcache-promote: " \
     file "$tmpdir/disk.img" ssdcache-promote=0
-expect_start_failure "ssdcache-promote: " --filter="$SSDCACHE_FILTER" \
+expect_ssdcache_failure "ssdcache-promote: " \
     file "$tmpdir/disk.img" ssdcache-promote=256

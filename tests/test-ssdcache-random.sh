@@ -23,13 +23,13 @@ seed="${RANDOM_IO_SEED:-$RANDOM}"
 echo "random-io seed: $seed"
 
 # Pass 1: 64K pages, three connections, reads and writes.
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-       ssdcache-file="$cache" ssdcache-size=2M ssdcache-page-size=64K \
-       ssdcache-stats="$stats" \
-       --run '"$PYTHON" "$random_io" --uri "$uri" --connections 3 \
-                --ops 3000 --seed '"$seed"' --max-len 300K \
-                --model "$tmpdir/before.img" \
-                --save-model "$tmpdir/expected.img" --trim-reads-zero'
+run_ssdcache file "$img" \
+             ssdcache-file="$cache" ssdcache-size=2M ssdcache-page-size=64K \
+             ssdcache-stats="$stats" \
+             --run '"$PYTHON" "$random_io" --uri "$uri" --connections 3 \
+                      --ops 3000 --seed '"$seed"' --max-len 300K \
+                      --model "$tmpdir/before.img" \
+                      --save-model "$tmpdir/expected.img" --trim-reads-zero'
 cat "$stats"
 cmp "$img" "$tmpdir/expected.img" ||
     fail "the backing file differs from the model after pass 1"
@@ -44,11 +44,11 @@ writes="$(stat_get "$stats" write_ops)"
 # Pass 2: restart on the same cache (warm, and must hold no stale
 # page), read only, then read everything back.
 cp "$img" "$tmpdir/before.img"
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-       ssdcache-file="$cache" ssdcache-stats="$stats" \
-       --run '"$PYTHON" "$random_io" --uri "$uri" --connections 2 \
-                --ops 1000 --seed '"$((seed + 1))"' --mix read=1 \
-                --model "$tmpdir/before.img" &&
+run_ssdcache file "$img" \
+             ssdcache-file="$cache" ssdcache-stats="$stats" \
+             --run '"$PYTHON" "$random_io" --uri "$uri" --connections 2 \
+                      --ops 1000 --seed '"$((seed + 1))"' --mix read=1 \
+                      --model "$tmpdir/before.img" &&
               nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
 cat "$stats"
 cmp "$img" "$tmpdir/copy.img" || fail "pass 2 read data that is not the file's"
@@ -57,13 +57,13 @@ loaded="$(stat_get "$stats" loaded_slots)"
 
 # Pass 3: small pages (4K) on a new cache file, two connections, more
 # small requests so one request spans many pages.
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-       ssdcache-file="$tmpdir/small.ssdcache" ssdcache-size=512K \
-       ssdcache-page-size=4K ssdcache-stats="$stats" \
-       --run '"$PYTHON" "$random_io" --uri "$uri" --connections 2 \
-                --ops 2000 --seed '"$((seed + 2))"' --max-len 64K \
-                --model "$tmpdir/copy.img" \
-                --save-model "$tmpdir/expected.img" --trim-reads-zero'
+run_ssdcache file "$img" \
+             ssdcache-file="$tmpdir/small.ssdcache" ssdcache-size=512K \
+             ssdcache-page-size=4K ssdcache-stats="$stats" \
+             --run '"$PYTHON" "$random_io" --uri "$uri" --connections 2 \
+                      --ops 2000 --seed '"$((seed + 2))"' --max-len 64K \
+                      --model "$tmpdir/copy.img" \
+                      --save-model "$tmpdir/expected.img" --trim-reads-zero'
 cat "$stats"
 cmp "$img" "$tmpdir/expected.img" ||
     fail "the backing file differs from the model after pass 3"

@@ -49,12 +49,12 @@ run ()
     local name="$1" cmd="$2"
     shift 2
     rm -f "$tmpdir/c-$name"
-    nbdkit -U - --filter="$SSDCACHE_FILTER" --filter=stats --filter=delay \
-           file "$tmpdir/disk.img" delay-read=1ms \
-           statsfile="$tmpdir/bs-$name" \
-           ssdcache-file="$tmpdir/c-$name" ssdcache-size=64M \
-           ssdcache-stats="$tmpdir/ss-$name" "$@" \
-           --run "$cmd"
+    run_ssdcache --filter=stats --filter=delay \
+                 file "$tmpdir/disk.img" delay-read=1ms \
+                 statsfile="$tmpdir/bs-$name" \
+                 ssdcache-file="$tmpdir/c-$name" ssdcache-size=64M \
+                 ssdcache-stats="$tmpdir/ss-$name" "$@" \
+                 --run "$cmd"
     cat "$tmpdir/bs-$name"
     grep -E '^(read_|fills|prefetch|seq_)' "$tmpdir/ss-$name"
 }
@@ -125,18 +125,18 @@ cmp "$tmpdir/disk.img" "$tmpdir/out-copy"
 
 # -- debug output -----------------------------------------------------
 rm -f "$tmpdir/c-dbg"
-nbdkit -U - -v -D ssdcache.readahead=1 --filter="$SSDCACHE_FILTER" \
-       file "$tmpdir/disk.img" ssdcache-file="$tmpdir/c-dbg" \
-       --run '"$PYTHON" "$tmpdir/seq.py" "$uri" /dev/null' 2> "$tmpdir/dbg"
+run_ssdcache -v -D ssdcache.readahead=1 \
+             file "$tmpdir/disk.img" ssdcache-file="$tmpdir/c-dbg" \
+             --run '"$PYTHON" "$tmpdir/seq.py" "$uri" /dev/null' 2> "$tmpdir/dbg"
 grep -q 'readahead: read .* queue .* bytes at .* (window ' "$tmpdir/dbg" ||
     fail "-D ssdcache.readahead=1: no readahead decisions logged"
 grep -q 'readahead: prefetch .* bytes at' "$tmpdir/dbg" ||
     fail "-D ssdcache.readahead=1: no prefetches logged"
 
 # -- bad values -------------------------------------------------------
-expect_start_failure "ssdcache-readahead: " --filter="$SSDCACHE_FILTER" \
+expect_ssdcache_failure "ssdcache-readahead: " \
     file "$tmpdir/disk.img" ssdcache-readahead=sometimes
-expect_start_failure "ssdcache-readahead: " --filter="$SSDCACHE_FILTER" \
+expect_ssdcache_failure "ssdcache-readahead: " \
     file "$tmpdir/disk.img" ssdcache-readahead=2G
-expect_start_failure "ssdcache-readahead-max: " --filter="$SSDCACHE_FILTER" \
+expect_ssdcache_failure "ssdcache-readahead-max: " \
     file "$tmpdir/disk.img" ssdcache-readahead-max=4K

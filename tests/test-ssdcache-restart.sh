@@ -22,10 +22,10 @@ random_file "$img" $size
 run ()
 {
     rm -f "$bstats" "$stats"
-    nbdkit -U - --filter="$SSDCACHE_FILTER" --filter=stats file "$img" \
-           statsfile="$bstats" ssdcache-file="$cache" ssdcache-size=8M \
-           ssdcache-stats="$stats" \
-           --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
+    run_ssdcache --filter=stats file "$img" \
+                 statsfile="$bstats" ssdcache-file="$cache" ssdcache-size=8M \
+                 ssdcache-stats="$stats" \
+                 --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
     cat "$bstats" "$stats"
     cmp "$img" "$tmpdir/copy.img" || fail "data read differs from the file ($1)"
 }
@@ -56,10 +56,10 @@ fromcache="$(stat_get "$stats" bytes_from_cache)"
 # that pass 2 was not served from somewhere else.)
 random_file "$img" $size
 rm -f "$bstats" "$stats"
-nbdkit -U - --filter="$SSDCACHE_FILTER" --filter=stats file "$img" \
-       statsfile="$bstats" ssdcache-file="$cache" ssdcache-size=8M \
-       ssdcache-reset=true ssdcache-id=forced-new-identity \
-       --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
+run_ssdcache --filter=stats file "$img" \
+             statsfile="$bstats" ssdcache-file="$cache" ssdcache-size=8M \
+             ssdcache-reset=true ssdcache-id=forced-new-identity \
+             --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
 cmp "$img" "$tmpdir/copy.img" || fail "after a reset the data is not the file's"
 [ "$(backend_read_bytes "$bstats")" -ge $size ] ||
     fail "after a reset the data did not come from the backend"

@@ -33,16 +33,16 @@ hot_backend_bytes ()        # hot_backend_bytes POLICY
 {
     local c="$tmpdir/c-$1"
     rm -f "$c"
-    local args=(--filter="$SSDCACHE_FILTER" --filter=stats
+    local args=(--filter=stats
                 file "$tmpdir/disk.img" ssdcache-file="$c"
                 ssdcache-size=8M ssdcache-policy="$1"
                 statsfile="$tmpdir/stats-$1")
-    nbdkit -U - "${args[@]}" \
-           --run '"$PYTHON" "$tmpdir/read.py" "$uri" '"$hot_start $hot_len"' 3'
-    nbdkit -U - "${args[@]}" \
-           --run 'nbdcopy "$uri" /dev/null'
-    nbdkit -U - "${args[@]}" \
-           --run '"$PYTHON" "$tmpdir/read.py" "$uri" '"$hot_start $hot_len"' 1'
+    run_ssdcache "${args[@]}" \
+                 --run '"$PYTHON" "$tmpdir/read.py" "$uri" '"$hot_start $hot_len"' 3'
+    run_ssdcache "${args[@]}" \
+                 --run 'nbdcopy "$uri" /dev/null'
+    run_ssdcache "${args[@]}" \
+                 --run '"$PYTHON" "$tmpdir/read.py" "$uri" '"$hot_start $hot_len"' 1'
     backend_read_bytes "$tmpdir/stats-$1"
 }
 

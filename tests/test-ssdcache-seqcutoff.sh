@@ -11,13 +11,13 @@ source "$(dirname "$0")/functions.sh"
 set -e -x
 
 random_file "$tmpdir/disk.img" $((16 * 1024 * 1024))
-common=(--filter="$SSDCACHE_FILTER" file "$tmpdir/disk.img"
+common=(file "$tmpdir/disk.img"
         ssdcache-size=8M ssdcache-page-size=64K)
 
 rm -f "$tmpdir/c1"
-nbdkit -U - "${common[@]}" ssdcache-file="$tmpdir/c1" ssdcache-seq-cutoff=1M \
-       ssdcache-stats="$tmpdir/s1" \
-       --run 'nbdcopy --connections=1 --requests=1 --request-size=262144 "$uri" "$tmpdir/out1.img"'
+run_ssdcache "${common[@]}" ssdcache-file="$tmpdir/c1" ssdcache-seq-cutoff=1M \
+             ssdcache-stats="$tmpdir/s1" \
+             --run 'nbdcopy --connections=1 --requests=1 --request-size=262144 "$uri" "$tmpdir/out1.img"'
 cmp "$tmpdir/disk.img" "$tmpdir/out1.img"
 cat "$tmpdir/s1"
 fills=$(stat_get "$tmpdir/s1" fills)
@@ -32,17 +32,17 @@ bypassed=$(stat_get "$tmpdir/s1" seq_bypassed)
 # which reach the filter out of order and may look like new streams for
 # a while: the cutoff still holds back most of the copy.
 rm -f "$tmpdir/c2"
-nbdkit -U - "${common[@]}" ssdcache-file="$tmpdir/c2" ssdcache-seq-cutoff=1M \
-       ssdcache-stats="$tmpdir/s1p" \
-       --run 'nbdcopy --request-size=262144 "$uri" "$tmpdir/out1p.img"'
+run_ssdcache "${common[@]}" ssdcache-file="$tmpdir/c2" ssdcache-seq-cutoff=1M \
+             ssdcache-stats="$tmpdir/s1p" \
+             --run 'nbdcopy --request-size=262144 "$uri" "$tmpdir/out1p.img"'
 cmp "$tmpdir/disk.img" "$tmpdir/out1p.img"
 fills=$(stat_get "$tmpdir/s1p" fills)
 [ "$fills" -le 128 ] || fail "parallel copy: $fills pages filled past the cutoff"
 
 # Random (non-sequential) reads are still cached.
-nbdkit -U - "${common[@]}" ssdcache-file="$tmpdir/c1" ssdcache-seq-cutoff=1M \
-       ssdcache-stats="$tmpdir/s2" \
-       --run 'nbdsh -u "$uri" -c "
+run_ssdcache "${common[@]}" ssdcache-file="$tmpdir/c1" ssdcache-seq-cutoff=1M \
+             ssdcache-stats="$tmpdir/s2" \
+             --run 'nbdsh -u "$uri" -c "
 import random
 random.seed(1)
 for i in range(40):
@@ -53,8 +53,8 @@ for i in range(40):
 
 # Without the cutoff the stream goes through the cache.
 rm -f "$tmpdir/c3"
-nbdkit -U - "${common[@]}" ssdcache-file="$tmpdir/c3" ssdcache-stats="$tmpdir/s3" \
-       --run 'nbdcopy --request-size=262144 "$uri" "$tmpdir/out3.img"'
+run_ssdcache "${common[@]}" ssdcache-file="$tmpdir/c3" ssdcache-stats="$tmpdir/s3" \
+             --run 'nbdcopy --request-size=262144 "$uri" "$tmpdir/out3.img"'
 cmp "$tmpdir/disk.img" "$tmpdir/out3.img"
 [ "$(stat_get "$tmpdir/s3" fills)" -ge 200 ] ||
     fail "without the cutoff the stream was not cached"

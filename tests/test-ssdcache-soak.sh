@@ -20,13 +20,13 @@ for mode in writethrough writearound writeback; do
     random_file "$tmpdir/disk.img" $((16 * 1024 * 1024))
     cp "$tmpdir/disk.img" "$tmpdir/model.img"
     rm -f "$tmpdir/c"
-    nbdkit -U - --filter="$SSDCACHE_FILTER" file "$tmpdir/disk.img" \
-           ssdcache-file="$tmpdir/c" ssdcache-size=2M ssdcache-page-size=4K \
-           ssdcache-mode="$mode" ssdcache-stats="$tmpdir/stats-$mode" \
-           --run '"$PYTHON" "$random_io" --uri "$uri" --connections 3 \
-                  --depth 8 --ops '"$ops"' --seed '"$seed"' \
-                  --max-len 128K \
-                  --model "$tmpdir/model.img" --save-model "$tmpdir/model.img"'
+    run_ssdcache file "$tmpdir/disk.img" \
+                 ssdcache-file="$tmpdir/c" ssdcache-size=2M ssdcache-page-size=4K \
+                 ssdcache-mode="$mode" ssdcache-stats="$tmpdir/stats-$mode" \
+                 --run '"$PYTHON" "$random_io" --uri "$uri" --connections 3 \
+                        --depth 8 --ops '"$ops"' --seed '"$seed"' \
+                        --max-len 128K \
+                        --model "$tmpdir/model.img" --save-model "$tmpdir/model.img"'
     cat "$tmpdir/stats-$mode"
     # Trimmed bytes are undefined (random-io.py marks them in a mask).
     "$PYTHON" - "$tmpdir/disk.img" "$tmpdir/model.img" <<'PY' ||

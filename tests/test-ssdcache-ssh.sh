@@ -136,10 +136,10 @@ echo "random-io seed: $seed"
 
 cp "$img" "$tmpdir/model0.img"
 rm -f "$stats" "$bstats"
-start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" --filter=stats \
-             "${ssh_args[@]}" statsfile="$bstats" \
-             ssdcache-file="$cache" ssdcache-size=8M ssdcache-page-size=64K \
-             ssdcache-stats="$stats"
+start_ssdcache -P "$pid" -U "$sock" --filter=stats \
+               "${ssh_args[@]}" statsfile="$bstats" \
+               ssdcache-file="$cache" ssdcache-size=8M ssdcache-page-size=64K \
+               ssdcache-stats="$stats"
 "$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 400 \
           --seed "$seed" --mix read=55,write=35,zero=5,flush=5 \
           --max-len 128K --skip-unsupported \
@@ -162,9 +162,9 @@ cat "$stats" "$bstats"
 # -- 2. warm restart: (almost) nothing read over ssh ---------------------
 
 rm -f "$stats" "$bstats" "$tmpdir/copy.img"
-start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" --filter=stats \
-             "${ssh_args[@]}" statsfile="$bstats" \
-             ssdcache-file="$cache" ssdcache-stats="$stats"
+start_ssdcache -P "$pid" -U "$sock" --filter=stats \
+               "${ssh_args[@]}" statsfile="$bstats" \
+               ssdcache-file="$cache" ssdcache-stats="$stats"
 nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
 stop_nbdkit "$pid"
 cat "$stats" "$bstats"
@@ -187,12 +187,12 @@ rm -f "$stats"
 # older versions of rewritten pages): a writer that finds no free slot
 # makes writeback clean everything, and then this step would not test
 # what it says.
-start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
-             "${ssh_args[@]}" \
-             ssdcache-file="$tmpdir/wb.ssdcache" ssdcache-size=32M \
-             ssdcache-page-size=64K ssdcache-mode=writeback \
-             ssdcache-writeback-idle=0 ssdcache-writeback-high=100 \
-             ssdcache-writeback-low=100 ssdcache-stats="$stats"
+start_ssdcache -P "$pid" -U "$sock" \
+               "${ssh_args[@]}" \
+               ssdcache-file="$tmpdir/wb.ssdcache" ssdcache-size=32M \
+               ssdcache-page-size=64K ssdcache-mode=writeback \
+               ssdcache-writeback-idle=0 ssdcache-writeback-high=100 \
+               ssdcache-writeback-low=100 ssdcache-stats="$stats"
 "$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 400 \
           --seed "$((seed + 1))" --mix read=50,write=40,zero=5,flush=5 \
           --max-len 128K --skip-unsupported \
@@ -213,18 +213,18 @@ cmp "$img" "$tmpdir/model3.img" ||
 [ "$(stat_get "$stats" dirty_pages)" -eq 0 ] || fail "writeback: dirty pages left after exit"
 
 # And the written-back data reads back right through a warm cache.
-nbdkit -U - --filter="$SSDCACHE_FILTER" "${ssh_args[@]}" \
-       ssdcache-file="$tmpdir/wb.ssdcache" ssdcache-mode=writeback \
-       --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
+run_ssdcache "${ssh_args[@]}" \
+             ssdcache-file="$tmpdir/wb.ssdcache" ssdcache-mode=writeback \
+             --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
 cmp "$img" "$tmpdir/copy.img" || fail "writeback: warm read after exit differs"
 
 # -- 4. writeback, ssdcache-flush=backend: FLUSH reaches the server ------
 
-start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
-             "${ssh_args[@]}" \
-             ssdcache-file="$tmpdir/wb.ssdcache" ssdcache-mode=writeback \
-             ssdcache-flush=backend ssdcache-writeback-idle=0 \
-             ssdcache-writeback-high=100 ssdcache-writeback-low=100
+start_ssdcache -P "$pid" -U "$sock" \
+               "${ssh_args[@]}" \
+               ssdcache-file="$tmpdir/wb.ssdcache" ssdcache-mode=writeback \
+               ssdcache-flush=backend ssdcache-writeback-idle=0 \
+               ssdcache-writeback-high=100 ssdcache-writeback-low=100
 IMG="$img" nbdsh -u "$(sock_uri "$sock")" -c '
 import os
 data = os.urandom(3 * 65536 + 1000)

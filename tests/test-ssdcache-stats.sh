@@ -21,9 +21,9 @@ counters="read_ops read_hits read_misses read_partial bytes_from_cache
           pages_invalidated fills evictions bypassed verify_failures
           cache_errors loaded_slots dropped_entries"
 
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-       ssdcache-file="$cache" ssdcache-stats="$stats" \
-       --run 'nbdsh -u "$uri" -c "
+run_ssdcache file "$img" \
+             ssdcache-file="$cache" ssdcache-stats="$stats" \
+             --run 'nbdsh -u "$uri" -c "
 a = h.pread($size, 0)
 b = h.pread($size, 0)
 assert a == b
@@ -54,10 +54,10 @@ done
 
 # Without deferral the same write updates the copy at once (the page is
 # read first: after a start it is used only once it has verified).
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-       ssdcache-file="$cache" ssdcache-stats="$stats" \
-       ssdcache-defer-writes=false \
-       --run 'nbdsh -u "$uri" -c "
+run_ssdcache file "$img" \
+             ssdcache-file="$cache" ssdcache-stats="$stats" \
+             ssdcache-defer-writes=false \
+             --run 'nbdsh -u "$uri" -c "
 h.pread(65536, 0)
 h.pwrite(b\"y\" * 4096, 8192)
 assert h.pread(4096, 8192) == b\"y\" * 4096
@@ -75,8 +75,8 @@ dups="$(cut -d: -f1 "$stats" | sort | uniq -d)"
 
 # The file is rewritten (not appended to) by the next run, and a warm
 # start shows loaded slots.
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-       ssdcache-file="$cache" ssdcache-stats="$stats" --run true
+run_ssdcache file "$img" \
+             ssdcache-file="$cache" ssdcache-stats="$stats" --run true
 cat "$stats"
 [ "$(grep -c '^read_ops:' "$stats")" -eq 1 ] || fail "stats file appended to"
 [ "$(stat_get "$stats" read_ops)" -eq 0 ] || fail "read_ops not 0 in a run with no reads"

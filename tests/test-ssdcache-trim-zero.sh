@@ -23,8 +23,8 @@ export img size
 
 run ()
 {
-    nbdkit -U - --filter="$SSDCACHE_FILTER" file "$img" \
-           ssdcache-file="$cache" ssdcache-stats="$stats" "$@"
+    run_ssdcache file "$img" \
+                 ssdcache-file="$cache" ssdcache-stats="$stats" "$@"
 }
 
 run --run 'nbdsh -u "$uri" -c -' <<'PY'

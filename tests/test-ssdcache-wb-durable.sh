@@ -26,7 +26,7 @@ uri="$(sock_uri "$sock")"
 
 # The cache is as big as the backend: no slot is ever short, so
 # nothing is written back for want of room either.
-geometry=( --filter="$SSDCACHE_FILTER" file "$img" ssdcache-file="$cache"
+geometry=( file "$img" ssdcache-file="$cache"
            ssdcache-size=8M ssdcache-page-size=64K )
 wb=( ssdcache-mode=writeback ssdcache-flush=cache
      ssdcache-writeback-high=100 ssdcache-writeback-idle=0 )
@@ -69,14 +69,14 @@ same_but_tail ()
 # -- flush=cache, kill -9, restart in writeback mode ---------------------
 
 cp "$img" "$tmpdir/orig.img"
-start_nbdkit -P "$pid" -U "$sock" "${geometry[@]}" "${wb[@]}"
+start_ssdcache -P "$pid" -U "$sock" "${geometry[@]}" "${wb[@]}"
 write_flush 1 "$tmpdir/exp1.img"
 crash_nbdkit "$pid"
 cmp "$img" "$tmpdir/orig.img" ||
     fail "the backing file changed: the data was written back, so this does not test durability on the cache"
 
-start_nbdkit -P "$pid" -U "$sock" "${geometry[@]}" "${wb[@]}" \
-             ssdcache-stats="$tmpdir/stats1"
+start_ssdcache -P "$pid" -U "$sock" "${geometry[@]}" "${wb[@]}" \
+               ssdcache-stats="$tmpdir/stats1"
 nbdcopy --no-extents "$uri" "$tmpdir/copy.img"
 same_but_tail "$tmpdir/copy.img" "$tmpdir/exp1.img" ||
     fail "after FLUSH and kill -9 the restarted server lost flushed data"
@@ -95,14 +95,14 @@ cmp "$img" "$tmpdir/copy.img" ||
 
 for mode in writethrough writearound; do
     cp "$img" "$tmpdir/orig.img"
-    start_nbdkit -P "$pid" -U "$sock" "${geometry[@]}" "${wb[@]}"
+    start_ssdcache -P "$pid" -U "$sock" "${geometry[@]}" "${wb[@]}"
     write_flush 2 "$tmpdir/exp2.img"
     crash_nbdkit "$pid"
     cmp "$img" "$tmpdir/orig.img" ||
         fail "the backing file changed before the $mode restart"
 
-    start_nbdkit -P "$pid" -U "$sock" "${geometry[@]}" \
-                 ssdcache-mode=$mode ssdcache-stats="$tmpdir/stats-$mode"
+    start_ssdcache -P "$pid" -U "$sock" "${geometry[@]}" \
+                   ssdcache-mode=$mode ssdcache-stats="$tmpdir/stats-$mode"
     # nbdkit writes its pidfile before the filter's .after_fork (where
     # the dirty data is written back) and serves nothing until that
     # returns: once one request is answered, the data must be there.

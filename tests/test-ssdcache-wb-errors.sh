@@ -31,7 +31,7 @@ random_file "$img" $size
 cp "$img" "$tmpdir/model0.img"
 seed="${RANDOM_IO_SEED:-$RANDOM}"
 
-args=( --filter="$SSDCACHE_FILTER" --filter=error file "$img"
+args=( --filter=error file "$img"
        error-pwrite=EIO error-pwrite-rate=100% error-file="$trigger"
        ssdcache-file="$cache" ssdcache-size=8M ssdcache-page-size=64K
        ssdcache-mode=writeback ssdcache-writeback-idle=100 )
@@ -39,8 +39,8 @@ args=( --filter="$SSDCACHE_FILTER" --filter=error file "$img"
 # -- flush=cache ---------------------------------------------------------
 
 touch "$trigger"
-start_nbdkit -P "$pid" -U "$sock" "${args[@]}" ssdcache-flush=cache \
-             ssdcache-stats="$tmpdir/stats1" 2> "$log"
+start_ssdcache -P "$pid" -U "$sock" "${args[@]}" ssdcache-flush=cache \
+               ssdcache-stats="$tmpdir/stats1" 2> "$log"
 # Writes, flushes, FUA writes and reads (checked against the model)
 # while every backend write fails.  Under 2M in total, in a 8M cache.
 "$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 120 \
@@ -84,8 +84,8 @@ cmp "$img" "$tmpdir/model1.img" ||
 # Same again, but the errors stop only at shutdown: the clean exit
 # (writeback-on-exit=true) must write everything back.
 touch "$trigger"
-start_nbdkit -P "$pid" -U "$sock" "${args[@]}" ssdcache-flush=cache \
-             ssdcache-stats="$tmpdir/stats2" 2> "$log"
+start_ssdcache -P "$pid" -U "$sock" "${args[@]}" ssdcache-flush=cache \
+               ssdcache-stats="$tmpdir/stats2" 2> "$log"
 "$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 120 \
           --seed "$((seed + 1))" --mix read=50,write=45,flush=5 \
           --max-len 64K --hot-fraction 0 \
@@ -111,8 +111,8 @@ cmp "$img" "$tmpdir/model2.img" ||
 
 cp "$img" "$tmpdir/model3.img"
 touch "$trigger"
-start_nbdkit -P "$pid" -U "$sock" "${args[@]}" ssdcache-flush=backend \
-             ssdcache-stats="$tmpdir/stats3" 2> "$log"
+start_ssdcache -P "$pid" -U "$sock" "${args[@]}" ssdcache-flush=backend \
+               ssdcache-stats="$tmpdir/stats3" 2> "$log"
 TRIGGER="$trigger" IMG="$img" nbdsh -u "$(sock_uri "$sock")" -c '
 import os, time
 data = os.urandom(200000)

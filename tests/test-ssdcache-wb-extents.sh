@@ -87,11 +87,11 @@ sys.exit(1 if bad else 0)
 '
 }
 
-args=( --filter="$SSDCACHE_FILTER" file "$img" ssdcache-file="$cache"
+args=( file "$img" ssdcache-file="$cache"
        ssdcache-size=4M ssdcache-page-size=64K ssdcache-mode=writeback
        ssdcache-writeback-high=100 ssdcache-writeback-idle=0
        ssdcache-stats="$tmpdir/stats" )
-start_nbdkit -P "$pid" -U "$sock" "${args[@]}"
+start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
 uri="$(sock_uri "$sock")"
 write_all "$uri"
 
@@ -118,7 +118,7 @@ cmp -s "$img" "$tmpdir/expected.img" &&
 
 # A restart (clean exit without writeback) must still report it right.
 stop_nbdkit "$pid"
-start_nbdkit -P "$pid" -U "$sock" "${args[@]}" ssdcache-writeback-on-exit=false
+start_ssdcache -P "$pid" -U "$sock" "${args[@]}" ssdcache-writeback-on-exit=false
 nbdinfo --map --json "$uri" > "$tmpdir/map2.json"
 check_map "$tmpdir/map2.json" ||
     fail "after a restart, dirty data is reported as hole or zero"

@@ -27,7 +27,7 @@ random_file "$img" $size
 cp "$img" "$tmpdir/model0.img"
 seed="${RANDOM_IO_SEED:-$RANDOM}"
 
-common=( --filter="$SSDCACHE_FILTER" file "$img"
+common=( file "$img"
          ssdcache-file="$cache" ssdcache-size=1M ssdcache-page-size=4K
          ssdcache-mode=writeback )
 mix=read=40,write=50,zero=5,flush=5
@@ -42,8 +42,8 @@ check_stats ()
 }
 
 # Run 1: default watermarks.
-start_nbdkit -P "$pid" -U "$sock" "${common[@]}" \
-             ssdcache-stats="$tmpdir/stats1"
+start_ssdcache -P "$pid" -U "$sock" "${common[@]}" \
+               ssdcache-stats="$tmpdir/stats1"
 "$PYTHON" "$random_io" --socket "$sock" --connections 2 --depth 8 \
           --ops 2500 --seed "$seed" --mix "$mix" --max-len 256K \
           --model "$tmpdir/model0.img" --save-model "$tmpdir/model1.img" \
@@ -61,10 +61,10 @@ written="$(stat_get "$tmpdir/stats1" bytes_written)"
     fail "run 1: no page was evicted"
 
 # Run 2: the cache fills with dirty data.
-start_nbdkit -P "$pid" -U "$sock" "${common[@]}" \
-             ssdcache-stats="$tmpdir/stats2" \
-             ssdcache-writeback-high=100 ssdcache-writeback-low=90 \
-             ssdcache-writeback-idle=0 ssdcache-writeback-rate=4M
+start_ssdcache -P "$pid" -U "$sock" "${common[@]}" \
+               ssdcache-stats="$tmpdir/stats2" \
+               ssdcache-writeback-high=100 ssdcache-writeback-low=90 \
+               ssdcache-writeback-idle=0 ssdcache-writeback-rate=4M
 "$PYTHON" "$random_io" --socket "$sock" --connections 3 --depth 8 \
           --ops 1500 --seed "$((seed + 1))" --mix "$mix" --max-len 128K \
           --hot-fraction 0.05 \
@@ -88,11 +88,11 @@ full=$(( $(stat_get "$tmpdir/stats2" wait_ms) +
 # with the right data - not fail, not hang.
 cache3="$tmpdir/small.ssdcache"
 random_file "$tmpdir/small.img" $((8 * 1024 * 1024))
-start_nbdkit -P "$pid" -U "$sock" --filter="$SSDCACHE_FILTER" \
-             file "$tmpdir/small.img" ssdcache-file="$cache3" \
-             ssdcache-size=1M ssdcache-page-size=64K ssdcache-mode=writeback \
-             ssdcache-writeback-high=100 ssdcache-writeback-low=90 \
-             ssdcache-writeback-idle=0 ssdcache-stats="$tmpdir/stats3"
+start_ssdcache -P "$pid" -U "$sock" \
+               file "$tmpdir/small.img" ssdcache-file="$cache3" \
+               ssdcache-size=1M ssdcache-page-size=64K ssdcache-mode=writeback \
+               ssdcache-writeback-high=100 ssdcache-writeback-low=90 \
+               ssdcache-writeback-idle=0 ssdcache-stats="$tmpdir/stats3"
 nbdsh -u "$(sock_uri "$sock")" -c '
 import time
 h.pwrite(b"A" * (1024 * 1024), 0)        # 16 dirty pages: the whole cache

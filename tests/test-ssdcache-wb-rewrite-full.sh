@@ -31,11 +31,11 @@ if h.pread(ps, ps) != want:
 h.flush()
 PY
 
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$tmpdir/disk.img" \
-       ssdcache-file="$tmpdir/c" ssdcache-size=256K ssdcache-mode=writeback \
-       ssdcache-writeback-rate=64K ssdcache-writeback-idle=0 \
-       ssdcache-stats="$tmpdir/stats" \
-       --run '"$PYTHON" "$tmpdir/t.py" "$uri"'
+run_ssdcache file "$tmpdir/disk.img" \
+             ssdcache-file="$tmpdir/c" ssdcache-size=256K ssdcache-mode=writeback \
+             ssdcache-writeback-rate=64K ssdcache-writeback-idle=0 \
+             ssdcache-stats="$tmpdir/stats" \
+             --run '"$PYTHON" "$tmpdir/t.py" "$uri"'
 cat "$tmpdir/stats"
 
 # After the clean exit (writeback-on-exit) the backing file is right.

@@ -31,12 +31,11 @@ server ()
     local bstats="$1"
     shift
     rm -f "$bstats"
-    start_nbdkit -P "$pid" -U "$sock" \
-                 --filter="$SSDCACHE_FILTER" --filter=stats file "$img" \
-                 statsfile="$bstats" ssdcache-file="$cache" \
-                 ssdcache-size=4M ssdcache-page-size=64K \
-                 ssdcache-mode=writeback ssdcache-writeback-high=100 \
-                 ssdcache-writeback-idle=0 "$@"
+    start_ssdcache -P "$pid" -U "$sock" --filter=stats file "$img" \
+                   statsfile="$bstats" ssdcache-file="$cache" \
+                   ssdcache-size=4M ssdcache-page-size=64K \
+                   ssdcache-mode=writeback ssdcache-writeback-high=100 \
+                   ssdcache-writeback-idle=0 "$@"
 }
 
 # The sector-aligned writes (offset length): 1 KiB in pages 3, 10

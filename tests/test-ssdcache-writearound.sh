@@ -24,9 +24,9 @@ export img size
 run ()
 {
     rm -f "$stats" "$bstats"
-    nbdkit -U - --filter="$SSDCACHE_FILTER" --filter=stats file "$img" \
-           statsfile="$bstats" ssdcache-file="$cache" ssdcache-mode=writearound \
-           ssdcache-stats="$stats" "$@"
+    run_ssdcache --filter=stats file "$img" \
+                 statsfile="$bstats" ssdcache-file="$cache" ssdcache-mode=writearound \
+                 ssdcache-stats="$stats" "$@"
 }
 
 run --run 'nbdsh -u "$uri" -c -' <<'PY'

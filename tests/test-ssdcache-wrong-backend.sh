@@ -29,9 +29,9 @@ read_all ()
     local f="$1"
     shift
     rm -f "$tmpdir/copy.img"
-    nbdkit -U - --filter="$SSDCACHE_FILTER" file "$f" \
-           ssdcache-file="$cache" ssdcache-size=1M "$@" \
-           --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
+    run_ssdcache file "$f" \
+                 ssdcache-file="$cache" ssdcache-size=1M "$@" \
+                 --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
     cmp "$f" "$tmpdir/copy.img" || fail "data read for $f is not $f's ($*)"
 }
 
@@ -41,8 +41,8 @@ must_refuse ()
 {
     local pattern="$1" f="$2"
     shift 2
-    expect_start_failure "$pattern" --filter="$SSDCACHE_FILTER" file "$f" \
-                         ssdcache-file="$cache" ssdcache-size=1M "$@"
+    expect_ssdcache_failure "$pattern" file "$f" \
+                            ssdcache-file="$cache" ssdcache-size=1M "$@"
 }
 
 # Build the cache for A (twice: the second run is warm).
@@ -71,8 +71,8 @@ must_refuse "backend size" "$d" ssdcache-id=disk1
 # The user-given id replaces the automatic identity: B (same size as
 # A) under the same id is accepted.  (This is what the id is for: the
 # user vouches that it is the same disk.)  So only check it starts.
-nbdkit -U - --filter="$SSDCACHE_FILTER" file "$b" \
-       ssdcache-file="$cache" ssdcache-size=1M ssdcache-id=disk1 --run true ||
+run_ssdcache file "$b" \
+             ssdcache-file="$cache" ssdcache-size=1M ssdcache-id=disk1 --run true ||
     fail "same ssdcache-id and size was refused"
 # Reset with the new size: D is served correctly.
 read_all "$d" ssdcache-id=disk1 ssdcache-reset=true

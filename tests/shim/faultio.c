@@ -12,7 +12,9 @@
  * under a running nbdkit.  Test code only: it is slow (a readlink per
  * call) and not thread-clever, which is fine there.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>

@@ -7,7 +7,9 @@
  * before Linux 6.6).  Everything else goes to the C library.  Used by
  * test-ssdcache-direct.sh; test code only.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>

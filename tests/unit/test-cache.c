@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* nbdkit-ssdcache-filter unit tests: the cache engine (cache.c, pool.c)
- * over a RAM backend and a real temporary cache file.
+/* nbdkit-ssdcache-filter unit tests: the read and write paths of the
+ * cache engine in writethrough and writearound mode, over a RAM backend
+ * and a real temporary cache file (tests/unit/fixture.h).
  *
- * Reads, hits, writes (writethrough and writearound), unaligned I/O, an
- * odd backend size, eviction, invalidation, warm restart after a clean
- * close and after a crash (a forked child that exits without closing),
- * corrupted data and entries, identity / size / page-size mismatches,
- * backend errors, the one-owner lock, and concurrent readers/writers.
+ * Reads, hits, writes, unaligned I/O, an odd backend size, eviction,
+ * invalidation, prefetch, backend errors and concurrent readers and
+ * writers.  Restarts are in test-open.c (after a clean close) and
+ * test-crash.c (after a crash); writeback mode in test-writeback.c.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -33,6 +33,7 @@
 #include "layout.h"
 #include "rambackend.h"
 #include "stats.h"
+#include "fixture.h"
 #include "testfile.h"
 
 extern int log_error_count;
@@ -48,110 +49,6 @@ extern char log_error_last[512];
 #define read_file_sb testfile_read_sb
 #define open_attach testfile_open_attach
 
-static struct cache_config
-make_cfg (uint64_t size)
-{
-  struct cache_config cfg = {
-    .path = cache_path,
-    .size = size,
-    .page_size = PS,
-    .mode = LAYOUT_MODE_WRITETHROUGH,
-    .id_digest = { 0x1111222233334444ULL, 0x5555666677778888ULL },
-    .id_text = "unit test backend",
-    .direct = testfile_direct (),
-    .defer_writes = true,       /* the filter's default */
-    .reset = false,
-  };
-  return cfg;
-}
-
-
-static void
-read_check (struct cache *c, struct rambackend *rb, uint64_t off,
-            uint32_t len)
-{
-  uint8_t *buf = malloc (len ? len : 1), *exp = malloc (len ? len : 1);
-  int err = 0;
-
-  assert_non_null (buf);
-  assert_non_null (exp);
-  memset (buf, 0xd7, len);
-  if (cache_read (c, &rb->be, buf, len, off, &err) != 0)
-    fail_msg ("cache_read off=%llu len=%u failed, err=%d",
-              (unsigned long long) off, len, err);
-  rambackend_peek (rb, exp, len, off);
-  if (memcmp (buf, exp, len) != 0) {
-    uint32_t i = 0;
-    while (buf[i] == exp[i])
-      i++;
-    fail_msg ("cache_read off=%llu len=%u: wrong data at backend offset "
-              "%llu (page %llu): got 0x%02x, backend has 0x%02x",
-              (unsigned long long) off, len, (unsigned long long) (off + i),
-              (unsigned long long) ((off + i) / PS), buf[i], exp[i]);
-  }
-  free (buf);
-  free (exp);
-}
-
-static void
-read_all_check (struct cache *c, struct rambackend *rb, uint32_t chunk)
-{
-  for (uint64_t off = 0; off < rb->size; off += chunk) {
-    uint32_t n = rb->size - off < chunk ? rb->size - off : chunk;
-    read_check (c, rb, off, n);
-  }
-}
-
-static void
-fill_pattern (uint8_t *buf, uint32_t len, unsigned seed)
-{
-  uint32_t x = seed * 2654435761u + 1;
-  for (uint32_t i = 0; i < len; ++i) {
-    x = x * 1103515245u + 12345u;
-    buf[i] = x >> 16;
-  }
-}
-
-/* Write a pattern through the cache; check it reached the backend. */
-static void
-write_check (struct cache *c, struct rambackend *rb, uint64_t off,
-             uint32_t len, unsigned seed)
-{
-  uint8_t *buf = malloc (len), *got = malloc (len);
-  int err = 0;
-
-  assert_non_null (buf);
-  assert_non_null (got);
-  fill_pattern (buf, len, seed);
-  if (cache_write (c, &rb->be, buf, len, off, false, &err) != 0)
-    fail_msg ("cache_write off=%llu len=%u failed, err=%d",
-              (unsigned long long) off, len, err);
-  rambackend_peek (rb, got, len, off);
-  assert_memory_equal (buf, got, len);
-  free (buf);
-  free (got);
-}
-
-static uint64_t
-rnd64 (uint64_t *s)
-{
-  *s ^= *s << 13;
-  *s ^= *s >> 7;
-  *s ^= *s << 17;
-  return *s;
-}
-
-
-static void
-patch_file (uint64_t off, const void *buf, size_t len)
-{
-  int fd = open (cache_path, O_WRONLY);
-
-  assert_true (fd >= 0);
-  assert_int_equal (pwrite (fd, buf, len, off), (ssize_t) len);
-  close (fd);
-}
-
 /*----------------------------------------------------------------------
  * Basic reads and hits.
  */
@@ -160,7 +57,7 @@ static void
 test_new_file_reads_and_hits (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   struct layout_sb sb;
   uint64_t reads;
@@ -235,7 +132,7 @@ static void
 test_unaligned (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (256 * PS);
+  struct cache_config cfg = fixture_config (256 * PS, PS);
   struct cache *c;
   uint64_t s = 12345;
 
@@ -272,7 +169,7 @@ test_odd_size (void **state)
 {
   const uint64_t size = 130000;       /* 31 pages + 3024 bytes */
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (1024 * 1024);
+  struct cache_config cfg = fixture_config (1024 * 1024, PS);
   struct cache *c;
   uint64_t s = 777, reads;
 
@@ -333,7 +230,7 @@ static void
 test_writethrough_updates_cache (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   uint64_t s = 99;
 
@@ -371,7 +268,7 @@ static void
 test_write_uncached (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
 
   rambackend_init (&rb, 64 * PS, 5);
@@ -416,7 +313,7 @@ static void
 test_writearound (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
 
   cfg.mode = LAYOUT_MODE_WRITEAROUND;
@@ -452,7 +349,7 @@ static void
 test_eviction_small_cache (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (4 * PS);
+  struct cache_config cfg = fixture_config (4 * PS, PS);
   struct cache *c;
   uint64_t s = 4242;
 
@@ -494,7 +391,7 @@ static void
 test_invalidate (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   uint8_t newdata[2 * PS];
   uint64_t reads;
@@ -543,7 +440,7 @@ static void
 test_prefetch (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   int err = 0;
 
@@ -559,234 +456,6 @@ test_prefetch (void **state)
   rambackend_free (&rb);
 }
 
-/*----------------------------------------------------------------------
- * Persistence.
- */
-
-static void
-test_warm_reopen (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
-  struct cache *c;
-  struct layout_sb sb;
-
-  rambackend_init (&rb, 64 * PS, 10);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 10000);
-  write_check (c, &rb, 3 * PS + 5, 1000, 1);
-  write_check (c, &rb, 9 * PS, PS, 2);
-  cache_close (c);
-
-  read_file_sb (&sb);
-  assert_true (sb.flags & LAYOUT_SB_CLEAN);
-
-  c = open_attach (&cfg, rb.size);
-  assert_int_equal (ST (c, loaded_slots), 64);
-  assert_int_equal (ST (c, dropped_entries), 0);
-  rambackend_reset_counters (&rb);
-  read_all_check (c, &rb, 10000);
-  assert_int_equal (rb.reads, 0);
-  assert_true (ST (c, read_hits) >= 64);
-  assert_int_equal (ST (c, read_misses), 0);
-  assert_int_equal (ST (c, verify_failures), 0);
-  /* Reopened: the superblock is marked in use again. */
-  read_file_sb (&sb);
-  assert_int_equal (sb.flags & LAYOUT_SB_CLEAN, 0);
-  cache_close (c);
-
-  /* Third start, still warm. */
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 64 * PS);
-  assert_int_equal (rb.reads, 0);
-  cache_close (c);
-  rambackend_free (&rb);
-}
-
-/* The writes the crashing child does, applied to the parent's copy of
- * the backend too.  Six writes over 17 pages, or (small) twenty 1 KiB
- * writes to pages 40-49, which writethrough queues (defer.h): the child
- * dies with some of them still queued.
- */
-static bool crash_small;
-
-static void
-crash_writes (struct cache *c, struct rambackend *rb)
-{
-  uint8_t buf[3 * PS];
-
-  for (int i = 0; i < (crash_small ? 20 : 6); ++i) {
-    uint64_t off = (uint64_t) i * 7 * PS + i * 333;
-    uint32_t len = i % 2 ? PS : 3 * PS - i * 100;
-
-    if (crash_small) {
-      off = (40 + i % 10) * (uint64_t) PS + 1024 * (i % 4);
-      len = 1024;
-    }
-    fill_pattern (buf, len, 500 + i);
-    if (c) {
-      int err;
-      if (cache_write (c, &rb->be, buf, len, off, false, &err) != 0)
-        _exit (3);
-    }
-    else
-      rambackend_poke (rb, buf, len, off);
-  }
-}
-
-/* Kept reachable on purpose: the child "crashes" with them open. */
-static struct cache *crash_cache;
-static struct rambackend crash_rb;
-
-/* In a child: cache the whole 64-page backend, make crash_writes (then a
- * client flush if flush), and die without closing the cache.
- */
-static void
-crash_reopen_child (const struct cache_config *cfg, bool flush)
-{
-  pid_t pid;
-  int status;
-
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
-  if (pid == 0) {
-    uint8_t *buf = malloc (64 * PS);
-    int err;
-
-    rambackend_init (&crash_rb, 64 * PS, 11);
-    crash_cache = cache_open (cfg);
-    if (crash_cache == NULL)
-      _exit (1);
-    if (cache_attach (crash_cache, crash_rb.size) != 0)
-      _exit (2);
-    if (cache_read (crash_cache, &crash_rb.be, buf, 64 * PS, 0, &err) != 0)
-      _exit (4);
-    crash_writes (crash_cache, &crash_rb);
-    if (crash_small && ST (crash_cache, writes_deferred) != 20)
-      _exit (6);                /* the test would not test deferral */
-    if (flush && cache_flush (crash_cache, &crash_rb.be, &err) != 0)
-      _exit (5);
-    free (buf);
-    _exit (0);                  /* no cache_close: a crash */
-  }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
-}
-
-/* Open the 64-page cache: every read is a hit that verifies. */
-static void
-check_all_warm (const struct cache_config *cfg, struct rambackend *rb)
-{
-  struct cache *c = open_attach (cfg, rb->size);
-
-  read_all_check (c, rb, 64 * PS);
-  assert_int_equal (rb->reads, 0);
-  assert_int_equal (ST (c, verify_failures), 0);
-  cache_close (c);
-}
-
-static void
-test_crash_reopen (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
-  struct cache *c;
-  struct layout_sb sb;
-
-  rambackend_init (&rb, 64 * PS, 11);
-  crash_reopen_child (&cfg, false);
-  crash_writes (NULL, &rb);
-
-  read_file_sb (&sb);
-  assert_int_equal (sb.flags & LAYOUT_SB_CLEAN, 0);   /* not closed */
-
-  c = open_attach (&cfg, rb.size);
-  /* Warm, but for the pages the writes changed: those were rewritten
-   * unsealed (before the backend write: a crash must undo them), so
-   * recovery drops them and they are read again.  The six writes touch
-   * 17 pages.
-   */
-  assert_int_equal (ST (c, loaded_slots), 64 - 17);
-  assert_int_equal (ST (c, unsealed_dropped), 17);
-  read_all_check (c, &rb, 64 * PS);
-  assert_int_equal (ST (c, verify_failures), 0);
-  assert_int_equal (rb.bytes_read, 17 * PS);
-  cache_close (c);
-
-  /* All cached again, and sealed by the clean close. */
-  rambackend_reset_counters (&rb);
-  check_all_warm (&cfg, &rb);
-  rambackend_free (&rb);
-}
-
-
-/* The same writes, then a client flush, then the crash: the flush
- * sealed the rewritten pages, so all of the cache is warm.
- */
-static void
-test_crash_reopen_flushed (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
-
-  unlink (cache_path);
-  rambackend_init (&rb, 64 * PS, 11);
-  crash_reopen_child (&cfg, true);
-  crash_writes (NULL, &rb);
-  check_all_warm (&cfg, &rb);
-  rambackend_free (&rb);
-}
-
-/* Small writethrough writes, queued (defer.h) when the child dies: the
- * ten pages they touch were unsealed before the backend got them, so
- * recovery drops them, whether their queued writes reached the file or
- * not; the rest is warm.
- */
-static void
-test_crash_reopen_deferred (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
-  struct cache *c;
-
-  unlink (cache_path);
-  crash_small = true;
-  rambackend_init (&rb, 64 * PS, 11);
-  crash_reopen_child (&cfg, false);
-  crash_writes (NULL, &rb);
-  c = open_attach (&cfg, rb.size);
-  assert_int_equal (ST (c, loaded_slots), 64 - 10);
-  assert_int_equal (ST (c, unsealed_dropped), 10);
-  read_all_check (c, &rb, 64 * PS);
-  assert_int_equal (rb.bytes_read, 10 * PS);
-  cache_close (c);
-  crash_small = false;
-  rambackend_free (&rb);
-}
-
-/* The same, with a client flush before the crash: the flush waits for
- * the queued writes and seals the pages over them, so all is warm and
- * verifies.
- */
-static void
-test_crash_reopen_deferred_flushed (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
-
-  unlink (cache_path);
-  crash_small = true;
-  rambackend_init (&rb, 64 * PS, 11);
-  crash_reopen_child (&cfg, true);
-  crash_writes (NULL, &rb);
-  check_all_warm (&cfg, &rb);
-  crash_small = false;
-  rambackend_free (&rb);
-}
-
 /* Writethrough: a partial write to a cached page whose sectors it
  * touches are not cached goes to the backend only (the cache file is
  * not written); one that touches a cached sector updates the page.
@@ -795,7 +464,7 @@ static void
 test_write_uncached_sectors (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
+  struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
   uint64_t upd;
 
@@ -835,741 +504,6 @@ test_write_uncached_sectors (void **state)
   rambackend_free (&rb);
 }
 
-/* (Internal, cache-int.h: a slot for the caller, taken by eviction if
- * none is free.)
- */
-extern uint32_t cache_alloc_slot (struct cache *c, bool wait);
-
-/* A slot taken by eviction must not keep naming its old page on disk:
- * if the page is then written elsewhere (here: a writethrough write of
- * part of it, now uncached, goes to the backend only) and the process
- * dies before the slot's new contents are written, the old entry must
- * not bring back the page's old data.  The child stops right after
- * cache_alloc_slot, as a thread descheduled there would.
- */
-static void
-test_evicted_entry_gone (void **state)
-{
-  struct cache_config cfg = make_cfg (2 * PS);
-  struct rambackend rb;
-  struct cache *c;
-  uint8_t buf[PS];
-  pid_t pid;
-  int status, err = 0;
-
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
-  if (pid == 0) {
-    rambackend_init (&crash_rb, 4 * PS, 31);
-    crash_cache = cache_open (&cfg);
-    if (crash_cache == NULL || cache_attach (crash_cache, crash_rb.size) != 0)
-      _exit (1);
-    for (int p = 0; p < 2; p++)     /* pages 0 and 1 fill both slots */
-      if (cache_read (crash_cache, &crash_rb.be, buf, PS, p * PS, &err) != 0)
-        _exit (2);
-    if (cache_alloc_slot (crash_cache, false) == UINT32_MAX)
-      _exit (3);
-    /* One of pages 0 and 1 is no longer cached: its write goes to the
-     * backend only; the other's updates its cached copy.
-     */
-    for (int p = 0; p < 2; p++) {
-      fill_pattern (buf, 1024, 70 + p);
-      if (cache_write (crash_cache, &crash_rb.be, buf, 1024, p * PS + 512,
-                       false, &err) != 0)
-        _exit (4);
-    }
-    if (cache_flush (crash_cache, &crash_rb.be, &err) != 0)
-      _exit (5);
-    _exit (0);                  /* no cache_close: a crash */
-  }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
-
-  rambackend_init (&rb, 4 * PS, 31);
-  for (int p = 0; p < 2; p++) {     /* what the child's backend got */
-    fill_pattern (buf, 1024, 70 + p);
-    rambackend_poke (&rb, buf, 1024, p * PS + 512);
-  }
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, PS);
-  cache_close (c);
-  rambackend_free (&rb);
-}
-
-/* Writethrough crash cases on a 4-page backend (seed) whose pages 0 and
- * 1 are cached: a write of pattern pat to [off, off+len), with nbdkit
- * dying right after the backend got it; or, with revert, that write
- * done, then one putting the old bytes back, with nbdkit dying just
- * before the backend gets it.  Either way the backend ends up with the
- * pattern, and after the restart every read must agree with it.
- */
-static void
-wt_crash_check (uint32_t off, uint32_t len, unsigned seed, unsigned pat,
-                bool revert)
-{
-  struct cache_config cfg = make_cfg (4 * PS);
-  struct rambackend rb;
-  struct cache *c;
-  uint8_t buf[2 * PS], orig[2 * PS];
-  pid_t pid;
-  int status, err = 0;
-
-  unlink (cache_path);
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
-  if (pid == 0) {
-    rambackend_init (&crash_rb, 4 * PS, seed);
-    crash_cache = cache_open (&cfg);
-    if (crash_cache == NULL ||
-        cache_attach (crash_cache, crash_rb.size) != 0)
-      _exit (1);
-    if (cache_read (crash_cache, &crash_rb.be, orig, 2 * PS, 0, &err) != 0)
-      _exit (2);
-    fill_pattern (buf, len, pat);
-    if (revert) {
-      if (cache_write (crash_cache, &crash_rb.be, buf, len, off, false,
-                       &err) != 0)
-        _exit (3);
-      crash_rb.exit_before_write = true;
-      cache_write (crash_cache, &crash_rb.be, orig + off, len, off, false,
-                   &err);
-    }
-    else {
-      crash_rb.exit_after_write = true;
-      cache_write (crash_cache, &crash_rb.be, buf, len, off, false, &err);
-    }
-    _exit (4);                  /* not reached: exits in the write */
-  }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
-
-  rambackend_init (&rb, 4 * PS, seed);
-  fill_pattern (buf, len, pat);
-  rambackend_poke (&rb, buf, len, off);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 512);
-  cache_close (c);
-  rambackend_free (&rb);
-}
-
-/* Writethrough: a crash right after a write reached the backend, before
- * nbdkit could answer it.  The cached copy of the page must not then
- * hold older data than the backend (it would be served after the
- * restart, and the backend's data would come back once the page is
- * evicted): the cache is written first, in a way a crash undoes.  Each
- * case: a write of part of a sector, of whole sectors, of a whole page,
- * into a cached (clean, verified) page.
- */
-static void
-test_wt_crash_after_backend_write (void **state)
-{
-  static const struct { uint32_t off, len; } cases[] = {
-    { PS + 100, 100 }, { PS + 1024, 1024 }, { PS, PS },
-    { PS - 512, 2048 },         /* two pages, both cached */
-  };
-
-  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
-    wt_crash_check (cases[k].off, cases[k].len, 41, 80 + k, false);
-}
-
-/* Writethrough: a write that puts back the bytes a cached page held
- * when it was last sealed (a flag set and cleared again), with a crash
- * after the cache got it and before the backend did.  The page's data
- * then matches its checksum on disk again, but the backend holds the
- * write before: the cache must not serve the page after the restart
- * (once evicted, the backend's data would come back).  Each case: part
- * of a sector, whole sectors, a whole page.
- */
-static void
-test_wt_crash_revert (void **state)
-{
-  static const struct { uint32_t off, len; } cases[] = {
-    { PS + 100, 100 }, { PS + 1024, 1024 }, { PS, PS },
-  };
-
-  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
-    wt_crash_check (cases[k].off, cases[k].len, 43, 90 + k, true);
-}
-
-/* Backend sectors filled into a cached page leave its entry on disk as
- * it was (a crash forgets them, the page still verifies); a clean close
- * records them.
- */
-static void
-test_fill_entry_lags (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
-  struct cache *c;
-  uint8_t buf[1024];
-  pid_t pid;
-  int status, err;
-
-  rambackend_init (&rb, 16 * PS, 13);
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
-  if (pid == 0) {
-    rambackend_init (&crash_rb, 16 * PS, 13);
-    crash_cache = cache_open (&cfg);
-    if (crash_cache == NULL || cache_attach (crash_cache, crash_rb.size) != 0)
-      _exit (1);
-    /* A new slot for page 3 (its entry is written), then more sectors
-     * of it (the entry lags).
-     */
-    if (cache_read (crash_cache, &crash_rb.be, buf, 512, 3 * PS, &err) != 0 ||
-        cache_read (crash_cache, &crash_rb.be, buf, 1024, 3 * PS + 2048,
-                    &err) != 0)
-      _exit (2);
-    if (STATS_GET (cache_stats (crash_cache), read_partial) != 1)
-      _exit (3);
-    _exit (0);                  /* no cache_close: a crash */
-  }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
-
-  /* After the crash: the page is there, with its first sector only. */
-  c = open_attach (&cfg, rb.size);
-  assert_int_equal (ST (c, loaded_slots), 1);
-  read_check (c, &rb, 3 * PS, 512);
-  assert_int_equal (rb.reads, 0);
-  read_check (c, &rb, 3 * PS + 2048, 1024);
-  assert_int_equal (rb.reads, 1);             /* forgotten: read again */
-  assert_int_equal (ST (c, verify_failures), 0);
-  cache_close (c);
-
-  /* After a clean close both parts are cached. */
-  c = open_attach (&cfg, rb.size);
-  read_check (c, &rb, 3 * PS, 512);
-  read_check (c, &rb, 3 * PS + 2048, 1024);
-  assert_int_equal (rb.reads, 1);
-  assert_int_equal (ST (c, verify_failures), 0);
-  cache_close (c);
-  rambackend_free (&rb);
-}
-
-
-/* Writethrough: a write of whole sectors into a cached clean page
- * unseals it (its entry says so, once; no read of the old sectors).
- * After a crash recovery drops the page and it is read again from the
- * backend (never served stale); a clean close seals it (warm).
- */
-static void
-test_wt_unsealed_clean (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
-  struct cache *c;
-  uint8_t buf[PS];
-  pid_t pid;
-  int status, err;
-
-  rambackend_init (&rb, 16 * PS, 14);
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
-  if (pid == 0) {
-    rambackend_init (&crash_rb, 16 * PS, 14);
-    crash_cache = cache_open (&cfg);
-    if (crash_cache == NULL || cache_attach (crash_cache, crash_rb.size) != 0)
-      _exit (1);
-    if (cache_read (crash_cache, &crash_rb.be, buf, PS, 5 * PS, &err) != 0)
-      _exit (2);
-    fill_pattern (buf, 1024, 77);
-    if (cache_write (crash_cache, &crash_rb.be, buf, 1024, 5 * PS + 1024,
-                     false, &err) != 0 ||
-        cache_write (crash_cache, &crash_rb.be, buf, 512, 5 * PS + 3072,
-                     false, &err) != 0)
-      _exit (3);
-    /* Both writes went to the cache in place. */
-    if (STATS_GET (cache_stats (crash_cache), pages_updated) != 2)
-      _exit (4);
-    _exit (0);                  /* no cache_close: a crash */
-  }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
-  /* The backend got the writes (writethrough). */
-  fill_pattern (buf, 1024, 77);
-  rambackend_poke (&rb, buf, 1024, 5 * PS + 1024);
-  rambackend_poke (&rb, buf, 512, 5 * PS + 3072);
-
-  c = open_attach (&cfg, rb.size);
-  assert_int_equal (ST (c, loaded_slots), 0);
-  assert_int_equal (ST (c, unsealed_dropped), 1);
-  read_check (c, &rb, 5 * PS, PS);             /* right data */
-  assert_int_equal (ST (c, verify_failures), 0);
-  assert_int_equal (rb.reads, 1);              /* read again */
-  /* Unsealed again, then closed cleanly: sealed, warm. */
-  fill_pattern (buf, 512, 78);
-  assert_int_equal (cache_write (c, &rb.be, buf, 512, 5 * PS, false, &err),
-                    0);
-  cache_close (c);
-  c = open_attach (&cfg, rb.size);
-  read_check (c, &rb, 5 * PS, PS);
-  assert_int_equal (ST (c, verify_failures), 0);
-  assert_int_equal (rb.reads, 1);
-  cache_close (c);
-  rambackend_free (&rb);
-}
-
-/* Returns the pool offset of the cache file. */
-static uint64_t
-file_pool_offset (void)
-{
-  struct layout_sb sb;
-
-  read_file_sb (&sb);
-  return sb.pool_offset;
-}
-
-static void
-test_corrupt_data (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
-  struct cache *c;
-  uint64_t pool;
-  uint8_t garbage[100];
-
-  rambackend_init (&rb, 16 * PS, 12);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
-
-  pool = file_pool_offset ();
-  memset (garbage, 0xa5, sizeof garbage);
-  patch_file (pool + 0 * PS + 1000, garbage, sizeof garbage);   /* slot 0 */
-  testfile_xor (pool + 5 * PS + PS - 1, 1, 0x01);                   /* slot 5 */
-
-  c = open_attach (&cfg, rb.size);
-  assert_int_equal (ST (c, loaded_slots), 16);
-  rambackend_reset_counters (&rb);
-  read_all_check (c, &rb, 16 * PS);
-  assert_int_equal (ST (c, verify_failures), 2);
-  assert_int_equal (rb.bytes_read, 2 * PS);       /* just the two pages */
-  /* Refilled: everything hits now. */
-  rambackend_reset_counters (&rb);
-  read_all_check (c, &rb, 3000);
-  assert_int_equal (rb.reads, 0);
-  cache_close (c);
-
-  /* Corruption found with small reads (hit path) too. */
-  pool = file_pool_offset ();
-  testfile_xor (pool + 7 * PS + 17, 1, 0x80);
-  c = open_attach (&cfg, rb.size);
-  for (uint64_t p = 0; p < 16; ++p)
-    read_check (c, &rb, p * PS + 17, 1);
-  assert_int_equal (ST (c, verify_failures), 1);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
-}
-
-static void
-test_corrupt_entry (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
-  struct cache *c;
-  struct layout_sb sb;
-
-  rambackend_init (&rb, 16 * PS, 13);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
-
-  read_file_sb (&sb);
-  testfile_xor (sb.pt_offset + 3 * LAYOUT_ENTRY_SIZE + 10, 1, 0x04);
-  testfile_xor (sb.pt_offset + 9 * LAYOUT_ENTRY_SIZE + 63, 1, 0x40);
-
-  c = open_attach (&cfg, rb.size);
-  assert_int_equal (ST (c, dropped_entries), 2);
-  assert_int_equal (ST (c, loaded_slots), 14);
-  rambackend_reset_counters (&rb);
-  read_all_check (c, &rb, 16 * PS);
-  assert_int_equal (rb.bytes_read, 2 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
-}
-
-/* Page-table entry pointing at a page past the end of the backend
- * (valid CRC) must not be served or crash anything.  Also an entry
- * naming a page another entry holds with a higher sequence number:
- * the newer one wins.
- */
-static void
-test_entry_conflicts (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
-  struct cache *c;
-  struct layout_sb sb;
-  uint8_t raw[LAYOUT_ENTRY_SIZE];
-  struct layout_entry e4, e6;
-  int fd;
-
-  rambackend_init (&rb, 16 * PS, 14);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
-
-  read_file_sb (&sb);
-  fd = open (cache_path, O_RDWR);
-  assert_true (fd >= 0);
-  /* Slot 4's entry: make it claim slot 6's page with an older seq;
-   * its data is slot 4's data, which is not that page: if it won, a
-   * read of that page would be wrong.
-   */
-  assert_int_equal (pread (fd, raw, sizeof raw,
-                           sb.pt_offset + 6 * LAYOUT_ENTRY_SIZE),
-                    sizeof raw);
-  assert_int_equal (layout_entry_decode (raw, PS / 512, &e6), 0);
-  assert_int_equal (pread (fd, raw, sizeof raw,
-                           sb.pt_offset + 4 * LAYOUT_ENTRY_SIZE),
-                    sizeof raw);
-  assert_int_equal (layout_entry_decode (raw, PS / 512, &e4), 0);
-  e4.page = e6.page;
-  e4.seq = e6.seq > 1 ? e6.seq - 1 : 0;
-  layout_entry_encode (&e4, raw);
-  assert_int_equal (pwrite (fd, raw, sizeof raw,
-                            sb.pt_offset + 4 * LAYOUT_ENTRY_SIZE),
-                    sizeof raw);
-  /* Slot 8's entry: a page past the end of the backend. */
-  assert_int_equal (pread (fd, raw, sizeof raw,
-                           sb.pt_offset + 8 * LAYOUT_ENTRY_SIZE),
-                    sizeof raw);
-  {
-    struct layout_entry e8;
-    assert_int_equal (layout_entry_decode (raw, PS / 512, &e8), 0);
-    e8.page = 1000;
-    layout_entry_encode (&e8, raw);
-  }
-  assert_int_equal (pwrite (fd, raw, sizeof raw,
-                            sb.pt_offset + 8 * LAYOUT_ENTRY_SIZE),
-                    sizeof raw);
-  close (fd);
-
-  c = open_attach (&cfg, rb.size);
-  assert_int_equal (ST (c, loaded_slots), 14);
-  read_all_check (c, &rb, 16 * PS);
-  assert_int_equal (ST (c, verify_failures), 0);
-  cache_close (c);
-  rambackend_free (&rb);
-}
-
-/*----------------------------------------------------------------------
- * Wrong backend, lock.
- */
-
-static void
-test_wrong_identity (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
-  struct cache *c;
-  int errs;
-
-  rambackend_init (&rb, 16 * PS, 15);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
-
-  cfg.id_digest[1] ^= 1;
-  cfg.id_text = "another backend";
-  errs = log_error_count;
-  c = cache_open (&cfg);
-  assert_null (c);
-  assert_true (log_error_count > errs);
-  if (strstr (log_error_last, "built for another backend") == NULL)
-    fail_msg ("unexpected message: %s", log_error_last);
-
-  /* With reset: opens, empty. */
-  cfg.reset = true;
-  c = open_attach (&cfg, rb.size);
-  assert_int_equal (ST (c, loaded_slots), 0);
-  rambackend_reset_counters (&rb);
-  read_all_check (c, &rb, 16 * PS);
-  assert_int_equal (rb.bytes_read, 16 * PS);
-  cache_close (c);
-
-  /* The file now belongs to the new identity. */
-  cfg.reset = false;
-  c = open_attach (&cfg, rb.size);
-  assert_int_equal (ST (c, loaded_slots), 16);
-  cache_close (c);
-  cfg.id_digest[1] ^= 1;
-  assert_null (cache_open (&cfg));
-  rambackend_free (&rb);
-}
-
-static void
-test_wrong_backend_size (void **state)
-{
-  struct rambackend rb, rb2;
-  struct cache_config cfg = make_cfg (16 * PS);
-  struct cache *c;
-  int errs;
-
-  rambackend_init (&rb, 16 * PS, 16);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
-
-  /* Same identity, bigger backend. */
-  rambackend_init (&rb2, 16 * PS + 512, 17);
-  c = cache_open (&cfg);
-  assert_non_null (c);
-  errs = log_error_count;
-  assert_int_equal (cache_attach (c, rb2.size), -1);
-  assert_true (log_error_count > errs);
-  if (strstr (log_error_last, "backend size") == NULL)
-    fail_msg ("unexpected message: %s", log_error_last);
-  cache_close (c);
-
-  cfg.reset = true;
-  c = open_attach (&cfg, rb2.size);
-  assert_int_equal (ST (c, loaded_slots), 0);
-  read_all_check (c, &rb2, 16 * PS + 512);
-  assert_int_equal (rb2.bytes_read, rb2.size);
-  cache_close (c);
-  rambackend_free (&rb);
-  rambackend_free (&rb2);
-}
-
-/* A backend with more pages than the page table can number (2^32 - 1)
- * is refused, with a message naming the limit; one page less is not.
- */
-static void
-test_too_many_pages (void **state)
-{
-  struct cache_config cfg = make_cfg (16 * PS);
-  const uint64_t max = (uint64_t) UINT32_MAX * PS;   /* 2^32 - 1 pages */
-  struct cache *c;
-  int errs;
-
-  c = cache_open (&cfg);
-  assert_non_null (c);
-  errs = log_error_count;
-  assert_int_equal (cache_attach (c, max + 1), -1);
-  assert_true (log_error_count > errs);
-  if (strstr (log_error_last, "at most 4294967295 pages") == NULL ||
-      strstr (log_error_last, "ssdcache-page-size") == NULL)
-    fail_msg ("unexpected message: %s", log_error_last);
-  cache_close (c);
-
-  c = cache_open (&cfg);
-  assert_non_null (c);
-  assert_int_equal (cache_attach (c, max), 0);
-  cache_close (c);
-}
-
-static void
-test_page_size_or_size_change (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
-  struct cache *c;
-  int errs;
-
-  rambackend_init (&rb, 64 * PS, 18);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
-
-  /* Another page size. */
-  cfg.page_size = 2 * PS;
-  errs = log_error_count;
-  c = cache_open (&cfg);
-  if (c != NULL) {
-    assert_int_equal (cache_attach (c, rb.size), -1);
-    cache_close (c);
-  }
-  assert_true (log_error_count > errs);
-
-  /* Another explicit size. */
-  cfg.page_size = PS;
-  cfg.size = 32 * PS;
-  errs = log_error_count;
-  c = cache_open (&cfg);
-  if (c != NULL) {
-    assert_int_equal (cache_attach (c, rb.size), -1);
-    cache_close (c);
-  }
-  assert_true (log_error_count > errs);
-
-  /* Size 0 (default) takes the existing cache as it is. */
-  cfg.size = 0;
-  c = open_attach (&cfg, rb.size);
-  assert_int_equal (cache_nslots (c), 16);
-  assert_int_equal (ST (c, loaded_slots), 16);
-  cache_close (c);
-
-  /* Reset re-initialises with the new size. */
-  cfg.size = 32 * PS;
-  cfg.reset = true;
-  c = open_attach (&cfg, rb.size);
-  assert_int_equal (cache_nslots (c), 32);
-  assert_int_equal (ST (c, loaded_slots), 0);
-  read_all_check (c, &rb, 64 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
-}
-
-static void
-test_lock (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
-  struct cache *c, *c2;
-  int errs;
-
-  rambackend_init (&rb, 16 * PS, 19);
-  c = open_attach (&cfg, rb.size);
-  read_check (c, &rb, 0, PS);
-
-  errs = log_error_count;
-  c2 = cache_open (&cfg);
-  assert_null (c2);
-  assert_true (log_error_count > errs);
-  if (strstr (log_error_last, "in use by another process") == NULL)
-    fail_msg ("unexpected message: %s", log_error_last);
-  /* Not even with reset. */
-  cfg.reset = true;
-  assert_null (cache_open (&cfg));
-  cfg.reset = false;
-
-  /* The failed attempt did not disturb the first owner. */
-  read_check (c, &rb, 0, 16 * PS);
-  cache_close (c);
-  c = open_attach (&cfg, rb.size);
-  assert_int_equal (ST (c, loaded_slots), 16);
-  cache_close (c);
-  rambackend_free (&rb);
-}
-
-/* A file that is not a cache at all. */
-static void
-test_garbage_file (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
-  struct cache *c;
-  uint8_t junk[3 * PS];
-  int errs;
-
-  rambackend_init (&rb, 16 * PS, 20);
-  fill_pattern (junk, sizeof junk, 1);
-  patch_file (0, junk, sizeof junk);
-  errs = log_error_count;
-  c = cache_open (&cfg);
-  if (c != NULL) {
-    assert_int_equal (cache_attach (c, rb.size), -1);
-    cache_close (c);
-  }
-  assert_true (log_error_count > errs);
-  /* The file was not overwritten. */
-  {
-    uint8_t back[sizeof junk];
-    int fd = open (cache_path, O_RDONLY);
-    assert_int_equal (pread (fd, back, sizeof back, 0), sizeof back);
-    close (fd);
-    assert_memory_equal (junk, back, sizeof junk);
-  }
-  /* A tiny non-empty file is not a cache either. */
-  assert_int_equal (truncate (cache_path, 100), 0);
-  cfg.reset = false;
-  errs = log_error_count;
-  c = cache_open (&cfg);
-  if (c != NULL) {
-    assert_int_equal (cache_attach (c, rb.size), -1);
-    cache_close (c);
-  }
-  assert_true (log_error_count > errs);
-  {
-    struct stat st;
-    assert_int_equal (stat (cache_path, &st), 0);
-    assert_int_equal (st.st_size, 100);
-  }
-
-  /* Not even a reset overwrites a file that is not a cache. */
-  cfg.reset = true;
-  errs = log_error_count;
-  assert_null (cache_open (&cfg));
-  assert_true (log_error_count > errs);
-  if (strstr (log_error_last, "not an ssdcache cache") == NULL ||
-      strstr (log_error_last, "delete it") == NULL)
-    fail_msg ("unexpected message: %s", log_error_last);
-  {
-    uint8_t back[200];
-    int fd = open (cache_path, O_RDONLY);
-    assert_int_equal (pread (fd, back, sizeof back, 0), 100);
-    close (fd);
-    assert_memory_equal (junk, back, 100);
-  }
-  /* Emptied, it is a new cache. */
-  assert_int_equal (truncate (cache_path, 0), 0);
-  cfg.reset = false;
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
-}
-
-/* One damaged superblock copy: the other one is used. */
-static void
-test_one_sb_damaged (void **state)
-{
-  struct rambackend rb;
-  struct cache_config cfg = make_cfg (16 * PS);
-  struct cache *c;
-  uint8_t buf[LAYOUT_SB_SIZE];
-  struct layout_sb sb;
-  int fd, newest = -1;
-  uint64_t gen = 0;
-
-  rambackend_init (&rb, 16 * PS, 21);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
-
-  /* Damage the newest copy. */
-  fd = open (cache_path, O_RDWR);
-  assert_true (fd >= 0);
-  for (int i = 0; i < 2; ++i) {
-    assert_int_equal (pread (fd, buf, sizeof buf, i * LAYOUT_SB_SIZE),
-                      sizeof buf);
-    if (layout_sb_decode (buf, &sb, NULL) == 0 &&
-        (newest == -1 || sb.generation > gen)) {
-      newest = i;
-      gen = sb.generation;
-    }
-  }
-  assert_true (newest >= 0);
-  assert_int_equal (pread (fd, buf, sizeof buf, newest * LAYOUT_SB_SIZE),
-                    sizeof buf);
-  buf[200] ^= 0xff;
-  assert_int_equal (pwrite (fd, buf, sizeof buf, newest * LAYOUT_SB_SIZE),
-                    sizeof buf);
-  close (fd);
-
-  c = open_attach (&cfg, rb.size);
-  rambackend_reset_counters (&rb);
-  read_all_check (c, &rb, 16 * PS);
-  assert_int_equal (rb.reads, 0);
-  cache_close (c);
-  rambackend_free (&rb);
-}
-
 /*----------------------------------------------------------------------
  * Backend errors.
  */
@@ -1578,7 +512,7 @@ static void
 test_backend_read_error (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   uint8_t buf[8 * PS];
   int err;
@@ -1623,7 +557,7 @@ static void
 test_backend_write_error (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (64 * PS);
+  struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
   uint8_t buf[3 * PS];
   int err;
@@ -1669,6 +603,7 @@ test_backend_write_error (void **state)
  * operations per thread; set by run_threads.
  */
 static uint64_t shared_bytes;
+
 static int thread_ops;
 
 /* The threads stop every OPS_PER_ROUND operations; while they wait, the
@@ -1786,7 +721,7 @@ run_threads (uint64_t cache_bytes, enum layout_mode mode,
              uint64_t shared, int ops, unsigned delay_us)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (cache_bytes);
+  struct cache_config cfg = fixture_config (cache_bytes, PS);
   struct cache *c;
   struct thr *t = calloc (NTHREADS, sizeof *t);
   pthread_t th[NTHREADS];
@@ -1950,7 +885,7 @@ static void
 test_threads_readonly_big_pages (void **state)
 {
   struct rambackend rb;
-  struct cache_config cfg = make_cfg (3 * RO_PAGE);
+  struct cache_config cfg = fixture_config (3 * RO_PAGE, PS);
   struct cache *c;
   struct ro_thr t[NTHREADS];
   pthread_t th[NTHREADS];
@@ -1991,29 +926,11 @@ main (void)
     T (test_odd_size),
     T (test_writethrough_updates_cache),
     T (test_write_uncached_sectors),
-    T (test_crash_reopen_flushed),
-    T (test_crash_reopen_deferred),
-    T (test_crash_reopen_deferred_flushed),
-    T (test_evicted_entry_gone),
-    T (test_wt_crash_after_backend_write),
-    T (test_wt_crash_revert),
     T (test_write_uncached),
     T (test_writearound),
     T (test_eviction_small_cache),
     T (test_invalidate),
     T (test_prefetch),
-    T (test_warm_reopen),
-    T (test_crash_reopen),
-    T (test_corrupt_data),
-    T (test_corrupt_entry),
-    T (test_entry_conflicts),
-    T (test_wrong_identity),
-    T (test_wrong_backend_size),
-    T (test_too_many_pages),
-    T (test_page_size_or_size_change),
-    T (test_lock),
-    T (test_garbage_file),
-    T (test_one_sb_damaged),
     T (test_backend_read_error),
     T (test_backend_write_error),
     T (test_threads_small_cache),
@@ -2022,11 +939,11 @@ main (void)
     T (test_threads_slow_backend),
     T (test_threads_slow_backend_evicting),
     T (test_threads_readonly_big_pages),
-      T (test_fill_entry_lags),
-    T (test_wt_unsealed_clean),
   };
 
   testfile_name = "test-cache";
   testfile_watchdog_seconds = 300;
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
+
+

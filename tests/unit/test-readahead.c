@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "cache.h"
+#include "fixture.h"
 #include "prefetch.h"
 #include "rambackend.h"
 #include "readahead.h"
@@ -375,14 +376,14 @@ engine_open (uint64_t cache_size, uint64_t backend_size,
              enum layout_mode mode, unsigned ra_mode, uint64_t window,
              uint64_t max)
 {
-  struct cache_config cfg = {
-    .path = testfile_path, .size = cache_size, .page_size = EPS,
-    .mode = mode,
-    .id_digest = { 0x1234, 0x5678 }, .id_text = "readahead test",
-    .readahead_mode = ra_mode, .readahead_window = window,
-    .readahead_max = max,
-    .direct = testfile_direct (),
-  };
+  struct cache_config cfg = mode == LAYOUT_MODE_WRITEBACK
+    ? fixture_writeback_config (cache_size, EPS)
+    : fixture_config (cache_size, EPS);
+
+  /* What these tests are about: each chooses its readahead. */
+  cfg.readahead_mode = ra_mode;
+  cfg.readahead_window = window;
+  cfg.readahead_max = max;
   struct cache *c = cache_open (&cfg);
 
   if (c == NULL || cache_attach (c, backend_size) != 0)

@@ -25,6 +25,7 @@
 #include "layout.h"
 #include "rambackend.h"
 #include "stats.h"
+#include "fixture.h"
 #include "testfile.h"
 #include "verify.h"
 
@@ -66,20 +67,18 @@ test_stale_sectors (void **state)
   assert_true (layout_bit_test (stale, 1));
 }
 
+/* ssdcache-verify=lazy (not the default) when verify; mode is
+ * writethrough or writeback (without background cleaning: the test
+ * decides when dirty data is written back).
+ */
 static struct cache_config
-make_cfg (enum layout_mode mode, bool verify)
+verify_config (enum layout_mode mode, bool verify)
 {
-  struct cache_config cfg = {
-    .path = testfile_path,
-    .size = NPAGES * PS,
-    .page_size = PS,
-    .mode = mode,
-    .id_digest = { 0x7777777777777777ULL, 0x1212121212121212ULL },
-    .id_text = "verify unit test backend",
-    .direct = testfile_direct (),
-    .wb = { .high_pct = 100, .low_pct = 0, .rate = 0, .idle_ms = 0 },
-    .verify = verify,
-  };
+  struct cache_config cfg = mode == LAYOUT_MODE_WRITEBACK
+    ? fixture_writeback_config (NPAGES * PS, PS)
+    : fixture_config (NPAGES * PS, PS);
+
+  cfg.verify = verify;
   return cfg;
 }
 
@@ -125,7 +124,7 @@ test_clean_pages (void **state)
   rambackend_init (&rb, NPAGES * PS, 5);
   rambackend_peek (&rb, old, NPAGES * PS, 0);
   {
-    struct cache_config cfg = make_cfg (LAYOUT_MODE_WRITETHROUGH, false);
+    struct cache_config cfg = verify_config (LAYOUT_MODE_WRITETHROUGH, false);
     c = open_attach (&cfg);
   }
   read_all (c, &rb, got);
@@ -135,7 +134,7 @@ test_clean_pages (void **state)
 
   /* Off: the old copies are served (the documented behaviour). */
   {
-    struct cache_config cfg = make_cfg (LAYOUT_MODE_WRITETHROUGH, false);
+    struct cache_config cfg = verify_config (LAYOUT_MODE_WRITETHROUGH, false);
     c = open_attach (&cfg);
   }
   rambackend_reset_counters (&rb);
@@ -146,7 +145,7 @@ test_clean_pages (void **state)
 
   /* Lazy: every page checked once, the two edited ones replaced. */
   {
-    struct cache_config cfg = make_cfg (LAYOUT_MODE_WRITETHROUGH, true);
+    struct cache_config cfg = verify_config (LAYOUT_MODE_WRITETHROUGH, true);
     c = open_attach (&cfg);
   }
   rambackend_reset_counters (&rb);
@@ -174,7 +173,7 @@ test_dirty_page (void **state)
 {
   struct rambackend rb;
   struct cache *c;
-  struct cache_config cfg = make_cfg (LAYOUT_MODE_WRITEBACK, false);
+  struct cache_config cfg = verify_config (LAYOUT_MODE_WRITEBACK, false);
   uint8_t *got = malloc (NPAGES * PS), *exp = malloc (NPAGES * PS);
   uint8_t mine[SS], edit[PS];
   int err;

@@ -20,6 +20,7 @@
 #include "admit.h"
 #include "evict.h"
 #include "readahead.h"
+#include "stats.h"
 
 struct config config = {
   .mode = CACHE_DEFAULT_MODE,
@@ -31,6 +32,8 @@ struct config config = {
   .policy = EVICT_DEFAULT,
   .seq_cutoff = 0,
   .seq_streams = CACHE_DEFAULT_SEQ_STREAMS,
+  .stats_interval = 10,
+  .stats_format = STATS_TEXT,
   .promote = ADMIT_NHIT_DEFAULT_N,
   .ra_mode = READAHEAD_AUTO,
   .ra_max = READAHEAD_DEFAULT_MAX,
@@ -250,6 +253,10 @@ static const struct choice modes[] = {
 static const struct choice verify_modes[] = {
   { "off", false }, { "lazy", true }, { NULL, 0 }
 };
+static const struct choice stats_formats[] = {
+  { "text", STATS_TEXT }, { "json", STATS_JSON },
+  { "prometheus", STATS_PROMETHEUS }, { NULL, 0 }
+};
 static const struct choice flush_modes[] = {
   { "cache", CACHE_FLUSH_CACHE }, { "backend", CACHE_FLUSH_BACKEND },
   { NULL, 0 }
@@ -278,6 +285,13 @@ static const struct param params[] = {
   { "ssdcache-defer-writes", parse_bool, .flag = &config.defer_writes },
   { "ssdcache-stats", parse_path, .str = &config.stats_file,
     .bad = "%s: the path must not be empty" },
+  { "ssdcache-control", parse_path, .str = &config.control,
+    .bad = "%s: the path must not be empty" },
+  { "ssdcache-stats-interval", parse_unsigned, .uint = &config.stats_interval,
+    .lo = 0, .hi = 86400, .bad = "%s: from 0 to 86400 seconds, not %s" },
+  { "ssdcache-stats-format", parse_choice, .uint = &config.stats_format,
+    .choices = stats_formats,
+    .bad = "%s: expected text, json or prometheus, not '%s'" },
   { "ssdcache-policy", parse_policy, .uint = &config.policy },
   { "ssdcache-seq-cutoff", parse_size, .u64 = &config.seq_cutoff },
   { "ssdcache-verify", parse_choice, .flag = &config.verify,
@@ -535,6 +549,8 @@ config_free (void)
   free (config.file);
   free (config.id);
   free (config.stats_file);
+  free (config.control);
+  config.control = NULL;
   free (config.id_text);
   free (ident);
   config.file = config.id = config.stats_file = config.id_text = NULL;

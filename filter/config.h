@@ -26,6 +26,9 @@ struct config {
   bool direct;                 /* ssdcache-direct */
   bool defer_writes;           /* ssdcache-defer-writes */
   char *stats_file;            /* ssdcache-stats, or NULL */
+  unsigned stats_interval;     /* ssdcache-stats-interval, seconds */
+  unsigned stats_format;       /* enum stats_format */
+  char *control;               /* ssdcache-control socket, or NULL */
   unsigned flush_mode;         /* enum cache_flush_mode */
   struct cache_writeback_config wb;
   bool writeback_on_exit;

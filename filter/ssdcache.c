@@ -24,6 +24,8 @@
 #include "pagetable.h"
 #include "prefetch.h"
 #include "writeback.h"
+#include "control.h"
+#include "metrics.h"
 #include "readahead.h"
 
 static struct cache *cache;
@@ -37,6 +39,15 @@ static nbdkit_next *wb_next;
  * NULL when readahead is off.
  */
 static nbdkit_next *ra_next;
+
+/* The live metrics writer (ssdcache-stats), or NULL. */
+static struct metrics *metrics;
+
+/* The control socket (ssdcache-control), or NULL, and the backend it
+ * may need a context of (set in .after_fork).
+ */
+static struct control *control;
+static nbdkit_backend *the_backend;
 
 /* Per connection: its readahead state (NULL: no readahead). */
 struct handle {
@@ -93,7 +104,11 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "ssdcache-direct=BOOL       Open the cache file with O_DIRECT (false).\n" \
   "ssdcache-defer-writes=BOOL Writethrough: update cached copies in the\n" \
   "                           background (true).\n" \
-  "ssdcache-stats=FILE        Write counters to FILE at exit.\n" \
+  "ssdcache-stats=FILE        Write counters to FILE (at exit, and\n" \
+  "                           every ssdcache-stats-interval seconds).\n" \
+  "ssdcache-stats-interval=S  Rewrite the counters file every S s (10).\n" \
+  "ssdcache-stats-format=text|json|prometheus  Its format (text).\n" \
+  "ssdcache-control=SOCKET    A Unix socket for 'ssdcache ctl' (none).\n" \
   "ssdcache-policy=s3fifo|clock  Replacement policy (s3fifo).\n" \
   "ssdcache-seq-cutoff=SIZE   Sequential streams past SIZE bypass the\n" \
   "                           cache (0: off, the default).\n" \
@@ -147,11 +162,23 @@ ssdcache_get_ready (int thread_model)
 }
 
 /* Adapters from nbdkit_next to the engine's backend interface. */
+/* Counts a failed backend request (the backend_errors counter). */
+static int
+backend_failed (void)
+{
+  if (cache)
+    STATS_ADD (cache_stats (cache), backend_errors, 1);
+  return -1;
+}
+
 static int
 be_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
 {
   nbdkit_next *next = h;
-  return next->pread (next, buf, count, offset, 0, err);
+
+  if (next->pread (next, buf, count, offset, 0, err) == -1)
+    return backend_failed ();
+  return 0;
 }
 
 static int
@@ -170,7 +197,7 @@ be_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
   }
   if (next->pwrite (next, buf, count, offset,
                     f != NBDKIT_FUA_NONE ? NBDKIT_FLAG_FUA : 0, err) == -1)
-    return -1;
+    return backend_failed ();
   /* A backend without FUA: a flush gives the same guarantee. */
   if (fua && f == NBDKIT_FUA_NONE)
     return be_flush (h, err);
@@ -187,7 +214,9 @@ be_flush (void *h, int *err)
     *err = EIO;
     return -1;
   }
-  return r ? next->flush (next, 0, err) : 0;
+  if (r && next->flush (next, 0, err) == -1)
+    return backend_failed ();
+  return 0;
 }
 
 static struct cache_backend
@@ -246,12 +275,15 @@ is_captive (void)
 }
 
 static int attach_backend (nbdkit_backend *backend);
+static void start_reporting (nbdkit_backend *backend);
 
 static int
 ssdcache_after_fork (nbdkit_backend *backend)
 {
-  if (attach_backend (backend) == 0)
+  if (attach_backend (backend) == 0) {
+    start_reporting (backend);
     return 0;
+  }
   if (!is_captive ())
     return -1;
   snprintf (attach_error, sizeof attach_error,
@@ -338,11 +370,57 @@ attach_backend (nbdkit_backend *backend)
   }
 }
 
+/* control_ops.start_writeback: a writable context and the writeback
+ * thread, for a switch to writeback mode at run time.
+ */
+static int
+control_start_writeback (char *err, size_t len)
+{
+  struct cache_backend be;
+
+  if (writeback_running (cache))
+    return 0;
+  if (wb_next == NULL) {
+    wb_next = open_context (the_backend, 0);
+    if (wb_next == NULL || wb_next->can_write (wb_next) != 1) {
+      snprintf (err, len, "writeback needs a writable backend");
+      if (wb_next)
+        close_context (wb_next);
+      wb_next = NULL;
+      return -1;
+    }
+  }
+  be = backend_of (wb_next);
+  if (writeback_start (cache, &be) == -1) {
+    snprintf (err, len, "the writeback thread could not be started");
+    return -1;
+  }
+  return 0;
+}
+
+static const struct control_ops control_ops = {
+  .start_writeback = control_start_writeback,
+};
+
+/* The threads that only report on or steer the running cache. */
+static void
+start_reporting (nbdkit_backend *backend)
+{
+  the_backend = backend;
+  if (config.stats_file)
+    metrics = metrics_start (cache, config.stats_file, config.stats_format,
+                             config.stats_interval);
+  if (config.control)
+    control = control_start (cache, config.control, &control_ops);
+}
+
 static void
 ssdcache_cleanup (nbdkit_backend *backend)
 {
   if (cache == NULL)
     return;
+  control_stop (control);       /* lets a command in progress end */
+  control = NULL;
   prefetch_stop (cache);
   if (ra_next) {
     close_context (ra_next);
@@ -368,16 +446,12 @@ ssdcache_cleanup (nbdkit_backend *backend)
   nbdkit_debug ("ssdcache: %llu dirty pages left in the cache",
                 (unsigned long long) cache_dirty_pages (cache));
   stats_debug (cache_stats (cache));
-  if (config.stats_file) {
-    FILE *fp = fopen (config.stats_file, "w");
-    if (fp == NULL)
-      nbdkit_error ("ssdcache-stats: %s: %m", config.stats_file);
-    else {
-      stats_print (cache_stats (cache), fp);
-      if (fclose (fp) == EOF)
-        nbdkit_error ("ssdcache-stats: %s: %m", config.stats_file);
-    }
+  if (metrics) {
+    metrics_stop (metrics);     /* the last version of the file */
+    metrics = NULL;
   }
+  else if (config.stats_file)
+    metrics_write_file (cache, config.stats_file, config.stats_format, 0);
   cache_close (cache);
   cache = NULL;
 }
@@ -467,9 +541,10 @@ do_zero_trim (void *opaque, uint32_t count, uint64_t offset, int *err)
   struct zt_ctx *z = opaque;
   uint32_t flags = z->flags & ~NBDKIT_FLAG_FUA;   /* FUA: done by cache */
 
-  if (z->is_zero)
-    return z->next->zero (z->next, count, offset, flags, err);
-  return z->next->trim (z->next, count, offset, flags, err);
+  if ((z->is_zero ? z->next->zero (z->next, count, offset, flags, err)
+       : z->next->trim (z->next, count, offset, flags, err)) == -1)
+    return backend_failed ();
+  return 0;
 }
 
 static int

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: ssdcache-stats=FILE is written at exit with
-# every counter as "name: value"; reading the disk twice in one run
-# shows hits, misses, fills and bytes from both sides.
+# every counter as "name: value" (and the derived hit_ratio,
+# dirty_bytes and writeback_bytes_per_second); reading the disk twice
+# in one run shows hits, misses, fills and bytes from both sides.
 
 source "$(dirname "$0")/functions.sh"
 set -e -x
@@ -67,8 +68,9 @@ assert h.pread(4096, 8192) == b\"y\" * 4096
 [ "$(stat_get "$stats" pages_updated)" -eq 1 ] ||
     fail "ssdcache-defer-writes=false: the write updated no cached page"
 
-# Lines are exactly "name: number"; no counter twice.
-bad="$(grep -Ev '^[a-z_]+: [0-9]+$' "$stats" || true)"
+# Lines are exactly "name: number" (hit_ratio: a fraction with four
+# decimals); no counter twice.
+bad="$(grep -Ev '^[a-z_]+: [0-9]+$|^hit_ratio: [01]\.[0-9]{4}$' "$stats" || true)"
 [ -z "$bad" ] || fail "malformed lines in $stats: $bad"
 dups="$(cut -d: -f1 "$stats" | sort | uniq -d)"
 [ -z "$dups" ] || fail "counters listed twice: $dups"

@@ -325,6 +325,25 @@ writeback_kick (struct cache *c)
   }
 }
 
+bool
+writeback_running (struct cache *c)
+{
+  return c->wb != NULL;
+}
+
+void
+writeback_request (struct cache *c)
+{
+  struct writeback *wb = c->wb;
+
+  if (wb == NULL)
+    return;
+  pthread_mutex_lock (&wb->lock);
+  ++wb->req_gen;
+  pthread_cond_signal (&wb->wake);
+  pthread_mutex_unlock (&wb->lock);
+}
+
 int
 writeback_request_all (struct cache *c, int *err)
 {

@@ -30,6 +30,12 @@ extern void writeback_kick (struct cache *c);
 extern uint64_t writeback_hot_next (uint64_t hot_ms, size_t sampled,
                                     size_t redirtied);
 
+/* Is the thread running? */
+extern bool writeback_running (struct cache *c);
+
+/* Ask the thread for a full pass (and backend flush), without waiting. */
+extern void writeback_request (struct cache *c);
+
 /* Ask the thread for a full pass (and backend flush) and wait for it. */
 extern int writeback_request_all (struct cache *c, int *err);
 

@@ -15,6 +15,7 @@ rangelock_init (struct rangelock *rl)
 {
   rl->held = NULL;
   rl->n = rl->cap = 0;
+  rl->barriers = 0;
   if (pthread_mutex_init (&rl->lock, NULL) != 0)
     return -1;
   if (pthread_cond_init (&rl->cond, NULL) != 0) {
@@ -68,7 +69,7 @@ rangelock_acquire (struct rangelock *rl, uint64_t lo, uint64_t hi)
   int r;
 
   pthread_mutex_lock (&rl->lock);
-  while (overlaps (rl, lo, hi))
+  while (rl->barriers > 0 || overlaps (rl, lo, hi))
     pthread_cond_wait (&rl->cond, &rl->lock);
   r = hold (rl, lo, hi);
   pthread_mutex_unlock (&rl->lock);
@@ -81,7 +82,7 @@ rangelock_try_acquire (struct rangelock *rl, uint64_t lo, uint64_t hi)
   int r = -1;
 
   pthread_mutex_lock (&rl->lock);
-  if (!overlaps (rl, lo, hi))
+  if (rl->barriers == 0 && !overlaps (rl, lo, hi))
     r = hold (rl, lo, hi);
   else
     errno = EBUSY;
@@ -100,6 +101,18 @@ rangelock_release (struct rangelock *rl, uint64_t lo, uint64_t hi)
       break;
     }
   }
+  pthread_cond_broadcast (&rl->cond);
+  pthread_mutex_unlock (&rl->lock);
+}
+
+void
+rangelock_barrier (struct rangelock *rl)
+{
+  pthread_mutex_lock (&rl->lock);
+  rl->barriers++;
+  while (rl->n > 0)
+    pthread_cond_wait (&rl->cond, &rl->lock);
+  rl->barriers--;
   pthread_cond_broadcast (&rl->cond);
   pthread_mutex_unlock (&rl->lock);
 }

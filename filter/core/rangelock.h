@@ -27,6 +27,7 @@ struct rangelock {
   pthread_cond_t cond;
   struct rangelock_range *held;
   size_t n, cap;
+  unsigned barriers;             /* rangelock_barrier calls waiting */
 };
 
 extern int rangelock_init (struct rangelock *rl);
@@ -39,5 +40,10 @@ extern int rangelock_acquire (struct rangelock *rl, uint64_t lo, uint64_t hi);
 extern int rangelock_try_acquire (struct rangelock *rl, uint64_t lo,
                                   uint64_t hi);
 extern void rangelock_release (struct rangelock *rl, uint64_t lo, uint64_t hi);
+/* Wait until no range is held, holding back new ones meanwhile (they
+ * wait, and try_acquire fails): every holder that came before has
+ * released.  Holds nothing when it returns.
+ */
+extern void rangelock_barrier (struct rangelock *rl);
 
 #endif /* SSDCACHE_RANGELOCK_H */

@@ -4,6 +4,8 @@
  * Owns printing of the counters; see stats.h (atomics, no lock).
  */
 #include <inttypes.h>
+#include <stdbool.h>
+#include <string.h>
 
 #include "log.h"
 #include "stats.h"
@@ -23,7 +25,12 @@
   X (wait_ms) X (dirty_pages) X (degraded) \
   X (partial_maps) X (partial_maps_full) X (pt_rebases) \
   X (writes_not_cached) X (writes_deferred) X (deferred_waits) \
-  X (writeback_hot_ms)
+  X (writeback_hot_ms) X (backend_errors)
+
+/* The counters that are gauges (a level, not a count of events). */
+#define STATS_GAUGES(X) \
+  X (dirty_pages) X (degraded) X (partial_maps) X (writeback_hot_ms) \
+  X (loaded_slots)
 
 void
 stats_print (const struct stats *st, FILE *fp)
@@ -39,4 +46,96 @@ stats_debug (const struct stats *st)
 #define DEBUG(f) log_debug ("stats: %s: %" PRIu64, #f, STATS_GET (st, f));
   STATS_FIELDS (DEBUG)
 #undef DEBUG
+}
+
+/* Pages served from the cache among those read (0 before any read). */
+static double
+hit_ratio (const struct stats *st)
+{
+  uint64_t hits = STATS_GET (st, read_hits);
+  uint64_t all = hits + STATS_GET (st, read_misses) +
+    STATS_GET (st, read_partial);
+
+  return all ? (double) hits / all : 0;
+}
+
+static void
+write_text (const struct stats *st, const struct stats_extra *x, FILE *fp)
+{
+  stats_print (st, fp);
+  fprintf (fp, "hit_ratio: %.4f\n", hit_ratio (st));
+  fprintf (fp, "dirty_bytes: %" PRIu64 "\n",
+           STATS_GET (st, dirty_pages) * x->page_size);
+  fprintf (fp, "writeback_bytes_per_second: %.0f\n",
+           x->writeback_bytes_per_s);
+}
+
+static void
+write_json (const struct stats *st, const struct stats_extra *x, FILE *fp)
+{
+  fputs ("{", fp);
+#define JSON(f) fprintf (fp, "\"%s\": %" PRIu64 ", ", #f, STATS_GET (st, f));
+  STATS_FIELDS (JSON)
+#undef JSON
+  fprintf (fp, "\"hit_ratio\": %.4f, ", hit_ratio (st));
+  fprintf (fp, "\"dirty_bytes\": %" PRIu64 ", ",
+           STATS_GET (st, dirty_pages) * x->page_size);
+  fprintf (fp, "\"writeback_bytes_per_second\": %.0f}\n",
+           x->writeback_bytes_per_s);
+}
+
+static bool
+is_gauge (const char *name)
+{
+#define GAUGE(f) if (strcmp (name, #f) == 0) return true;
+  STATS_GAUGES (GAUGE)
+#undef GAUGE
+  return false;
+}
+
+static void
+prom_one (FILE *fp, const char *name, bool gauge, const char *value)
+{
+  fprintf (fp, "# TYPE ssdcache_%s%s %s\n", name, gauge ? "" : "_total",
+           gauge ? "gauge" : "counter");
+  fprintf (fp, "ssdcache_%s%s %s\n", name, gauge ? "" : "_total", value);
+}
+
+/* Prometheus text exposition format (version 0.0.4): counters get the
+ * suffix _total, derived values are gauges.
+ */
+static void
+write_prometheus (const struct stats *st, const struct stats_extra *x,
+                  FILE *fp)
+{
+  char v[64];
+
+#define PROM(f) \
+  snprintf (v, sizeof v, "%" PRIu64, STATS_GET (st, f)); \
+  prom_one (fp, #f, is_gauge (#f), v);
+  STATS_FIELDS (PROM)
+#undef PROM
+  snprintf (v, sizeof v, "%.4f", hit_ratio (st));
+  prom_one (fp, "hit_ratio", true, v);
+  snprintf (v, sizeof v, "%" PRIu64,
+            STATS_GET (st, dirty_pages) * x->page_size);
+  prom_one (fp, "dirty_bytes", true, v);
+  snprintf (v, sizeof v, "%.0f", x->writeback_bytes_per_s);
+  prom_one (fp, "writeback_bytes_per_second", true, v);
+}
+
+void
+stats_write (const struct stats *st, const struct stats_extra *x,
+             enum stats_format f, FILE *fp)
+{
+  switch (f) {
+  case STATS_JSON:
+    write_json (st, x, fp);
+    break;
+  case STATS_PROMETHEUS:
+    write_prometheus (st, x, fp);
+    break;
+  default:
+    write_text (st, x, fp);
+  }
 }

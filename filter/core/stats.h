@@ -77,15 +77,35 @@ struct stats {
   _Atomic uint64_t writeback_hot_ms;  /* gauge: background cleaning's hot
                                          window (writeback.c); 0: no
                                          writeback thread */
-};
 
 #define STATS_ADD(st, field, n) \
   atomic_fetch_add_explicit (&(st)->field, (n), memory_order_relaxed)
 #define STATS_GET(st, field) \
   atomic_load_explicit (&(st)->field, memory_order_relaxed)
 
+  _Atomic uint64_t backend_errors;    /* backend requests that failed */
+};
+
+/* Counter formats of ssdcache-stats-format. */
+enum stats_format {
+  STATS_TEXT = 0,                     /* "name: value" lines */
+  STATS_JSON = 1,                     /* one JSON object */
+  STATS_PROMETHEUS = 2,               /* Prometheus text exposition */
+};
+
+/* Values derived from the counters and the cache, for the reader. */
+struct stats_extra {
+  uint64_t page_size;
+  double writeback_bytes_per_s;       /* over the last interval */
+};
+
 /* Print every counter as "name: value" lines. */
 extern void stats_print (const struct stats *st, FILE *fp);
+/* Every counter and the derived values (hit ratio, dirty bytes,
+ * writeback throughput) in format f.
+ */
+extern void stats_write (const struct stats *st, const struct stats_extra *x,
+                         enum stats_format f, FILE *fp);
 /* Same, through log_debug. */
 extern void stats_debug (const struct stats *st);
 

@@ -36,6 +36,8 @@
  *   (bg/prefetch)                state
  *  pf->lock             mutex    the prefetch queue, the range never
  *   (bg/prefetch)                being read, the stop flag
+ *  m->lock (bg/metrics) mutex    the stop flag, the last       yes (6)
+ *                                sample; cond wake
  *
  *  (1) A request that changes what is cached for pages [a, b] holds
  *      their range across its backend and cache-file I/O; that is what
@@ -50,6 +52,8 @@
  *  (4) Held while the queue is written out; the writers of a slot that
  *      has queued writes wait for it (defer_wait_slot).
  *  (5) Held across one block's pread and pwrite; nothing nests in it.
+ *  (6) Held while the stats file is written; only the metrics thread
+ *      and metrics_stop take it, and no request waits for it.
  *
  *  Lock order (a lock may be taken while holding the ones before it):
  *    c->clean_lock -> c->ranges -> c->inplace -> c->lock
@@ -179,7 +183,7 @@ struct cache {
   uint64_t cfg_size;
   uint32_t cfg_page_size;
   uint64_t id_digest[2];
-  enum layout_mode mode;
+  _Atomic (enum layout_mode) mode;  /* changed only by cache_set_mode */
   bool reset;
   enum cache_flush_mode flush_mode;
   struct cache_writeback_config wbcfg;

@@ -171,6 +171,16 @@ extern int cache_writeback_all (struct cache *c,
                                 const struct cache_backend *be, int *err);
 extern uint64_t cache_dirty_pages (struct cache *c);
 extern enum layout_mode cache_mode (const struct cache *c);
+/* Change the mode while requests run (ssdcache-control); when it
+ * returns, every write that saw the old mode has ended.  Leaving
+ * writeback, the caller then writes the dirty data back.
+ */
+extern void cache_set_mode (struct cache *c, enum layout_mode mode);
+/* Drop the clean cached pages overlapping [offset, offset+count)
+ * (count 0: all of them); dirty pages stay.  Returns how many went.
+ */
+extern uint64_t cache_drop_clean (struct cache *c, uint64_t offset,
+                                  uint64_t count);
 
 extern struct stats *cache_stats (struct cache *c);
 extern uint32_t cache_page_size (const struct cache *c);

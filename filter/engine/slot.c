@@ -457,3 +457,13 @@ cache_mode (const struct cache *c)
 {
   return c->mode;
 }
+
+void
+cache_set_mode (struct cache *c, enum layout_mode mode)
+{
+  c->mode = mode;
+  /* Every write reads the mode under its pages' range lock: a barrier
+   * waits for those that saw the old mode.
+   */
+  rangelock_barrier (&c->ranges);
+}

@@ -106,3 +106,53 @@ through_op (struct cache *c, const struct cache_backend *be,
   rangelock_release (&c->ranges, first, last);
   return r;
 }
+
+/* Slot s's page, if s holds a clean page that overlaps [first, last]
+ * (under c->lock); else UINT64_MAX.
+ */
+static uint64_t
+clean_page_in_locked (struct cache *c, uint32_t s, uint64_t first,
+                      uint64_t last)
+{
+  uint64_t page;
+
+  if (!(pt_flags (&c->pt, s) & PT_INDEXED) ||
+      pt_state (&c->pt, s) != LAYOUT_CLEAN)
+    return UINT64_MAX;
+  page = pt_page (&c->pt, s);
+  return page >= first && page <= last ? page : UINT64_MAX;
+}
+
+uint64_t
+cache_drop_clean (struct cache *c, uint64_t offset, uint64_t count)
+{
+  uint64_t first = offset / c->page_size, last = UINT64_MAX - 1, n = 0;
+
+  if (count)
+    last = (offset + count - 1) / c->page_size;
+  for (uint32_t s = 0; s < c->nslots; s++) {
+    uint64_t page;
+    uint32_t t;
+
+    pthread_mutex_lock (&c->lock);
+    page = clean_page_in_locked (c, s, first, last);
+    pthread_mutex_unlock (&c->lock);
+    if (page == UINT64_MAX ||
+        rangelock_acquire (&c->ranges, page, page) == -1)
+      continue;
+    /* Under the page's range lock it cannot change: look again. */
+    t = cache_lookup_pin (c, page);
+    if (t != PT_NONE) {
+      bool clean;
+      pthread_mutex_lock (&c->lock);
+      clean = pt_state (&c->pt, t) == LAYOUT_CLEAN;
+      pthread_mutex_unlock (&c->lock);
+      if (clean && cache_drop_slot (c, t) == 0)
+        n++;
+      else if (!clean)
+        cache_unpin (c, t);
+    }
+    rangelock_release (&c->ranges, page, page);
+  }
+  return n;
+}

@@ -396,15 +396,16 @@ write_through_first (struct cache *c, const struct cache_backend *be,
  */
 static int
 write_backend_first (struct cache *c, const struct cache_backend *be,
-                     const uint8_t *buf, uint32_t count, uint64_t offset,
-                     bool fua, uint64_t first, uint64_t last, int *err)
+                     enum layout_mode mode, const uint8_t *buf,
+                     uint32_t count, uint64_t offset, bool fua,
+                     uint64_t first, uint64_t last, int *err)
 {
   if (cache_clean_pages (c, be, first, last, err) == -1)
     return -1;
   /* The cached copies change (or go) before the backend gets the data,
    * never after: see write_through_first.
    */
-  if (c->mode == LAYOUT_MODE_WRITEAROUND)
+  if (mode == LAYOUT_MODE_WRITEAROUND)
     cache_invalidate_pages (c, first, last);
   else
     for (uint64_t page = first; page <= last; page++) {
@@ -448,10 +449,10 @@ write_adds_page (struct cache *c, uint64_t page, uint32_t a, uint32_t b)
  */
 static int
 write_pages (struct cache *c, const struct cache_backend *be,
-             const uint8_t *buf, uint32_t count, uint64_t offset,
-             uint64_t first, uint64_t last, int *err)
+             enum layout_mode mode, const uint8_t *buf, uint32_t count,
+             uint64_t offset, uint64_t first, uint64_t last, int *err)
 {
-  const bool through = c->mode != LAYOUT_MODE_WRITEBACK;
+  const bool through = mode != LAYOUT_MODE_WRITEBACK;
 
   for (uint64_t page = first; page <= last; page++) {
     uint32_t a, b;
@@ -474,7 +475,8 @@ cache_write (struct cache *c, const struct cache_backend *be,
              int *err)
 {
   const uint32_t ps = c->page_size;
-  const bool writeback = c->mode == LAYOUT_MODE_WRITEBACK;
+  enum layout_mode mode;
+  bool writeback;
   uint64_t first, last;
   int ret = -1;
 
@@ -492,12 +494,17 @@ cache_write (struct cache *c, const struct cache_backend *be,
     *err = errno;
     return -1;
   }
+  /* The mode, read under the range lock: cache_set_mode waits for the
+   * writes that saw the old one.
+   */
+  mode = c->mode;
+  writeback = mode == LAYOUT_MODE_WRITEBACK;
   if (!writeback &&
-      write_backend_first (c, be, buf, count, offset, fua, first, last,
-                           err) == -1)
+      write_backend_first (c, be, mode, buf, count, offset, fua, first,
+                           last, err) == -1)
     goto out;
-  if (c->mode != LAYOUT_MODE_WRITEAROUND &&
-      write_pages (c, be, buf, count, offset, first, last, err) == -1)
+  if (mode != LAYOUT_MODE_WRITEAROUND &&
+      write_pages (c, be, mode, buf, count, offset, first, last, err) == -1)
     goto out;
   ret = 0;
 

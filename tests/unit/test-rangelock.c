@@ -376,6 +376,61 @@ test_stress (void **state)
   rangelock_destroy (&stress_rl);
 }
 
+/* A barrier run in its own thread. */
+struct barrier_run {
+  struct rangelock *rl;
+  pthread_t thread;
+  atomic_bool done;
+};
+
+static void *
+barrier_thread (void *arg)
+{
+  struct barrier_run *b = arg;
+
+  rangelock_barrier (b->rl);
+  atomic_store (&b->done, true);
+  return NULL;
+}
+
+/* rangelock_barrier waits for the ranges held before it (and only
+ * then returns), keeps new ones back meanwhile (try_acquire fails, an
+ * acquire waits), and holds nothing afterwards.
+ */
+static void
+test_barrier (void **state)
+{
+  struct rangelock rl;
+  struct barrier_run b = { .rl = &rl };
+  struct async *held, *late;
+
+  assert_int_equal (rangelock_init (&rl), 0);
+  rangelock_barrier (&rl);              /* nothing held: at once */
+  held = async_start (&rl, 10, 20);
+  assert_true (async_wait_acquired (held, 2000));
+  assert_int_equal (pthread_create (&b.thread, NULL, barrier_thread, &b),
+                    0);
+  sleep_ms (50);
+  assert_false (atomic_load (&b.done));   /* waits for [10, 20] */
+  /* Disjoint from the held range, but kept back by the barrier. */
+  for (int i = 0; i < 100 && rangelock_try_acquire (&rl, 30, 40) == 0; i++) {
+    rangelock_release (&rl, 30, 40);
+    sleep_ms (1);
+  }
+  assert_int_equal (rangelock_try_acquire (&rl, 30, 40), -1);
+  late = async_start (&rl, 50, 60);
+  sleep_ms (50);
+  assert_false (atomic_load (&late->acquired));
+  async_finish (held);
+  assert_int_equal (pthread_join (b.thread, NULL), 0);
+  assert_true (atomic_load (&b.done));
+  assert_true (async_wait_acquired (late, 2000));
+  async_finish (late);
+  assert_int_equal (rangelock_try_acquire (&rl, 0, UINT64_MAX), 0);
+  rangelock_release (&rl, 0, UINT64_MAX);
+  rangelock_destroy (&rl);
+}
+
 int
 main (void)
 {
@@ -388,6 +443,7 @@ main (void)
     cmocka_unit_test (test_try_acquire),
     cmocka_unit_test (test_many_held),
     cmocka_unit_test (test_stress),
+    cmocka_unit_test (test_barrier),
   };
 
   return cmocka_run_group_tests (tests, NULL, NULL);

@@ -466,16 +466,17 @@ default_dir (void)
 {
   const char *e;
   char *dir = NULL;
+  int r;
 
   if ((e = getenv ("NBDKIT_SSDCACHE_DIR")) != NULL && *e)
-    dir = strdup (e);
-  else if ((e = getenv ("XDG_CACHE_HOME")) != NULL && *e == '/')
-    asprintf (&dir, "%s/nbdkit-ssdcache", e);
+    return strdup (e);
+  if ((e = getenv ("XDG_CACHE_HOME")) != NULL && *e == '/')
+    r = asprintf (&dir, "%s/nbdkit-ssdcache", e);
   else if ((e = getenv ("HOME")) != NULL && *e == '/')
-    asprintf (&dir, "%s/.cache/nbdkit-ssdcache", e);
+    r = asprintf (&dir, "%s/.cache/nbdkit-ssdcache", e);
   else
-    asprintf (&dir, "/var/tmp/nbdkit-ssdcache-%ld", (long) geteuid ());
-  return dir;
+    r = asprintf (&dir, "/var/tmp/nbdkit-ssdcache-%ld", (long) geteuid ());
+  return r == -1 ? NULL : dir;
 }
 
 int

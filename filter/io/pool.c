@@ -778,7 +778,8 @@ pool_format (struct pool *p, const struct layout_sb *sb_in)
     if (r == ENOSPC) {
       log_error ("ssdcache-size: not enough space for %s (%llu bytes)",
                  p->path, (unsigned long long) total);
-      ftruncate (p->fd, 0);
+      if (ftruncate (p->fd, 0) == -1)
+        log_debug ("cache file %s: ftruncate: %m", p->path);
       return -1;
     }
     if (r != 0 && r != EOPNOTSUPP && r != EINVAL)

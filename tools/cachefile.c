@@ -781,6 +781,13 @@ cmp_cand (const void *a, const void *b)
   return x->seq > y->seq ? -1 : x->seq < y->seq;
 }
 
+static void
+sort_cands (struct cachefile *cf)
+{
+  if (cf->ncand > 0)            /* (qsort must not get a null array) */
+    qsort (cf->cand, cf->ncand, sizeof *cf->cand, cmp_cand);
+}
+
 /* The end of the run of candidates of cand[i]'s page. */
 static size_t
 page_end (const struct cachefile *cf, size_t i)
@@ -795,7 +802,7 @@ page_end (const struct cachefile *cf, size_t i)
 void
 cf_pages (struct cachefile *cf)
 {
-  qsort (cf->cand, cf->ncand, sizeof *cf->cand, cmp_cand);
+  sort_cands (cf);
   for (size_t i = 0; i < cf->ncand;) {
     const size_t j = page_end (cf, i);
     const struct cf_cand *c = &cf->cand[i];
@@ -956,14 +963,15 @@ recover_page (struct cachefile *cf, size_t i, size_t j)
 void
 cf_recover (struct cachefile *cf)
 {
-  qsort (cf->cand, cf->ncand, sizeof *cf->cand, cmp_cand);
+  sort_cands (cf);
   for (size_t i = 0; i < cf->ncand;) {
     const size_t j = page_end (cf, i);
 
     recover_page (cf, i, j);
     i = j;
   }
-  qsort (cf->prob, cf->nprob, sizeof *cf->prob, cmp_problem);
+  if (cf->nprob > 0)
+    qsort (cf->prob, cf->nprob, sizeof *cf->prob, cmp_problem);
 }
 
 void

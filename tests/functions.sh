@@ -37,6 +37,13 @@
 #                             by make check
 #   $tmpdir                   a private directory, removed at exit
 #   $SSDCACHE_FILTER          absolute path of the filter under test
+#   $SSDCACHE_TOOL            absolute path of the ssdcache tool
+#   expect_check STATUS FILE [PATTERN...]
+#                             "ssdcache check FILE" exits STATUS and its
+#                             stdout and stderr match every PATTERN
+#   expect_predicted STATS    the counters that check (the last
+#                             expect_check) predicted for the next start
+#                             are those in ssdcache-stats file STATS
 #   $PYTHON, $random_io       interpreter with libnbd, random-io.py path
 
 # -- where things are ---------------------------------------------------
@@ -54,6 +61,8 @@ fi
 : "${PYTHON:=/usr/bin/python3}"
 random_io="$testsrcdir/random-io.py"
 export abs_top_srcdir abs_top_builddir SSDCACHE_FILTER PYTHON random_io
+: "${SSDCACHE_TOOL:=$abs_top_builddir/tools/ssdcache}"
+export SSDCACHE_TOOL
 
 # Keep the C locale so error messages and tool output are predictable.
 export LANG=C LC_ALL=C
@@ -425,4 +434,45 @@ shim_path ()
     local so="$abs_top_builddir/tests/shim/.libs/$1.so"
     [ -f "$so" ] || fail "shim not built: $so (build it: make check)"
     echo "$so"
+}
+
+# -- the ssdcache tool --------------------------------------------------
+
+# expect_check STATUS FILE [PATTERN...]: "ssdcache check FILE" must exit
+# with STATUS, and its output (stdout and stderr together, left in
+# $tmpdir/check.out) must match each extended regular expression
+# PATTERN.  The tool must have been built (make), like the filter.
+expect_check ()
+{
+    local want="$1" file="$2" status=0 pattern
+    shift 2
+    [ -x "$SSDCACHE_TOOL" ] ||
+        fail "ssdcache tool not found: $SSDCACHE_TOOL (build it first: make)"
+    "$SSDCACHE_TOOL" check "$file" > "$tmpdir/check.out" 2>&1 || status=$?
+    cat "$tmpdir/check.out"
+    cp "$tmpdir/check.out" "$tmpdir/check.predicted"
+    [ "$status" -eq "$want" ] ||
+        fail "ssdcache check $file exited with $status, expected $want"
+    for pattern in "$@"; do
+        grep -Eq -- "$pattern" "$tmpdir/check.out" ||
+            fail "ssdcache check $file: the output does not match \"$pattern\""
+    done
+}
+
+# expect_predicted STATS: the counters the last expect_check predicted
+# for the next start (its "next start" lines, saved as
+# $tmpdir/check.predicted) must equal those of the filter's
+# ssdcache-stats file STATS, written by that start.
+expect_predicted ()
+{
+    local c want got
+    [ -f "$tmpdir/check.predicted" ] || fail "expect_predicted: no prediction"
+    for c in loaded_slots dirty_pages dropped_entries damaged_entries \
+             dirty_dropped unsealed_dropped verify_failures; do
+        want="$(stat_get "$tmpdir/check.predicted" $c)"
+        got="$(stat_get "$1" $c)"
+        [ "$want" -eq "$got" ] ||
+            fail "$c: ssdcache check predicted $want, the filter counted $got"
+    done
+    rm -f "$tmpdir/check.predicted"
 }

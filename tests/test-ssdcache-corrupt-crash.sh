@@ -13,6 +13,11 @@
 # bytes or, for a dirty page that survived, as written; the dirty pages
 # that read as the backing file's are exactly the lost ones the case
 # expects, counted (dirty_dropped / damaged_entries) and logged loudly.
+# Before each start, "ssdcache check" (tools/ssdcache) runs on the
+# damaged file: it must find the same damage (exit 1; 2 for a file a
+# start refuses as unreadable), name the damaged superblock copy, slot
+# and page, list exactly the dirty pages that start loses as at risk,
+# and predict the counters that start then shows.
 #
 # Layout (filter/core/layout.h): 4 KiB pages and 64 slots here, so the page
 # table is one 4 KiB block at 8192 and the pool starts at 1 MiB.
@@ -162,6 +167,23 @@ check ()
             fail "$name: the log does not match \"$pattern\""
     fi
     cmp "$img" "$tmpdir/orig.img" || fail "$name: the backing file changed"
+    # What ssdcache check predicted for this start, if it ran.
+    if [ -f "$tmpdir/check.predicted" ]; then
+        expect_predicted "$stats"
+    fi
+}
+
+# at_risk N: the last check listed N pages as dirty data at risk.
+at_risk ()
+{
+    local n
+    n="$(grep -Ec "^at risk: slot [0-9]+: page" "$tmpdir/check.out" || true)"
+    [ "$n" -eq "$1" ] || fail "ssdcache check: $n dirty pages at risk, expected $1"
+}
+
+letter ()                       # copy index -> A or B
+{
+    [ "$1" -eq 0 ] && echo A || echo B
 }
 
 # refused NAME PATTERN: nbdkit must refuse to start, naming the cache
@@ -169,6 +191,7 @@ check ()
 refused ()
 {
     local name="$1" pattern="$2"
+    rm -f "$tmpdir/check.predicted"     # nothing starts to compare with
     expect_ssdcache_failure "$pattern" "${args[@]}"
     grep -Fq -- "$cache" "$tmpdir/err" ||
         fail "$name: the error does not name the cache file"
@@ -182,55 +205,99 @@ fresh ()
 
 # -- 0. undamaged: everything survives -------------------------------------
 fresh
+expect_check 0 "$cache" "^result: clean$" "^dirty_pages: 8$" "^clean_shutdown: no$"
 check intact 0
 [ "$(stat_get "$stats" dirty_pages)" -eq 8 ] || fail "intact: not 8 dirty pages"
 
 # -- 1. superblocks --------------------------------------------------------
 for copy in $newest $oldest; do
+    c="$(letter $copy)" o="$(letter $((1 - copy)))"
     fresh
     cache_tool flip $((copy * 4096 + 40)) 3                # one bit (nslots)
+    expect_check 1 "$cache" \
+        "^damage: superblock copy $c is damaged \(superblock checksum mismatch\): a start uses copy $o" \
+        "^result: damage found: 1 problem, 0 with dirty data at risk$"
     check "superblock $copy bit" 0 "superblock copy [AB] is damaged"
     fresh
     cache_tool zero $((copy * 4096)) 512                   # a whole sector
+    expect_check 1 "$cache" \
+        "^damage: superblock copy $c is damaged \(not an ssdcache superblock \(bad magic\)\): a start uses copy $o" \
+        "^result: damage found: 1 problem, 0 with dirty data at risk$"
     check "superblock $copy sector" 0 "superblock copy [AB] is damaged"
 done
 fresh
 cache_tool flip 40 3
 cache_tool flip $((4096 + 200)) 0
+expect_check 1 "$cache" \
+    "^damage: no valid superblock \(copy A: superblock checksum mismatch; copy B: superblock checksum mismatch\): a start refuses this file"
 refused "both superblocks, one bit each" "no valid superblock"
 fresh
 cache_tool zero 0 8192
+expect_check 1 "$cache" "^damage: both superblocks are zeroed, but the page table behind them is not"
 refused "both superblocks zeroed" "both superblocks are zeroed"
 fresh
 cache_tool future
+expect_check 2 "$cache" \
+    "^ssdcache: $cache: superblock copy $(letter $newest) is in format version 2, newer than this tool supports \(1\)"
+[ "$(wc -l < "$tmpdir/check.out")" -eq 1 ] || fail "future format: not one message"
 refused "future format version" "format version 2, newer than this filter"
 
 # -- 2. page-table entries ----------------------------------------------------
 fresh
 cache_tool flip $((pt + clean_slot * 64 + 9)) 5
+expect_check 1 "$cache" \
+    "^damage: slot $clean_slot: entry fails its checks \(checksum mismatch; as read, unverified: clean page 30\)" \
+    "^at risk: DIRTY DATA MAY BE LOST: 1 damaged entry in a cache that may hold dirty data" \
+    "^damaged_entries: 1$" "^dirty_pages: 8$"
+at_risk 0
 check "entry of a clean page, one bit" 0 "entries are damaged"
 [ "$(stat_get "$stats" damaged_entries)" -eq 1 ] || fail "damaged_entries != 1"
 fresh
 cache_tool flip $((pt + dirty_slot * 64 + 2)) 1
+expect_check 1 "$cache" \
+    "^damage: slot $dirty_slot: entry fails its checks \(checksum mismatch; as read, unverified: dirty page [0-9]+\)" \
+    "^at risk: slot $dirty_slot: page [0-9]+ \(as read, unverified: the entry is damaged\)" \
+    "^at risk: DIRTY DATA MAY BE LOST: 1 damaged entry" "^dirty_pages: 7$"
+at_risk 1
 check "entry of a dirty page, one bit" 1 "DIRTY DATA MAY BE LOST"
 [ "$(stat_get "$stats" damaged_entries)" -eq 1 ] || fail "damaged_entries != 1"
 fresh
 cache_tool zero $pt 4096
+expect_check 1 "$cache" \
+    "^damage: slots 0-63: 64 entries fail their checks \(all zeroes\): a start drops them" \
+    "^at risk: DIRTY DATA MAY BE LOST: 64 damaged entries" \
+    "^loaded_slots: 0$" "^damaged_entries: 64$"
 check "page-table block zeroed" 8 "DIRTY DATA MAY BE LOST: 64 page-table entries"
 [ "$(stat_get "$stats" damaged_entries)" -eq 64 ] || fail "damaged_entries != 64"
 fresh
 cache_tool garbage $((pt + dirty_slot * 64)) 64
 cache_tool garbage $((pt + clean_slot * 64)) 64
+expect_check 1 "$cache" \
+    "^damage: slot $dirty_slot: entry fails its checks" \
+    "^damage: slot $clean_slot: entry fails its checks" \
+    "^at risk: DIRTY DATA MAY BE LOST: 2 damaged entries" \
+    "^damaged_entries: 2$" "^dirty_pages: 7$"
 check "random garbage in two entries" 1 "DIRTY DATA MAY BE LOST: 2 page-table"
 [ "$(stat_get "$stats" damaged_entries)" -eq 2 ] || fail "damaged_entries != 2"
 
 # -- 3. data pages ------------------------------------------------------------
 fresh
 cache_tool flip $((pool + clean_slot * page + 1234)) 6
+expect_check 1 "$cache" \
+    "^damage: slot $clean_slot: clean page 30: data checksum mismatch: it is dropped on first use and read from the backend again" \
+    "^verify_failures: 1$" \
+    "^result: damage found: 1 problem, 0 with dirty data at risk$"
+at_risk 0
 check "data of a clean page, one bit" 0
 [ "$(stat_get "$stats" verify_failures)" -eq 1 ] || fail "verify_failures != 1"
 fresh
 cache_tool flip $((pool + dirty_slot2 * page + 4000)) 2
+expect_check 1 "$cache" \
+    "^damage: slot $dirty_slot2: dirty page 14: data checksum mismatch: after an unclean shutdown" \
+    "^at risk: slot $dirty_slot2: page 14 \(bytes 57344-61439\): data checksum mismatch: DIRTY DATA LOST at the next start" \
+    "^dirty_dropped: 1$" \
+    "^result: damage found: 1 problem, 1 with dirty data at risk$"
+at_risk 1
 check "data of a dirty page, one bit" 1 "DIRTY DATA LOST: dirty page 14 "
 [ "$(stat_get "$stats" dirty_dropped)" -eq 1 ] || fail "dirty_dropped != 1"
 
@@ -241,6 +308,12 @@ for p in 8 9 10 11 12 13 14 15; do
     [ "$(cache_tool slot $p)" -ge "$dirty_slot" ] && lost=$((lost + 1))
 done
 truncate -s $((pool + dirty_slot * page + 100)) "$cache"
+expect_check 1 "$cache" \
+    "^damage: the file is truncated: $((pool + dirty_slot * page + 100)) of $(stat -c %s "$snap") bytes; the data of slots $dirty_slot and up is gone" \
+    "^damage: slot $dirty_slot: dirty page 12: its data lay past the end of the truncated file" \
+    "^at risk: slot $dirty_slot: page 12 \(bytes 49152-53247\): its data was cut off" \
+    "^dirty_dropped: $lost$"
+at_risk $lost
 check "truncated inside the pool" $lost "truncated: .* of .* bytes"
 [ "$(stat_get "$stats" dirty_dropped)" -eq $lost ] || fail "dirty_dropped != $lost"
 [ "$(stat_get "$stats" cache_errors)" -eq 0 ] || fail "cache errors after truncation"
@@ -248,4 +321,7 @@ check "truncated inside the pool" $lost "truncated: .* of .* bytes"
     fail "the truncated file was not extended back"
 fresh
 truncate -s $((pt + 1000)) "$cache"
+expect_check 2 "$cache" \
+    "^ssdcache: $cache: truncated: $((pt + 1000)) bytes, but its page table alone ends at byte $((pt + 64 * 64))"
+[ "$(wc -l < "$tmpdir/check.out")" -eq 1 ] || fail "truncated page table: not one message"
 refused "truncated inside the page table" "is truncated: .*page table"

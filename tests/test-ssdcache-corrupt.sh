@@ -9,6 +9,10 @@
 #  - one superblock copy: the other one is used, the server starts;
 #  - both superblock copies: the server refuses to start, naming the
 #    cache file.
+# Before each start, "ssdcache check" (tools/ssdcache) must find the same
+# damage (exit 1, naming each damaged slot or superblock copy, no dirty
+# data at risk), predict the counters that start then shows, and call
+# the undamaged cache clean (exit 0).
 # Layout (filter/core/layout.h): superblocks at 0 and 4096, page table at
 # 8192 with 64 bytes per slot, pool at round_up(8192 + nslots*64, 1M),
 # slot i's data at pool + i*page_size.
@@ -82,6 +86,15 @@ fsize="$(stat -c %s "$cache")"
 mapfile -t used < <(used_slots)
 echo "slots in use: ${used[*]}"
 [ ${#used[@]} -ge 8 ] || fail "only ${#used[@]} slots hold data after reading everything"
+expect_check 0 "$cache" "^result: clean$" "^loaded_slots: ${#used[@]}$"
+
+# no_risk: the last check named no dirty data at risk (there is none).
+no_risk ()
+{
+    if grep -q "^at risk" "$tmpdir/check.out"; then
+        fail "ssdcache check: dirty data at risk in a cache without any"
+    fi
+}
 
 # Damage the data of three slots (in the middle of the page and at its
 # first bytes) and the entries of two others.
@@ -90,7 +103,17 @@ poke $((pool + ${used[2]} * page)) 1
 poke $((pool + ${used[4]} * page + page - 4096)) 4096
 poke $((8192 + ${used[5]} * 64 + 8)) 1
 poke $((8192 + ${used[6]} * 64 + 40)) 2
+expect_check 1 "$cache" \
+    "^damage: slot ${used[0]}: clean page [0-9]+: data checksum mismatch: it is dropped on first use" \
+    "^damage: slot ${used[2]}: clean page [0-9]+: data checksum mismatch" \
+    "^damage: slot ${used[4]}: clean page [0-9]+: data checksum mismatch" \
+    "^damage: slot ${used[5]}: entry fails its checks \(checksum mismatch; as read" \
+    "^damage: slot ${used[6]}: entry fails its checks \(checksum mismatch; as read" \
+    "^verify_failures: 3$" "^damaged_entries: 2$" \
+    "^result: damage found: 5 problems, 0 with dirty data at risk$"
+no_risk
 run
+expect_predicted "$stats"
 vf="$(stat_get "$stats" verify_failures)"
 [ "$vf" -eq 3 ] || fail "verify_failures = $vf, expected 3 (three slots damaged)"
 de="$(stat_get "$stats" dropped_entries)"
@@ -102,25 +125,49 @@ ls="$(stat_get "$stats" loaded_slots)"
 run
 [ "$(stat_get "$stats" verify_failures)" -eq 0 ] ||
     fail "verify failures on a run after the damaged slots were replaced"
+expect_check 0 "$cache" "^result: clean$"
 
 # Damage the entries of every used slot a little: still correct.
 for s in "${used[@]}"; do
     poke $((8192 + s * 64 + (s % 64))) 1
 done
+expect_check 1 "$cache" "^damaged_entries: ${#used[@]}$"
+n="$(grep -Ec "^damage: slot [0-9]+: entry fails its checks" "$tmpdir/check.out")"
+[ "$n" -eq ${#used[@]} ] || fail "ssdcache check names $n damaged entries, expected ${#used[@]}"
+no_risk
 run
+expect_predicted "$stats"
 de="$(stat_get "$stats" dropped_entries)"
 [ "$de" -eq ${#used[@]} ] || fail "dropped_entries = $de, expected ${#used[@]}"
 
 # One superblock copy damaged (first A, then B): the server starts.
 run
 poke 24 1
+expect_check 1 "$cache" \
+    "^damage: superblock copy A is damaged \(superblock checksum mismatch\): a start uses copy B" \
+    "^result: damage found: 1 problem, 0 with dirty data at risk$"
 run
+expect_predicted "$stats"
 run    # both copies rewritten by now
+expect_check 0 "$cache" "^result: clean$"
 poke $((4096 + 24)) 1
+expect_check 1 "$cache" \
+    "^damage: superblock copy B is damaged \(superblock checksum mismatch\): a start uses copy A" \
+    "^result: damage found: 1 problem, 0 with dirty data at risk$"
 run
+expect_predicted "$stats"
 
 # Both damaged: refused, naming the file.
 poke 30 1
 poke $((4096 + 30)) 1
+expect_check 1 "$cache" \
+    "^damage: no valid superblock \(copy A: superblock checksum mismatch; copy B: superblock checksum mismatch\): a start refuses this file" \
+    "^result: damage found: 1 problem"
+status=0
+"$SSDCACHE_TOOL" info "$cache" > "$tmpdir/out" 2> "$tmpdir/err" || status=$?
+cat "$tmpdir/out" "$tmpdir/err"
+[ $status -eq 2 ] || fail "ssdcache info without a valid superblock: exit status $status"
+grep -Fq "$cache: no valid superblock" "$tmpdir/err" ||
+    fail "ssdcache info: the message does not name the file and the problem"
 expect_ssdcache_failure "$cache" file "$img" \
     ssdcache-file="$cache" ssdcache-size=$size ssdcache-page-size=$page

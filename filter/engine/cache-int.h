@@ -43,7 +43,9 @@
  *      their range across its backend and cache-file I/O; that is what
  *      serialises writers of one page.  Read hits take no range lock:
  *      they pin the slot (pins are under c->lock).  Background code
- *      (cleaning, eviction in can_take) only try-locks ranges.
+ *      (cleaning, eviction in can_take) only try-locks ranges.  A mode
+ *      switch (cache_set_mode) waits on a barrier that holds new ranges
+ *      back until every range taken before it is released.
  *  (2) Held across a pass's backend writes; only passes take it.
  *  (3) Held shared by a rewrite in place from its copy-on-write
  *      decision to the end of its data writes; a client flush takes it

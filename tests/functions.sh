@@ -476,3 +476,220 @@ expect_predicted ()
     done
     rm -f "$tmpdir/check.predicted"
 }
+
+# -- real file systems: nbdfuse, a loop device, a mount -------------------
+
+# There is no kernel NBD client here: the export becomes a file through
+# FUSE (nbdfuse), a loop device turns that file into a block device,
+# and a real file system is made and mounted on it:
+#
+#   requires_fs_stack       skip (exit 77) unless /dev/fuse, losetup
+#                           and loop devices are there (and usable)
+#   fs_attach DIR SOCKET    nbdfuse: the export served on SOCKET as the
+#                           file DIR/fuse/disk; a loop device on it,
+#                           in $fs_dev.  Registers fs_teardown DIR to
+#                           run at exit
+#   fs_mount DIR [OPTS]     mount $fs_dev on DIR/mnt (mount -o OPTS)
+#   fs_umount DIR           unmount DIR/mnt; fails the test if it can't
+#   fs_detach DIR           clean teardown (unmount, losetup -d,
+#                           fusermount3 -u, nbdfuse exits); fails the
+#                           test on any error
+#   fs_teardown DIR         teardown that never fails and never leaves
+#                           a mount, a loop device or a FUSE mount
+#                           behind, also after nbdkit was killed:
+#                           umount -l, losetup -d, fusermount3 -u (lazy
+#                           and the FUSE connection aborted if busy)
+#
+# What is attached is recorded in files under DIR, so a teardown run at
+# exit (trap) finds it whatever the test did, and only ever detaches
+# the loop device it attached itself (the kernel's backing file name
+# is checked first: a free loop device may be someone else's by then).
+# DIR is a directory of the test's own, e.g. $tmpdir/fs; one stack per
+# DIR at a time.  The commands need root (loop devices, mount).
+
+requires_fs_stack ()
+{
+    if [ ! -c /dev/fuse ]; then
+        echo "$0: test skipped: no /dev/fuse"
+        exit 77
+    fi
+    if ! command -v losetup >/dev/null 2>&1; then
+        echo "$0: test skipped: no losetup"
+        exit 77
+    fi
+    if ! losetup -f >/dev/null 2>&1; then
+        echo "$0: test skipped: no free loop device (losetup -f failed)"
+        exit 77
+    fi
+    # Everything else is installed by scripts/deps: missing is a failure.
+    local c
+    for c in nbdfuse mount umount mkfs.ext4 e2fsck; do
+        command -v "$c" >/dev/null 2>&1 || fail "$c is not installed"
+    done
+}
+
+declare -A _fs_registered=()
+
+# _fs_mounted PATH: PATH is a mount point (from /proc/self/mountinfo:
+# stat(2) would fail with ENOTCONN on a FUSE mount whose daemon died).
+_fs_mounted ()
+{
+    awk -v p="$1" '$5 == p { found = 1 } END { exit !found }' \
+        /proc/self/mountinfo
+}
+
+# _fs_loop_ours DIR: the loop device recorded in DIR is still attached
+# to the file DIR/fuse/disk (same backing file name as right after
+# losetup).
+_fs_loop_ours ()
+{
+    local dev back sys
+    [ -s "$1/loopdev" ] && [ -s "$1/loopback" ] || return 1
+    dev="$(cat "$1/loopdev")"
+    back="$(cat "$1/loopback")"
+    sys="/sys/block/$(basename "$dev")/loop/backing_file"
+    [ -r "$sys" ] && [ "$(cat "$sys" 2>/dev/null)" = "$back" ]
+}
+
+fs_attach ()
+{
+    local dir="$1" sock="$2" pid i dev
+    [ -n "$dir" ] && [ -n "$sock" ] || fail "usage: fs_attach DIR SOCKET"
+    mkdir -p "$dir/fuse" "$dir/mnt"
+    dir="$(cd "$dir" && pwd -P)"
+    if [ -z "${_fs_registered[$dir]:-}" ]; then
+        cleanup_fn fs_teardown "$dir"
+        _fs_registered[$dir]=1
+    fi
+    [ ! -s "$dir/nbdfuse.pid" ] || fail "fs_attach: a stack is already attached in $dir"
+    rm -f "$dir/nbdfuse.ready"
+    # No core file: nbdfuse 1.14 aborts on an assertion when the server
+    # goes away under it (kill -9); its mount is then dead, every
+    # request fails, and fs_teardown unmounts it.
+    ( ulimit -c 0; exec nbdfuse -P "$dir/nbdfuse.ready" "$dir/fuse/disk" \
+                        --unix "$sock" ) &
+    pid=$!
+    echo "$pid" > "$dir/nbdfuse.pid"
+    for (( i = 0; i < 300; i++ )); do
+        [ ! -s "$dir/nbdfuse.ready" ] || break
+        kill -0 "$pid" 2>/dev/null || fail "nbdfuse exited during start-up"
+        sleep 0.1
+    done
+    [ -s "$dir/nbdfuse.ready" ] || fail "nbdfuse did not start in 30 s"
+    _fs_mounted "$dir/fuse" || fail "nbdfuse is running but $dir/fuse is not mounted"
+    dev="$(losetup -f --show "$dir/fuse/disk")" ||
+        fail "losetup could not attach $dir/fuse/disk"
+    echo "$dev" > "$dir/loopdev"
+    cat "/sys/block/$(basename "$dev")/loop/backing_file" > "$dir/loopback"
+    fs_dev="$dev"
+}
+
+fs_mount ()
+{
+    local dir="$1"
+    [ -s "$dir/loopdev" ] || fail "fs_mount: nothing attached in $dir"
+    fs_dev="$(cat "$dir/loopdev")"
+    mount ${2:+-o "$2"} "$fs_dev" "$dir/mnt" || fail "mount $fs_dev failed"
+}
+
+fs_umount ()
+{
+    local dir
+    dir="$(cd "$1" && pwd -P)"
+    _fs_mounted "$dir/mnt" || return 0
+    umount "$dir/mnt" || fail "umount $dir/mnt failed"
+}
+
+fs_detach ()
+{
+    local dir i pid
+    dir="$(cd "$1" && pwd -P)"
+    fs_umount "$dir"
+    if _fs_loop_ours "$dir"; then
+        losetup -d "$(cat "$dir/loopdev")" || fail "losetup -d failed"
+        for (( i = 0; i < 100; i++ )); do
+            _fs_loop_ours "$dir" || break
+            sleep 0.1
+        done
+        ! _fs_loop_ours "$dir" || fail "the loop device is still attached"
+    fi
+    rm -f "$dir/loopdev" "$dir/loopback"
+    if _fs_mounted "$dir/fuse"; then
+        _fs_fuse_unmount "$dir/fuse" || fail "could not unmount $dir/fuse"
+    fi
+    if [ -s "$dir/nbdfuse.pid" ]; then
+        pid="$(cat "$dir/nbdfuse.pid")"
+        for (( i = 0; i < 100; i++ )); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            fail "nbdfuse did not exit after the unmount"
+        fi
+        wait "$pid" 2>/dev/null || true
+        rm -f "$dir/nbdfuse.pid"
+    fi
+}
+
+# _fs_fuse_unmount PATH [-z]: fusermount3 -u (umount where fuse3's
+# fusermount3 is not installed; as root that is the same).
+_fs_fuse_unmount ()
+{
+    if command -v fusermount3 >/dev/null 2>&1; then
+        fusermount3 -u ${2:+"$2"} "$1"
+    else
+        umount ${2:+-l} "$1"
+    fi
+}
+
+fs_teardown ()
+{
+    local dir="$1" i pid conn errexit=
+    [ -d "$dir" ] || return 0
+    dir="$(cd "$dir" && pwd -P)"
+    case "$-" in *e*) errexit=1 ;; esac
+    set +e
+    # The file system, lazily: a busy mount or a dead export can not
+    # make this hang or fail.
+    _fs_mounted "$dir/mnt" && umount -l "$dir/mnt"
+    # The loop device: losetup -d detaches it once the lazily unmounted
+    # file system lets go of it (at once if nothing holds it).
+    if _fs_loop_ours "$dir"; then
+        losetup -d "$(cat "$dir/loopdev")"
+        for (( i = 0; i < 300; i++ )); do
+            _fs_loop_ours "$dir" || break
+            sleep 0.1
+        done
+        _fs_loop_ours "$dir" &&
+            echo "$0: fs_teardown: $(cat "$dir/loopdev") still in use; it detaches when released" >&2
+    fi
+    rm -f "$dir/loopdev" "$dir/loopback"
+    # The FUSE mount: a normal unmount, else abort the connection (every
+    # request then fails at once) and unmount lazily.
+    if _fs_mounted "$dir/fuse" && ! _fs_fuse_unmount "$dir/fuse"; then
+        conn="$(awk -v p="$dir/fuse" '$5 == p { split($3, d, ":"); print d[2] }' \
+                    /proc/self/mountinfo)"
+        if [ -n "$conn" ] && [ -w "/sys/fs/fuse/connections/$conn/abort" ]; then
+            echo 1 > "/sys/fs/fuse/connections/$conn/abort"
+        fi
+        _fs_fuse_unmount "$dir/fuse" -z
+    fi
+    # nbdfuse exits once unmounted; only the process started here is
+    # ever signalled.
+    if [ -s "$dir/nbdfuse.pid" ]; then
+        pid="$(cat "$dir/nbdfuse.pid")"
+        for (( i = 0; i < 50; i++ )); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            kill -TERM "$pid" 2>/dev/null
+            sleep 1
+            kill -KILL "$pid" 2>/dev/null
+        fi
+        wait "$pid" 2>/dev/null
+        rm -f "$dir/nbdfuse.pid"
+    fi
+    [ -z "$errexit" ] || set -e
+    return 0
+}

@@ -1090,6 +1090,53 @@ test_wb_unsealed_crash (void **state)
   free (unseal_child_model);
 }
 
+/* The same crash, but the flushed version that recovery falls back to
+ * (page 2's sealed slot) has damaged data: its dirty data is lost, and
+ * said so (DIRTY DATA LOST, dirty_dropped), not taken for a failing
+ * device (cache_errors, degraded); page 2 reads as the backend has it.
+ */
+static void
+test_wb_unsealed_crash_older_damaged (void **state)
+{
+  const uint64_t size = 16 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
+  struct cache *c;
+  struct layout_sb sb;
+  uint32_t slots[4];
+  uint64_t seqs[4];
+  uint8_t *model;
+  int errs;
+
+  rambackend_init (&rb, size, 9);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  unseal_child_model = malloc (size);
+  assert_non_null (unseal_child_model);
+  child_keep[0] = model;
+  child_keep[1] = rb.data;
+  unseal_crash_child (&cfg, size);
+  assert_int_equal (file_slots_for (2, slots, seqs, NULL, 4), 2);
+  read_file_sb (&sb);
+  testfile_xor (sb.pool_offset + (uint64_t) slots[0] * PS + 100, 1, 0x01);
+
+  errs = log_error_count;
+  c = open_attach (&cfg, size);
+  assert_int_equal (ST (c, dirty_dropped), 1);
+  assert_int_equal (ST (c, cache_errors), 0);
+  assert_int_equal (ST (c, degraded), 0);
+  assert_true (log_error_count > errs);
+  assert_non_null (strstr (log_error_last, "DIRTY DATA LOST"));
+  mread_all_check (c, &t.be, model, size, PS);   /* page 2: the backend's */
+  assert_int_equal (cache_dirty_pages (c), 0);
+  cache_close (c);
+
+  rambackend_free (&rb);
+  free (model);
+  free (unseal_child_model);
+}
+
 /* Child: page 3 flushed with 2 dirty sectors (S1, the rest clean), then
  * copied (S2), written back (the backend gets S2's sectors), rewritten
  * twice; crash.  While S1 is on disk, the rewrites may not touch S2
@@ -1622,6 +1669,7 @@ main (void)
     T (test_wb_two_versions_torn_newer),
     T (test_wb_written_back_successor),
     T (test_wb_unsealed_crash),
+    T (test_wb_unsealed_crash_older_damaged),
     T (test_wb_unsealed_crash_backend_newer),
     T (test_rec_intact),
     T (test_rec_newest_sb_damaged),

@@ -16,7 +16,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
-#include "cache.h"
+#include "cache-int.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -33,15 +33,6 @@ struct metrics {
   bool stop;
   uint64_t last_bytes, last_ms;  /* the previous sample */
 };
-
-static uint64_t
-now_ms (void)
-{
-  struct timespec ts;
-
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 int
 metrics_write_file (struct cache *c, const char *path,
@@ -91,7 +82,7 @@ static void
 sample_locked (struct metrics *m)
 {
   uint64_t bytes = STATS_GET (cache_stats (m->c), bytes_written_back);
-  uint64_t ms = now_ms ();
+  uint64_t ms = cache_now_ms ();
   double rate = 0;
 
   if (ms > m->last_ms)
@@ -153,7 +144,7 @@ metrics_start (struct cache *c, const char *path, enum stats_format format,
   pthread_cond_init (&m->wake, &ca);
   pthread_condattr_destroy (&ca);
   m->last_bytes = STATS_GET (cache_stats (c), bytes_written_back);
-  m->last_ms = now_ms ();
+  m->last_ms = cache_now_ms ();
   if (interval_s == 0)
     return m;
   metrics_write_file (c, path, format, 0);

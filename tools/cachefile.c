@@ -72,15 +72,6 @@ get64 (const uint8_t *p)
   return get32 (p) | (uint64_t) get32 (p + 4) << 32;
 }
 
-static bool
-all_zero (const uint8_t *b, size_t n)
-{
-  for (size_t i = 0; i < n; i++)
-    if (b[i])
-      return false;
-  return true;
-}
-
 /* count bytes at off.  With zero_tail, bytes past the end of the file
  * read as zeroes; without, a short read fails with EIO.
  */
@@ -398,7 +389,7 @@ load_superblocks (struct cachefile *cf, const uint8_t *head)
 {
   int other;
 
-  if (all_zero (head, LAYOUT_PT_OFFSET)) {
+  if (layout_first_nonzero (head, LAYOUT_PT_OFFSET) == LAYOUT_PT_OFFSET) {
     cf->sb_why[0] = cf->sb_why[1] = "all zeroes";
     add_problem (cf, CF_P_NO_SUPERBLOCK, -1, "both superblocks are "
                  "zeroed, but the page table behind them is not: a damaged "
@@ -576,7 +567,8 @@ extend_entry_run (struct cachefile *cf, uint64_t s, const char *why)
 static void
 damaged_entry (struct cachefile *cf, uint64_t s, const uint8_t *raw)
 {
-  const bool zero = all_zero (raw, LAYOUT_ENTRY_SIZE);
+  const bool zero =
+    layout_first_nonzero (raw, LAYOUT_ENTRY_SIZE) == LAYOUT_ENTRY_SIZE;
   const int state = raw[52];
   const uint64_t page = get64 (raw);
   const char *why;

@@ -366,3 +366,13 @@ layout_entry_decode (const void *buf, uint32_t nsectors,
     return -1;
   return 0;
 }
+
+size_t
+layout_first_nonzero (const uint8_t *b, size_t n)
+{
+  size_t i = 0;
+
+  while (i < n && b[i] == 0)
+    i++;
+  return i;
+}

@@ -166,4 +166,9 @@ layout_map_empty (const uint8_t *map)
   return true;
 }
 
+/* Offset of the first non-zero byte of b[0, n), or n if all are zero
+ * (blank files and entries).
+ */
+extern size_t layout_first_nonzero (const uint8_t *b, size_t n);
+
 #endif /* SSDCACHE_LAYOUT_H */

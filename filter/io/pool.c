@@ -480,26 +480,6 @@ pool_close (struct pool *p)
   p->direct = false;
 }
 
-static bool
-all_zero (const uint8_t *b, size_t n)
-{
-  for (size_t i = 0; i < n; i++)
-    if (b[i])
-      return false;
-  return true;
-}
-
-/* Offset of the first non-zero byte of b[0, n), or n. */
-static size_t
-first_nonzero (const uint8_t *b, size_t n)
-{
-  size_t i = 0;
-
-  while (i < n && b[i] == 0)
-    i++;
-  return i;
-}
-
 /* What a cache file holds before its superblocks are decoded. */
 enum content {
   CONTENT_ERROR = -1,         /* could not read it (logged) */
@@ -574,7 +554,7 @@ zero_from (struct pool *p, uint64_t from, uint64_t *at)
       free (buf);
       return -1;
     }
-    if ((z = first_nonzero (buf, n)) < n) {
+    if ((z = layout_first_nonzero (buf, n)) < n) {
       *at = d + z;
       free (buf);
       return 0;
@@ -602,7 +582,7 @@ classify (struct pool *p, const uint8_t *head, uint64_t *at)
   r = pt_start_entries (p);
   if (r != 0)
     return r == 1 ? CONTENT_CACHE : CONTENT_ERROR;
-  if ((*at = first_nonzero (head, LAYOUT_PT_OFFSET)) < LAYOUT_PT_OFFSET)
+  if ((*at = layout_first_nonzero (head, LAYOUT_PT_OFFSET)) < LAYOUT_PT_OFFSET)
     return CONTENT_FOREIGN;
   r = zero_from (p, LAYOUT_PT_OFFSET, at);
   if (r == -1)
@@ -661,7 +641,7 @@ pool_load_sb (struct pool *p)
     free (buf);
     return -1;
   }
-  if (all_zero (buf, LAYOUT_PT_OFFSET)) {
+  if (layout_first_nonzero (buf, LAYOUT_PT_OFFSET) == LAYOUT_PT_OFFSET) {
     /* Zeroed superblocks in front of a page table: a damaged cache,
      * which may hold dirty data; never format over it unasked.
      */

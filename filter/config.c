@@ -250,6 +250,10 @@ static const struct choice modes[] = {
   { "writeback", LAYOUT_MODE_WRITEBACK },
   { NULL, 0 }
 };
+static const struct choice export_modes[] = {
+  { "each", CONFIG_EXPORTS_EACH }, { "one", CONFIG_EXPORTS_ONE }, { NULL }
+};
+
 static const struct choice verify_modes[] = {
   { "off", false }, { "lazy", true }, { NULL, 0 }
 };
@@ -319,6 +323,8 @@ static const struct param params[] = {
   { "ssdcache-writeback-idle", parse_unsigned, .uint = &config.wb.idle_ms },
   { "ssdcache-writeback-on-exit", parse_bool,
     .flag = &config.writeback_on_exit },
+  { "ssdcache-exports", parse_choice, .uint = &config.exports,
+    .choices = export_modes, .bad = "%s: expected each or one, not '%s'" },
 };
 
 int
@@ -542,6 +548,69 @@ config_finish (void)
   nbdkit_debug ("ssdcache: cache file %s, identity: %s",
                 config.file, config.id_text);
   return 0;
+}
+
+/* A digest of s mixed into the first 64 bits of base's. */
+static uint64_t
+export_digest (uint64_t base, const char *name)
+{
+  return fnv1a (name, strlen (name), base ^ UINT64_C (0x9e3779b97f4a7c15));
+}
+
+int
+config_export (const char *name, struct config_export *x)
+{
+  uint64_t tag;
+
+  memset (x, 0, sizeof *x);
+  if (*name == '\0') {
+    x->digest[0] = config.digest[0];
+    x->digest[1] = config.digest[1];
+    if ((x->file = strdup (config.file)) == NULL ||
+        (x->id_text = strdup (config.id_text)) == NULL ||
+        (config.stats_file &&
+         (x->stats_file = strdup (config.stats_file)) == NULL))
+      goto nomem;
+    x->file_default = config.file_default;
+    return 0;
+  }
+  tag = export_digest (0, name);
+  x->digest[0] = export_digest (config.digest[0], name);
+  x->digest[1] = export_digest (config.digest[1], name);
+  x->file_default = config.file_default;
+  if (config.file_default) {
+    char *dir = default_dir ();
+    if (dir == NULL ||
+        asprintf (&x->file, "%s/%016llx.ssdcache", dir,
+                  (unsigned long long) x->digest[0]) == -1) {
+      free (dir);
+      goto nomem;
+    }
+    free (dir);
+  }
+  else if (asprintf (&x->file, "%s.%016llx", config.file,
+                     (unsigned long long) tag) == -1)
+    goto nomem;
+  if (asprintf (&x->id_text, "%s export=%s", config.id_text, name) == -1 ||
+      (config.stats_file &&
+       asprintf (&x->stats_file, "%s.%016llx", config.stats_file,
+                 (unsigned long long) tag) == -1))
+    goto nomem;
+  return 0;
+
+ nomem:
+  nbdkit_error ("cannot build the cache file name of export '%s': %m", name);
+  config_export_free (x);
+  return -1;
+}
+
+void
+config_export_free (struct config_export *x)
+{
+  free (x->file);
+  free (x->id_text);
+  free (x->stats_file);
+  memset (x, 0, sizeof *x);
 }
 
 void

@@ -42,11 +42,32 @@ struct config {
   unsigned ra_mode;            /* enum readahead_mode */
   uint64_t ra_window;          /* ssdcache-readahead=SIZE */
   uint64_t ra_max;             /* ssdcache-readahead-max */
+  unsigned exports;            /* ssdcache-exports: enum config_exports */
   uint64_t digest[2];          /* backend identity, after config_finish */
   char *id_text;               /* printable identity (secrets masked) */
 };
 
+enum config_exports {
+  CONFIG_EXPORTS_EACH = 0,     /* one cache per export name (default) */
+  CONFIG_EXPORTS_ONE = 1,      /* every name shares the "" cache */
+};
+
 extern struct config config;
+
+/* What export name's cache is: its identity (the backend's, and the
+ * name; for "" exactly the backend's), its cache file and its counters
+ * file (names that are not the default export's get the digest of the
+ * name as a suffix, so any name can be used).
+ */
+struct config_export {
+  uint64_t digest[2];
+  char *id_text;
+  char *file;
+  bool file_default;
+  char *stats_file;            /* or NULL */
+};
+extern int config_export (const char *name, struct config_export *x);
+extern void config_export_free (struct config_export *x);
 
 /* Handle an ssdcache-* key.  Returns 0, or -1 on a bad value (error
  * reported naming the parameter).

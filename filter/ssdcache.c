@@ -1,25 +1,34 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: nbdkit callbacks (thin).
  *
- * Owns the glue between nbdkit and the cache engine: parameters go to
- * config.c, the cache is opened before nbdkit forks (so that lock and
- * identity errors reach the user) and attached after it, when a shared
- * backend context can tell the backend size.  Data callbacks translate
- * nbdkit_next into struct cache_backend and call the engine (engine/cache.h).
+ * Owns the glue between nbdkit and the caches: parameters go to
+ * config.c, each export's cache is exports.c's.  The default export's
+ * cache is opened before nbdkit forks (so that lock and identity errors
+ * reach the user) and, when the plugin can be opened outside a client
+ * connection (probe_shared, a forked probe), attached after it with
+ * contexts of its own, as a single-export filter would.  Otherwise,
+ * and for every named export, the cache is attached by the first
+ * connection to it.  Data callbacks turn nbdkit_next into a struct
+ * cache_backend for the engine (engine/cache.h).
  *
- * Locking: the global `cache' is set during start-up, before any
- * connection, and cleared in .cleanup after the last one; the engine
- * does its own locking.
+ * Locking: default_export and the probe result are set during start-up,
+ * before any connection; control_lock guards starting the control
+ * socket from a connection; exports.h has the rest.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/wait.h>
 
 #include <nbdkit-filter.h>
 
 #include "cache.h"
 #include "config.h"
+#include "exports.h"
 #include "log.h"
 #include "pagetable.h"
 #include "prefetch.h"
@@ -28,30 +37,22 @@
 #include "metrics.h"
 #include "readahead.h"
 
-static struct cache *cache;
+static struct export *default_export;
 
-/* The backend context of the writeback thread (opened in .after_fork,
- * closed in .cleanup), or NULL.
- */
-static nbdkit_next *wb_next;
-
-/* The backend context of the readahead thread (the same lifetime), or
- * NULL when readahead is off.
- */
-static nbdkit_next *ra_next;
-
-/* The live metrics writer (ssdcache-stats), or NULL. */
-static struct metrics *metrics;
-
-/* The control socket (ssdcache-control), or NULL, and the backend it
- * may need a context of (set in .after_fork).
+/* The live metrics writer is per export (exports.c).  The control
+ * socket (ssdcache-control), or NULL, steers one export: the default
+ * export when it is attached at start, else the first one attached.
  */
 static struct control *control;
-static nbdkit_backend *the_backend;
+static nbdkit_backend *the_backend;    /* from .after_fork */
+static struct export *control_export;
+static pthread_mutex_t control_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Per connection: its readahead state (NULL: no readahead). */
+/* Per connection. */
 struct handle {
-  struct prefetch_conn *pc;
+  struct export *e;
+  struct lender *lender;         /* from .prepare to .finalize */
+  struct prefetch_conn *pc;      /* its readahead state, or NULL */
 };
 
 /* Set when the cache could not be attached in a captive nbdkit (see
@@ -120,7 +121,9 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "                           one run that RAM keeps exactly (65536).\n" \
   "ssdcache-readahead=auto|off|SIZE  Readahead: adaptive (auto, the\n" \
   "                           default), off, or a fixed window.\n" \
-  "ssdcache-readahead-max=SIZE  Largest adaptive window (8M)."
+  "ssdcache-readahead-max=SIZE  Largest adaptive window (8M).\n" \
+  "ssdcache-exports=each|one  A cache per export name (each, the\n" \
+  "                           default) or one for all names."
 
 static int
 ssdcache_thread_model (void)
@@ -131,100 +134,10 @@ ssdcache_thread_model (void)
 static int
 ssdcache_get_ready (int thread_model)
 {
-  struct cache_config cfg = {
-    .path = config.file,
-    .private_file = config.file_default,
-    .size = config.size,
-    .page_size = config.page_size,
-    .mode = config.mode,
-    .id_digest = { config.digest[0], config.digest[1] },
-    .id_text = config.id_text,
-    .reset = config.reset,
-    .flush_mode = config.flush_mode,
-    .wb = config.wb,
-    .policy = config.policy,
-    .seq_cutoff = config.seq_cutoff,
-    .seq_streams = config.seq_streams,
-    .verify = config.verify,
-    .promote = config.promote,
-    .partial_pages = !config.partial_pages_set ? 0
-                     : config.partial_pages ? config.partial_pages
-                     : CACHE_PARTIAL_NONE,
-    .readahead_mode = config.ra_mode,
-    .readahead_window = config.ra_window,
-    .readahead_max = config.ra_max,
-    .direct = config.direct,
-    .defer_writes = config.defer_writes,
-  };
-
-  cache = cache_open (&cfg);
-  return cache ? 0 : -1;
-}
-
-/* Adapters from nbdkit_next to the engine's backend interface. */
-/* Counts a failed backend request (the backend_errors counter). */
-static int
-backend_failed (void)
-{
-  if (cache)
-    STATS_ADD (cache_stats (cache), backend_errors, 1);
-  return -1;
-}
-
-static int
-be_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
-{
-  nbdkit_next *next = h;
-
-  if (next->pread (next, buf, count, offset, 0, err) == -1)
-    return backend_failed ();
-  return 0;
-}
-
-static int
-be_flush (void *h, int *err);
-
-static int
-be_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
-           bool fua, int *err)
-{
-  nbdkit_next *next = h;
-  int f = fua ? next->can_fua (next) : NBDKIT_FUA_NONE;
-
-  if (f == -1) {
-    *err = EIO;
-    return -1;
-  }
-  if (next->pwrite (next, buf, count, offset,
-                    f != NBDKIT_FUA_NONE ? NBDKIT_FLAG_FUA : 0, err) == -1)
-    return backend_failed ();
-  /* A backend without FUA: a flush gives the same guarantee. */
-  if (fua && f == NBDKIT_FUA_NONE)
-    return be_flush (h, err);
-  return 0;
-}
-
-static int
-be_flush (void *h, int *err)
-{
-  nbdkit_next *next = h;
-  int r = next->can_flush (next);
-
-  if (r == -1) {
-    *err = EIO;
-    return -1;
-  }
-  if (r && next->flush (next, 0, err) == -1)
-    return backend_failed ();
-  return 0;
-}
-
-static struct cache_backend
-backend_of (nbdkit_next *next)
-{
-  struct cache_backend be = { .h = next, .pread = be_pread,
-                              .pwrite = be_pwrite, .flush = be_flush };
-  return be;
+  exports_init (config.exports == CONFIG_EXPORTS_EACH
+                ? (config.size ? config.size : CACHE_DEFAULT_SIZE) : 0);
+  default_export = exports_get ("");
+  return default_export ? 0 : -1;
 }
 
 static void
@@ -251,6 +164,60 @@ open_context (nbdkit_backend *backend, int readonly)
   return next;
 }
 
+/* Can the plugin be opened outside a client connection?  A plugin
+ * that serves several exports asks nbdkit for the export name in its
+ * open, and nbdkit 1.32 has none to give there: "no connection in this
+ * thread", and some plugins (file dir=) then crash.  So a child process
+ * tries first; its error output is read, not shown.  False if the child
+ * died, or the plugin asked for an export name; true otherwise (a
+ * plugin that fails for another reason fails again in the parent, with
+ * its error shown, as it always did).
+ */
+static bool
+probe_shared (nbdkit_backend *backend)
+{
+  int fds[2], status;
+  char out[4096];
+  size_t n = 0;
+  ssize_t r;
+  pid_t pid;
+
+  if (pipe (fds) == -1)
+    return true;
+  pid = fork ();
+  if (pid == -1) {
+    close (fds[0]);
+    close (fds[1]);
+    return true;
+  }
+  if (pid == 0) {
+    nbdkit_next *next;
+    dup2 (fds[1], 2);
+    close (fds[0]);
+    next = open_context (backend, 1);
+    _exit (next ? 0 : 1);
+  }
+  close (fds[1]);
+  while (n < sizeof out - 1 &&
+         ((r = read (fds[0], out + n, sizeof out - 1 - n)) > 0 ||
+          (r == -1 && errno == EINTR)))
+    if (r > 0)
+      n += r;
+  out[n] = '\0';
+  close (fds[0]);
+  while (waitpid (pid, &status, 0) == -1 && errno == EINTR)
+    ;
+  if (WIFSIGNALED (status) || strstr (out, "no connection in this thread")) {
+    if (ssdcache_debug_exports)
+      nbdkit_debug ("ssdcache: the plugin needs a client connection "
+                    "(probe: %s): exports are attached by their first "
+                    "connection", WIFSIGNALED (status)
+                    ? strsignal (WTERMSIG (status)) : "asks for the export");
+    return false;
+  }
+  return true;
+}
+
 /* Is this nbdkit running a captive command (--run)?  There, a failing
  * .after_fork leaves the command waiting forever on a socket that
  * nobody serves, so we fail its connections instead.
@@ -275,13 +242,16 @@ is_captive (void)
 }
 
 static int attach_backend (nbdkit_backend *backend);
-static void start_reporting (nbdkit_backend *backend);
+static void start_control (struct export *e);
 
 static int
 ssdcache_after_fork (nbdkit_backend *backend)
 {
+  the_backend = backend;
+  if (!probe_shared (backend))
+    return 0;                   /* attached by connections */
   if (attach_backend (backend) == 0) {
-    start_reporting (backend);
+    start_control (default_export);
     return 0;
   }
   if (!is_captive ())
@@ -292,14 +262,17 @@ ssdcache_after_fork (nbdkit_backend *backend)
   return 0;
 }
 
+/* The default export with contexts of its own: the size from a
+ * read-only one, readahead on another, and a writable one for
+ * writeback or dirty data left by an earlier writeback run.
+ */
 static int
 attach_backend (nbdkit_backend *backend)
 {
-  nbdkit_next *next;
+  struct cache *cache = export_cache (default_export);
+  nbdkit_next *next, *ra = NULL, *wb = NULL;
   int64_t size;
-  int err = 0;
 
-  /* A read-only shared context, to learn the backend size. */
   next = open_context (backend, 1);
   if (next == NULL) {
     nbdkit_error ("ssdcache: cannot open a backend context");
@@ -307,173 +280,109 @@ attach_backend (nbdkit_backend *backend)
   }
   size = next->get_size (next);
   close_context (next);
-  if (size == -1 || cache_attach (cache, size) == -1)
+  if (export_attach_fixed (default_export, size) == -1)
     return -1;
 
-  /* Readahead: a read-only context of its own for the prefetch thread.
-   * Without it the filter works, only without readahead.
-   */
-  if (config.ra_mode != READAHEAD_OFF) {
-    ra_next = open_context (backend, 1);
-    if (ra_next == NULL)
-      nbdkit_debug ("ssdcache: no backend context for readahead: "
-                    "readahead is off");
-    else {
-      struct cache_backend be = backend_of (ra_next);
-      if (prefetch_start (cache, &be) == -1) {
-        close_context (ra_next);
-        ra_next = NULL;
-      }
-    }
-  }
+  /* Without a readahead context the filter works, without readahead. */
+  if (config.ra_mode != READAHEAD_OFF &&
+      (ra = open_context (backend, 1)) == NULL)
+    nbdkit_debug ("ssdcache: no backend context for readahead: "
+                  "readahead is off");
 
-  if (cache_mode (cache) != LAYOUT_MODE_WRITEBACK &&
-      cache_dirty_pages (cache) == 0)
-    return 0;
-
-  /* Writeback, or dirty data left by an earlier writeback run: the
-   * writeback thread gets a writable context of its own.
-   */
-  wb_next = open_context (backend, 0);
-  if (wb_next == NULL || wb_next->can_write (wb_next) != 1) {
-    nbdkit_error ("ssdcache: %s needs a writable backend%s",
-                  cache_mode (cache) == LAYOUT_MODE_WRITEBACK
-                  ? "ssdcache-mode=writeback"
-                  : "writing back the dirty data left in the cache",
-                  cache_mode (cache) == LAYOUT_MODE_WRITEBACK ? "" :
-                  " (start once in ssdcache-mode=writeback over a "
-                  "writable backend)");
-    if (wb_next)
-      close_context (wb_next);
-    wb_next = NULL;
-    return -1;
-  }
-  if (cache_mode (cache) != LAYOUT_MODE_WRITEBACK) {
-    /* Switching away from writeback: write everything back first. */
-    struct cache_backend be = backend_of (wb_next);
-    nbdkit_debug ("ssdcache: writing back %llu dirty pages before "
-                  "switching mode",
-                  (unsigned long long) cache_dirty_pages (cache));
-    if (cache_writeback_all (cache, &be, &err) == -1) {
-      errno = err;
-      nbdkit_error ("ssdcache: cannot write back the dirty data left in "
-                    "the cache: %m");
+  if (cache_mode (cache) == LAYOUT_MODE_WRITEBACK ||
+      cache_dirty_pages (cache) > 0) {
+    wb = open_context (backend, 0);
+    if (wb == NULL || wb->can_write (wb) != 1) {
+      nbdkit_error ("ssdcache: %s needs a writable backend%s",
+                    cache_mode (cache) == LAYOUT_MODE_WRITEBACK
+                    ? "ssdcache-mode=writeback"
+                    : "writing back the dirty data left in the cache",
+                    cache_mode (cache) == LAYOUT_MODE_WRITEBACK ? "" :
+                    " (start once in ssdcache-mode=writeback over a "
+                    "writable backend)");
+      if (wb)
+        close_context (wb);
+      wb = NULL;
+      export_start_fixed (default_export, NULL, ra);
       return -1;
     }
-    close_context (wb_next);
-    wb_next = NULL;
-    return 0;
   }
-  {
-    struct cache_backend be = backend_of (wb_next);
-    return writeback_start (cache, &be);
-  }
+  return export_start_fixed (default_export, wb, ra);
 }
 
-/* control_ops.start_writeback: a writable context and the writeback
- * thread, for a switch to writeback mode at run time.
+/* control_ops.start_writeback: the writeback thread, for a switch to
+ * writeback mode at run time.
  */
 static int
 control_start_writeback (char *err, size_t len)
 {
-  struct cache_backend be;
+  nbdkit_next *wb;
 
-  if (writeback_running (cache))
-    return 0;
-  if (wb_next == NULL) {
-    wb_next = open_context (the_backend, 0);
-    if (wb_next == NULL || wb_next->can_write (wb_next) != 1) {
+  if (control_export == default_export && export_fixed (default_export) &&
+      !export_has_writer (default_export)) {
+    /* The fixed export gets a writable context of its own. */
+    wb = open_context (the_backend, 0);
+    if (wb == NULL || wb->can_write (wb) != 1) {
       snprintf (err, len, "writeback needs a writable backend");
-      if (wb_next)
-        close_context (wb_next);
-      wb_next = NULL;
+      if (wb)
+        close_context (wb);
+      return -1;
+    }
+    if (export_start_fixed (default_export, wb, NULL) == -1) {
+      snprintf (err, len, "the writeback thread could not be started");
       return -1;
     }
   }
-  be = backend_of (wb_next);
-  if (writeback_start (cache, &be) == -1) {
-    snprintf (err, len, "the writeback thread could not be started");
-    return -1;
-  }
-  return 0;
+  return export_start_writeback (control_export, err, len);
 }
 
 static const struct control_ops control_ops = {
   .start_writeback = control_start_writeback,
 };
 
-/* The threads that only report on or steer the running cache. */
 static void
-start_reporting (nbdkit_backend *backend)
+start_control (struct export *e)
 {
-  the_backend = backend;
-  if (config.stats_file)
-    metrics = metrics_start (cache, config.stats_file, config.stats_format,
-                             config.stats_interval);
-  if (config.control)
-    control = control_start (cache, config.control, &control_ops);
+  pthread_mutex_lock (&control_lock);
+  if (config.control && control == NULL && control_export == NULL) {
+    control_export = e;
+    control = control_start (export_cache (e), config.control, &control_ops);
+  }
+  pthread_mutex_unlock (&control_lock);
 }
 
 static void
 ssdcache_cleanup (nbdkit_backend *backend)
 {
-  if (cache == NULL)
-    return;
   control_stop (control);       /* lets a command in progress end */
   control = NULL;
-  prefetch_stop (cache);
-  if (ra_next) {
-    close_context (ra_next);
-    ra_next = NULL;
-  }
-  writeback_stop (cache);
-  if (wb_next) {
-    if (config.writeback_on_exit && cache_dirty_pages (cache) > 0) {
-      struct cache_backend be = backend_of (wb_next);
-      int err = 0;
-      nbdkit_debug ("ssdcache: writing back %llu dirty pages at exit",
-                    (unsigned long long) cache_dirty_pages (cache));
-      if (cache_writeback_all (cache, &be, &err) == -1) {
-        errno = err;
-        nbdkit_error ("ssdcache: writeback at exit failed: %m; the dirty "
-                      "data stays in the cache file and will be written "
-                      "back at the next start");
-      }
-    }
-    close_context (wb_next);
-    wb_next = NULL;
-  }
-  nbdkit_debug ("ssdcache: %llu dirty pages left in the cache",
-                (unsigned long long) cache_dirty_pages (cache));
-  stats_debug (cache_stats (cache));
-  if (metrics) {
-    metrics_stop (metrics);     /* the last version of the file */
-    metrics = NULL;
-  }
-  else if (config.stats_file)
-    metrics_write_file (cache, config.stats_file, config.stats_format, 0);
-  cache_close (cache);
-  cache = NULL;
+  exports_cleanup ();
+  default_export = NULL;
 }
 
 static void *
 ssdcache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
                int readonly, const char *exportname, int is_tls)
 {
+  struct handle *h;
+  struct export *e;
+
   if (attach_error[0]) {
     nbdkit_error ("%s", attach_error);
     return NULL;
   }
-  struct handle *h;
-
   if (next (nxdata, readonly, exportname) == -1)
+    return NULL;
+  e = config.exports == CONFIG_EXPORTS_ONE ? default_export
+    : exports_get (exportname);
+  if (e == NULL)
     return NULL;
   h = calloc (1, sizeof *h);
   if (h == NULL) {
     nbdkit_error ("calloc: %m");
     return NULL;
   }
-  h->pc = prefetch_conn_new (cache);
+  h->e = e;
   return h;
 }
 
@@ -486,24 +395,37 @@ ssdcache_close (void *handle)
   free (h);
 }
 
+/* The export's cache is attached by its first connection (or at
+ * start), and describes a backend of one size.
+ */
 static int
 ssdcache_prepare (nbdkit_next *next, void *handle, int readonly)
 {
-  /* The cache describes one backend of one size. */
-  int64_t size = next->get_size (next);
-  uint64_t want;
+  struct handle *h = handle;
 
-  if (size == -1)
+  h->lender = export_connect (h->e, next, readonly);
+  if (h->lender == NULL)
     return -1;
-  want = cache_backend_size (cache);
-  if ((uint64_t) size != want) {
-    nbdkit_error ("ssdcache: this export has %lld bytes but the cache is "
-                  "for a backend of %llu bytes (another export?)",
-                  (long long) size, (unsigned long long) want);
-    return -1;
-  }
+  h->pc = prefetch_conn_new (export_cache (h->e));
+  start_control (h->e);
   return 0;
 }
+
+static int
+ssdcache_finalize (nbdkit_next *next, void *handle)
+{
+  struct handle *h = handle;
+
+  if (h->lender)
+    export_disconnect (h->e, h->lender);
+  h->lender = NULL;
+  return 0;
+}
+
+#define CACHE_OF(handle) export_cache (((struct handle *) (handle))->e)
+#define REQ(next, handle) \
+  struct export_req req = { .next = next, .cache = CACHE_OF (handle) }; \
+  struct cache_backend be = export_backend (&req)
 
 static int
 ssdcache_can_cache (nbdkit_next *next, void *handle)
@@ -516,21 +438,22 @@ ssdcache_pread (nbdkit_next *next, void *handle, void *buf,
                 uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct cache_backend be = backend_of (next);
-  return cache_read_conn (cache, &be, h->pc, buf, count, offset, err);
+  REQ (next, handle);
+  return cache_read_conn (req.cache, &be, h->pc, buf, count, offset, err);
 }
 
 static int
 ssdcache_pwrite (nbdkit_next *next, void *handle, const void *buf,
                  uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
-  struct cache_backend be = backend_of (next);
-  return cache_write (cache, &be, buf, count, offset,
+  REQ (next, handle);
+  return cache_write (req.cache, &be, buf, count, offset,
                       (flags & NBDKIT_FLAG_FUA) != 0, err);
 }
 
 struct zt_ctx {
   nbdkit_next *next;
+  struct cache *cache;
   uint32_t flags;
   bool is_zero;
 };
@@ -542,36 +465,43 @@ do_zero_trim (void *opaque, uint32_t count, uint64_t offset, int *err)
   uint32_t flags = z->flags & ~NBDKIT_FLAG_FUA;   /* FUA: done by cache */
 
   if ((z->is_zero ? z->next->zero (z->next, count, offset, flags, err)
-       : z->next->trim (z->next, count, offset, flags, err)) == -1)
-    return backend_failed ();
+       : z->next->trim (z->next, count, offset, flags, err)) == -1) {
+    STATS_ADD (cache_stats (z->cache), backend_errors, 1);
+    return -1;
+  }
   return 0;
+}
+
+static int
+zero_trim (nbdkit_next *next, void *handle, bool is_zero, uint32_t count,
+           uint64_t offset, uint32_t flags, int *err)
+{
+  REQ (next, handle);
+  struct zt_ctx z = { .next = next, .cache = req.cache, .flags = flags,
+                      .is_zero = is_zero };
+  return cache_zero_trim (req.cache, &be, is_zero, do_zero_trim, &z, count,
+                          offset, (flags & NBDKIT_FLAG_FUA) != 0, err);
 }
 
 static int
 ssdcache_zero (nbdkit_next *next, void *handle, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
-  struct cache_backend be = backend_of (next);
-  struct zt_ctx z = { .next = next, .flags = flags, .is_zero = true };
-  return cache_zero_trim (cache, &be, true, do_zero_trim, &z, count, offset,
-                          (flags & NBDKIT_FLAG_FUA) != 0, err);
+  return zero_trim (next, handle, true, count, offset, flags, err);
 }
 
 static int
 ssdcache_trim (nbdkit_next *next, void *handle, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
-  struct cache_backend be = backend_of (next);
-  struct zt_ctx z = { .next = next, .flags = flags, .is_zero = false };
-  return cache_zero_trim (cache, &be, false, do_zero_trim, &z, count, offset,
-                          (flags & NBDKIT_FLAG_FUA) != 0, err);
+  return zero_trim (next, handle, false, count, offset, flags, err);
 }
 
 static int
 ssdcache_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
 {
-  struct cache_backend be = backend_of (next);
-  return cache_flush (cache, &be, err);
+  REQ (next, handle);
+  return cache_flush (req.cache, &be, err);
 }
 
 /* Writeback: pages holding dirty data are data, whatever the backend
@@ -582,6 +512,7 @@ ssdcache_extents (nbdkit_next *next, void *handle, uint32_t count,
                   uint64_t offset, uint32_t flags,
                   struct nbdkit_extents *extents, int *err)
 {
+  struct cache *cache = CACHE_OF (handle);
   const uint64_t end = offset + count;
   uint64_t pos = offset;
 
@@ -624,7 +555,7 @@ static int
 ssdcache_can_fua (nbdkit_next *next, void *handle)
 {
   /* Writeback handles FUA itself (cache sync, or full writeback). */
-  if (cache_mode (cache) == LAYOUT_MODE_WRITEBACK)
+  if (cache_mode (CACHE_OF (handle)) == LAYOUT_MODE_WRITEBACK)
     return NBDKIT_FUA_NATIVE;
   return next->can_fua (next);
 }
@@ -632,7 +563,7 @@ ssdcache_can_fua (nbdkit_next *next, void *handle)
 static int
 ssdcache_can_flush (nbdkit_next *next, void *handle)
 {
-  if (cache_mode (cache) == LAYOUT_MODE_WRITEBACK)
+  if (cache_mode (CACHE_OF (handle)) == LAYOUT_MODE_WRITEBACK)
     return 1;
   return next->can_flush (next);
 }
@@ -641,8 +572,8 @@ static int
 ssdcache_cache (nbdkit_next *next, void *handle, uint32_t count,
                 uint64_t offset, uint32_t flags, int *err)
 {
-  struct cache_backend be = backend_of (next);
-  return cache_prefetch (cache, &be, count, offset, err);
+  REQ (next, handle);
+  return cache_prefetch (req.cache, &be, count, offset, err);
 }
 
 static struct nbdkit_filter filter = {
@@ -659,6 +590,7 @@ static struct nbdkit_filter filter = {
   .open              = ssdcache_open,
   .close             = ssdcache_close,
   .prepare           = ssdcache_prepare,
+  .finalize          = ssdcache_finalize,
   .can_cache         = ssdcache_can_cache,
   .can_fua           = ssdcache_can_fua,
   .can_flush         = ssdcache_can_flush,

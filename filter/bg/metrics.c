@@ -39,7 +39,8 @@ metrics_write_file (struct cache *c, const char *path,
                     enum stats_format format, double writeback_bytes_per_s)
 {
   struct stats_extra x = { .page_size = cache_page_size (c),
-                           .writeback_bytes_per_s = writeback_bytes_per_s };
+                           .writeback_bytes_per_s = writeback_bytes_per_s,
+                           .export_name = cache_export_name (c) };
   size_t n = strlen (path) + 16;
   char *tmp = malloc (n);
   FILE *fp = NULL;

@@ -104,6 +104,7 @@ pagetable_init (struct pagetable *pt, uint32_t nslots)
 void
 pagetable_free (struct pagetable *pt)
 {
+  pagetable_set_budget (pt, NULL, 0);
   free (pt->recs);
   free (pt->buckets);
   free (pt->side);
@@ -181,12 +182,27 @@ pagetable_remove (struct pagetable *pt, uint32_t slot)
   pt->nindexed--;
 }
 
+void
+pagetable_set_budget (struct pagetable *pt, struct budget *b, uint32_t unit)
+{
+  uint64_t held = pt->nslots - pt->nfree;
+
+  if (pt->budget)
+    budget_give (pt->budget, held * pt->budget_unit);
+  pt->budget = b;
+  pt->budget_unit = unit;
+  if (b)
+    budget_charge (b, held * unit);
+}
+
 uint32_t
 pagetable_take_free (struct pagetable *pt)
 {
   uint32_t slot = pt->free_head;
 
   if (slot == PT_NONE)
+    return PT_NONE;
+  if (pt->budget && !budget_take (pt->budget, pt->budget_unit))
     return PT_NONE;
   pt->free_head = pt->recs[slot].next;
   pt->recs[slot].next = PT_NONE;
@@ -197,6 +213,8 @@ pagetable_take_free (struct pagetable *pt)
 void
 pagetable_clear_free (struct pagetable *pt)
 {
+  if (pt->budget)
+    budget_charge (pt->budget, (uint64_t) pt->nfree * pt->budget_unit);
   pt->free_head = PT_NONE;
   pt->nfree = 0;
 }
@@ -664,6 +682,8 @@ pagetable_put_free (struct pagetable *pt, uint32_t slot)
   s->next = pt->free_head;
   pt->free_head = slot;
   pt->nfree++;
+  if (pt->budget)
+    budget_give (pt->budget, pt->budget_unit);
 }
 
 void

@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "budget.h"
 #include "layout.h"
 
 #define PT_NONE UINT32_MAX
@@ -118,6 +119,11 @@ struct pagetable {
   uint32_t side_free;                 /* free list (through valid[0..3]) */
   uint64_t side_full;                 /* times a map did not fit */
   struct { uint32_t slot, extra; } pinx[PT_PINX];
+  /* A space budget shared with other page tables (NULL: none): slots
+   * off the free list are charged unit bytes each.
+   */
+  struct budget *budget;
+  uint32_t budget_unit;
 };
 
 /* Test hooks: when non-zero, pagetable_init uses these spans instead of
@@ -294,7 +300,15 @@ extern void pagetable_insert (struct pagetable *pt, uint32_t slot,
 /* Remove slot from the index (it keeps its metadata). */
 extern void pagetable_remove (struct pagetable *pt, uint32_t slot);
 
-/* Take a slot from the free list, or PT_NONE when it is empty. */
+/* Share budget b (NULL: none) with other page tables, at unit bytes a
+ * slot; the slots now off the free list are charged at once.
+ */
+extern void pagetable_set_budget (struct pagetable *pt, struct budget *b,
+                                  uint32_t unit);
+
+/* Take a slot from the free list, or PT_NONE when it is empty or the
+ * budget has no room (then pt->nfree is not 0).
+ */
 extern uint32_t pagetable_take_free (struct pagetable *pt);
 
 /* Empty the free list (used while loading entries from the cache

@@ -25,7 +25,7 @@
   X (wait_ms) X (dirty_pages) X (degraded) \
   X (partial_maps) X (partial_maps_full) X (pt_rebases) \
   X (writes_not_cached) X (writes_deferred) X (deferred_waits) \
-  X (writeback_hot_ms) X (backend_errors)
+  X (writeback_hot_ms) X (backend_errors) X (slots_given)
 
 /* The counters that are gauges (a level, not a count of events). */
 #define STATS_GAUGES(X) \
@@ -62,6 +62,8 @@ hit_ratio (const struct stats *st)
 static void
 write_text (const struct stats *st, const struct stats_extra *x, FILE *fp)
 {
+  if (x->export_name)
+    fprintf (fp, "export: %s\n", x->export_name);
   stats_print (st, fp);
   fprintf (fp, "hit_ratio: %.4f\n", hit_ratio (st));
   fprintf (fp, "dirty_bytes: %" PRIu64 "\n",
@@ -74,6 +76,16 @@ static void
 write_json (const struct stats *st, const struct stats_extra *x, FILE *fp)
 {
   fputs ("{", fp);
+  if (x->export_name) {
+    fputs ("\"export\": \"", fp);
+    for (const unsigned char *p = (const unsigned char *) x->export_name;
+         *p; p++)
+      if (*p == '"' || *p == '\\' || *p < 0x20)
+        fprintf (fp, "\\u%04x", *p);
+      else
+        fputc (*p, fp);
+    fputs ("\", ", fp);
+  }
 #define JSON(f) fprintf (fp, "\"%s\": %" PRIu64 ", ", #f, STATS_GET (st, f));
   STATS_FIELDS (JSON)
 #undef JSON
@@ -110,6 +122,12 @@ write_prometheus (const struct stats *st, const struct stats_extra *x,
 {
   char v[64];
 
+  if (x->export_name) {
+    fputs ("# export: ", fp);
+    for (const char *p = x->export_name; *p; p++)
+      fputc (*p == '\n' ? ' ' : *p, fp);
+    fputc ('\n', fp);
+  }
 #define PROM(f) \
   snprintf (v, sizeof v, "%" PRIu64, STATS_GET (st, f)); \
   prom_one (fp, #f, is_gauge (#f), v);

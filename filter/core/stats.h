@@ -84,6 +84,8 @@ struct stats {
   atomic_load_explicit (&(st)->field, memory_order_relaxed)
 
   _Atomic uint64_t backend_errors;    /* backend requests that failed */
+  _Atomic uint64_t slots_given;       /* clean slots given up to another
+                                         export (the shared budget) */
 };
 
 /* Counter formats of ssdcache-stats-format. */
@@ -97,6 +99,7 @@ enum stats_format {
 struct stats_extra {
   uint64_t page_size;
   double writeback_bytes_per_s;       /* over the last interval */
+  const char *export_name;            /* the export, or NULL (not shown) */
 };
 
 /* Print every counter as "name: value" lines. */

@@ -38,6 +38,11 @@
  *   (bg/prefetch)                being read, the stop flag
  *  m->lock (bg/metrics) mutex    the stop flag, the last       yes (6)
  *                                sample; cond wake
+ *  e->bg_lock           mutex    one export's attach, its      yes (7)
+ *   (filter/exports)             connection count, starting
+ *                                and stopping its threads
+ *  exports_lock         mutex    the export table, lenders     never
+ *   (filter/exports)             and their in-flight counts
  *
  *  (1) A request that changes what is cached for pages [a, b] holds
  *      their range across its backend and cache-file I/O; that is what
@@ -56,11 +61,19 @@
  *  (5) Held across one block's pread and pwrite; nothing nests in it.
  *  (6) Held while the stats file is written; only the metrics thread
  *      and metrics_stop take it, and no request waits for it.
+ *  (7) Held across an export's attach (page-table load) and the
+ *      writeback at its last close: only connections of that export,
+ *      in .prepare and .finalize, wait for it.  Every engine lock of
+ *      that export's cache may be taken under it.
  *
  *  Lock order (a lock may be taken while holding the ones before it):
  *    c->clean_lock -> c->ranges -> c->inplace -> c->lock
  *    c->ranges -> c->defer.apply -> c->defer.lock
  *    pc->lock -> pf->lock
+ *    e->bg_lock -> (any engine or bg/ lock of e's cache) ; e->bg_lock ->
+ *    exports_lock.  exports_lock is taken under no engine lock and
+ *    nothing is taken under it; a cache's reclaim hook runs holding no
+ *    lock, so the locks of two exports' caches never nest.
  *  c->lock is the innermost engine lock: nothing is taken under it but
  *  a range try-lock (which never waits) and rl->lock.  No bg/ lock
  *  (wb->lock, pf->lock, pc->lock) is taken while holding c->lock.
@@ -235,6 +248,11 @@ struct cache {
   atomic_bool backend_unflushed; /* a change went straight to the backend */
   _Atomic uint64_t last_io_ms;   /* monotonic time of the last client op */
   uint32_t zero_page_crc;        /* CRC of an all-invalid page */
+
+  char *export_name;             /* or NULL (cache.h) */
+  struct budget *budget;         /* shared space, or NULL (cache.h) */
+  bool (*reclaim) (struct cache *c, void *opaque);
+  void *reclaim_opaque;
 
   struct cache_hooks hooks;
   struct writeback *wb;          /* bg/writeback.c's, or NULL */

@@ -78,6 +78,17 @@ struct cache_config {
   uint32_t partial_pages;      /* side-table bound (pagetable.h): pages
                                   whose maps are not one run each (0: the
                                   default, CACHE_PARTIAL_NONE: none) */
+  struct budget *budget;       /* space shared with other caches (one per
+                                  export), or NULL: size is this cache's */
+  const char *export_name;     /* shown with the counters, or NULL */
+  bool sparse;                 /* a new cache file reserves no data space
+                                  (pool.h: sparse) */
+  /* With a budget: called, holding no lock, when the budget is used up
+   * and this cache needs a slot; it may make another cache give one
+   * back (cache_give_slot).  Returns true if it did.  NULL: none.
+   */
+  bool (*reclaim) (struct cache *c, void *opaque);
+  void *reclaim_opaque;
 };
 #define CACHE_PARTIAL_NONE UINT32_MAX
 
@@ -182,7 +193,21 @@ extern void cache_set_mode (struct cache *c, enum layout_mode mode);
 extern uint64_t cache_drop_clean (struct cache *c, uint64_t offset,
                                   uint64_t count);
 
+/* Evict one clean slot and give its space back to the shared budget
+ * (for another cache; see cache_config.reclaim).  Takes c's locks
+ * only.  Returns true if a slot went.
+ */
+extern bool cache_give_slot (struct cache *c);
+/* Monotonic ms of the last client request, and whether the page
+ * table holds any slot.
+ */
+extern uint64_t cache_last_io_ms (const struct cache *c);
+/* The monotonic clock those are read on, in ms. */
+extern uint64_t cache_now_ms (void);
+
 extern struct stats *cache_stats (struct cache *c);
+/* cache_config.export_name, or NULL. */
+extern const char *cache_export_name (const struct cache *c);
 extern uint32_t cache_page_size (const struct cache *c);
 extern uint64_t cache_nslots (const struct cache *c);
 extern uint64_t cache_backend_size (const struct cache *c);

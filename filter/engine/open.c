@@ -123,6 +123,14 @@ copy_config (struct cache *c, const struct cache_config *cfg)
   c->ra_mode = cfg->readahead_mode;
   c->ra_window = cfg->readahead_window;
   c->ra_max = cfg->readahead_max;
+  if (cfg->export_name &&
+      (c->export_name = strdup (cfg->export_name)) == NULL) {
+    log_error ("strdup: %m");
+    return -1;
+  }
+  c->budget = cfg->budget;
+  c->reclaim = cfg->reclaim;
+  c->reclaim_opaque = cfg->reclaim_opaque;
   if (cfg->seq_cutoff) {
     c->seqcut = admit_seq_new (cfg->seq_cutoff, cfg->seq_streams);
     if (c->seqcut == NULL) {
@@ -216,18 +224,24 @@ struct cache *
 cache_open (const struct cache_config *cfg)
 {
   struct cache *c = cache_new ();
+  int r;
 
   if (c == NULL)
     return NULL;
-  if (copy_config (c, cfg) == -1 ||
-      (cfg->private_file
-       ? pool_open_private (&c->pool, c->path, cfg->direct)
-       : pool_open (&c->pool, c->path, cfg->direct)) == -1 ||
-      accept_or_reset (c, pool_load_sb (&c->pool)) == -1) {
-    cache_close (c);
-    return NULL;
-  }
+  if (copy_config (c, cfg) == -1)
+    goto err;
+  r = cfg->private_file ? pool_open_private (&c->pool, c->path, cfg->direct)
+    : pool_open (&c->pool, c->path, cfg->direct);
+  if (r == -1)
+    goto err;
+  c->pool.sparse = cfg->sparse;
+  if (accept_or_reset (c, pool_load_sb (&c->pool)) == -1)
+    goto err;
   return c;
+
+ err:
+  cache_close (c);
+  return NULL;
 }
 
 /* For the policy's ghost list: the page a resident slot holds, unless
@@ -484,6 +498,7 @@ set_geometry (struct cache *c)
   }
   pagetable_set_side_limit (&c->pt, c->partial_pages < c->nslots
                             ? c->partial_pages : c->nslots);
+  pagetable_set_budget (&c->pt, c->budget, c->page_size);
   evict_set_page_fn (c->ev, slot_page, c);
   if (c->promote > 1) {
     /* Two 8-bit counters per slot: a page must miss promote times
@@ -607,5 +622,6 @@ cache_close (struct cache *c)
   admit_nhit_free (c->nhit);
   free (c->path);
   free (c->id_text);
+  free (c->export_name);
   free (c);
 }

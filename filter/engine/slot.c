@@ -305,23 +305,17 @@ can_take (void *opaque, uint32_t s)
                            pt_page (&c->pt, s)) == 0;
 }
 
-/* Under c->lock.  *evicted: the slot was taken from a page, whose
- * range is now locked (see can_take).  fill: for data read from the
- * backend (evict_victim_fill).
+/* Under c->lock: evict a clean slot from its page (whose range is then
+ * locked, see can_take), or PT_NONE.  fill: as evict_victim_fill.
  */
 static uint32_t
-alloc_locked (struct cache *c, bool fill, bool *evicted)
+evict_locked (struct cache *c, bool fill)
 {
-  uint32_t s = pagetable_take_free (&c->pt);
-
-  *evicted = false;
-  if (s != PT_NONE)
-    return s;
-  s = fill ? evict_victim_fill (c->ev, can_take, c) :
+  uint32_t s = fill ? evict_victim_fill (c->ev, can_take, c) :
     evict_victim (c->ev, can_take, c);
+
   if (s == EVICT_NONE)
     return PT_NONE;
-  *evicted = true;
   pagetable_remove (&c->pt, s);
   if (pt_flags (&c->pt, s) & PT_PREFETCHED)
     STATS_ADD (&c->stats, prefetch_wasted, 1);   /* never read */
@@ -330,6 +324,28 @@ alloc_locked (struct cache *c, bool fill, bool *evicted)
   if (ssdcache_debug_verbose)
     log_debug ("evict slot %u (page %llu)", s,
                (unsigned long long) pt_page (&c->pt, s));
+  return s;
+}
+
+/* Under c->lock.  *evicted: the slot was taken from a page, whose
+ * range is now locked (see can_take).  fill: for data read from the
+ * backend (evict_victim_fill).  *over_budget: the free list has slots
+ * but the shared budget has no room (and reclaim, when true, asks for
+ * PT_NONE then instead of an eviction, so that the caller may first
+ * have another cache give space back).
+ */
+static uint32_t
+alloc_locked (struct cache *c, bool fill, bool reclaim, bool *evicted,
+              bool *over_budget)
+{
+  uint32_t s = pagetable_take_free (&c->pt);
+
+  *evicted = false;
+  *over_budget = s == PT_NONE && c->pt.nfree > 0;
+  if (s != PT_NONE || (*over_budget && reclaim))
+    return s;
+  s = evict_locked (c, fill);
+  *evicted = s != PT_NONE;
   return s;
 }
 
@@ -380,32 +396,57 @@ forget_evicted (struct cache *c, uint32_t s, uint64_t page)
  * evicted while newer pages are only busy (evict_victim_fill): the
  * caller serves the read without caching it.
  */
+/* Under c->lock: no slot for a writer while dirty data could be
+ * written back: wake writeback and wait up to 100 ms for space.  False
+ * once the writer has waited ALLOC_WAIT_MAX_MS in all (*start: when the
+ * wait began, 0 before).
+ */
+static bool
+alloc_wait (struct cache *c, uint64_t *start)
+{
+  struct timespec ts;
+  uint64_t now = cache_now_ms ();
+
+  if (*start == 0)
+    *start = now;
+  else if (now - *start > ALLOC_WAIT_MAX_MS)
+    return false;
+  c->hooks.wb_kick (c);
+  clock_gettime (CLOCK_REALTIME, &ts);
+  ts.tv_nsec += 100 * 1000 * 1000;
+  if (ts.tv_nsec >= 1000000000) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000;
+  }
+  pthread_cond_timedwait (&c->space, &c->lock, &ts);
+  return true;
+}
+
 uint32_t
 cache_alloc_slot (struct cache *c, bool wait)
 {
   uint32_t s;
   uint64_t start = 0;
-  bool evicted;
+  bool evicted, over;
+  bool may_reclaim = c->reclaim != NULL;
   uint64_t page = 0;
 
   pthread_mutex_lock (&c->lock);
-  while ((s = alloc_locked (c, !wait, &evicted)) == PT_NONE && wait &&
-         c->hooks.wb_kick && c->ndirty > 0) {
-    struct timespec ts;
-    uint64_t now = cache_now_ms ();
-
-    if (start == 0)
-      start = now;
-    else if (now - start > ALLOC_WAIT_MAX_MS)
-      break;
-    c->hooks.wb_kick (c);
-    clock_gettime (CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 100 * 1000 * 1000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
+  for (;;) {
+    s = alloc_locked (c, !wait, may_reclaim, &evicted, &over);
+    if (s == PT_NONE && over && may_reclaim) {
+      /* Another export may give space back: ask once, unlocked (its
+       * locks never nest with ours).
+       */
+      pthread_mutex_unlock (&c->lock);
+      may_reclaim = c->reclaim (c, c->reclaim_opaque);
+      pthread_mutex_lock (&c->lock);
+      continue;
     }
-    pthread_cond_timedwait (&c->space, &c->lock, &ts);
+    if (s != PT_NONE || !wait || !c->hooks.wb_kick || c->ndirty == 0)
+      break;
+    if (!alloc_wait (c, &start))
+      break;
   }
   if (evicted)
     page = pt_page (&c->pt, s);
@@ -415,6 +456,47 @@ cache_alloc_slot (struct cache *c, bool wait)
   if (start)
     STATS_ADD (&c->stats, wait_ms, cache_now_ms () - start);
   return s;
+}
+
+bool
+cache_give_slot (struct cache *c)
+{
+  uint32_t s;
+  uint64_t page;
+
+  if (cache_degraded (c))
+    return false;
+  pthread_mutex_lock (&c->lock);
+  s = evict_locked (c, false);
+  page = s != PT_NONE ? pt_page (&c->pt, s) : 0;
+  pthread_mutex_unlock (&c->lock);
+  if (s == PT_NONE)
+    return false;
+  forget_evicted (c, s, page);
+  pool_punch_slot (&c->pool, s);
+  pthread_mutex_lock (&c->lock);
+  /* A FREE entry that could not be written leaves PT_EVICTED: the slot
+   * is then kept (its next user writes the entry first) but still
+   * counts as given, as the caller's retry finds out.
+   */
+  if (!(pt_flags (&c->pt, s) & PT_EVICTED))
+    cache_release_slot_locked (c, s);
+  pthread_mutex_unlock (&c->lock);
+  STATS_ADD (&c->stats, slots_given, 1);
+  return true;
+}
+
+uint64_t
+cache_last_io_ms (const struct cache *c)
+{
+  return atomic_load_explicit (&((struct cache *) c)->last_io_ms,
+                               memory_order_relaxed);
+}
+
+const char *
+cache_export_name (const struct cache *c)
+{
+  return c->export_name;
 }
 
 struct stats *

@@ -754,7 +754,7 @@ pool_format (struct pool *p, const struct layout_sb *sb_in)
                  p->path, (unsigned long long) total);
       return -1;
     }
-    r = posix_fallocate (p->fd, 0, total);
+    r = posix_fallocate (p->fd, 0, p->sparse ? pool : total);
     if (r == ENOSPC) {
       log_error ("ssdcache-size: not enough space for %s (%llu bytes)",
                  p->path, (unsigned long long) total);
@@ -851,4 +851,15 @@ int
 pool_sync (struct pool *p)
 {
   return fdatasync (p->fd);
+}
+
+void
+pool_punch_slot (struct pool *p, uint32_t slot)
+{
+  if (!p->sparse || p->is_blockdev)
+    return;
+  if (fallocate (p->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                 p->sb.pool_offset + (uint64_t) slot * p->sb.page_size,
+                 p->sb.page_size) == -1)
+    log_debug ("cache file %s: punching slot %u: %m", p->path, slot);
 }

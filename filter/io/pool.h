@@ -58,6 +58,10 @@ struct pool {
   bool foreign;               /* pool_load_sb found no cache, but data:
                                  never to be overwritten, not even by a
                                  reset */
+  bool sparse;                /* pool_format reserves the entries only:
+                                 slot data takes room as it is written
+                                 and pool_punch_slot gives it back (one
+                                 file per export, exports.c) */
 };
 
 /* Open (creating it if missing, mode 0600) and lock the cache file,
@@ -97,6 +101,12 @@ extern int pool_load_sb (struct pool *p);
  * superblocks (with LAYOUT_SB_PTINIT).
  */
 extern int pool_format (struct pool *p, const struct layout_sb *sb);
+
+/* Give slot's data space back to the file system (a sparse pool whose
+ * slot another cache now uses).  Best effort: a file system without
+ * hole punching keeps the space.
+ */
+extern void pool_punch_slot (struct pool *p, uint32_t slot);
 
 /* Write sb (generation incremented) to the older copy, then fdatasync.
  * Returns 0 or -1.

@@ -912,11 +912,63 @@ test_pins_overflow (void **state)
   pagetable_free (&pt);
 }
 
+/* Two tables sharing a budget of 3 slots (unit 10 bytes): taking
+ * fails once 3 are out, whichever table holds them, although both
+ * still have free slots; freeing gives room back; clearing the free
+ * list (loading) charges every slot; unlinking gives back what the
+ * table holds.
+ */
+static void
+test_shared_budget (void **state)
+{
+  struct pagetable a, b;
+  struct budget bg;
+  uint32_t s1, s2, s3;
+
+  budget_init (&bg, 30);
+  assert_int_equal (pagetable_init (&a, 4), 0);
+  assert_int_equal (pagetable_init (&b, 4), 0);
+  pagetable_set_budget (&a, &bg, 10);
+  pagetable_set_budget (&b, &bg, 10);
+  assert_int_equal (budget_used (&bg), 0);
+
+  s1 = pagetable_take_free (&a);
+  s2 = pagetable_take_free (&a);
+  s3 = pagetable_take_free (&b);
+  assert_int_not_equal (s1, PT_NONE);
+  assert_int_not_equal (s2, PT_NONE);
+  assert_int_not_equal (s3, PT_NONE);
+  assert_int_equal (budget_used (&bg), 30);
+  assert_int_equal (pagetable_take_free (&b), PT_NONE);
+  assert_true (b.nfree > 0);               /* over budget, not empty */
+  assert_int_equal (pagetable_take_free (&a), PT_NONE);
+
+  pagetable_put_free (&a, s1);
+  assert_int_equal (budget_used (&bg), 20);
+  assert_int_not_equal (pagetable_take_free (&b), PT_NONE);
+  assert_int_equal (budget_used (&bg), 30);
+
+  /* b holds 2; unlinking it gives them back. */
+  pagetable_set_budget (&b, NULL, 0);
+  assert_int_equal (budget_used (&bg), 10);
+  /* Loading charges the whole table, whatever the limit. */
+  pagetable_clear_free (&b);
+  pagetable_set_budget (&b, &bg, 10);
+  assert_int_equal (budget_used (&bg), 50);
+  pagetable_put_free (&b, 0);
+  assert_int_equal (budget_used (&bg), 40);
+
+  pagetable_free (&a);
+  pagetable_free (&b);
+  assert_int_equal (budget_used (&bg), 0);
+}
+
 int
 main (void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_init_free),
+    cmocka_unit_test (test_shared_budget),
     cmocka_unit_test (test_heap_bytes),
     cmocka_unit_test (test_maps_runs),
     cmocka_unit_test (test_maps_two_runs),

@@ -1,0 +1,755 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit-ssdcache-filter: one cache per export; see exports.h for what
+ * this file owns and its locks.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nbdkit-filter.h>
+
+#include "budget.h"
+#include "config.h"
+#include "exports.h"
+#include "metrics.h"
+#include "prefetch.h"
+#include "readahead.h"
+#include "writeback.h"
+
+NBDKIT_DLL_PUBLIC int ssdcache_debug_exports = 0;
+
+#define edebug(fmt, ...) \
+  do { \
+    if (ssdcache_debug_exports) \
+      nbdkit_debug ("ssdcache: " fmt, ##__VA_ARGS__); \
+  } while (0)
+
+enum lend_role { LEND_CONN, LEND_FIXED_WRITE, LEND_FIXED_READ };
+
+struct lender {
+  nbdkit_next *next;
+  enum lend_role role;
+  bool writable;
+  unsigned inflight;             /* requests of e's threads on it */
+  struct lender *link;
+};
+
+struct lent {                    /* the h of a lent backend */
+  struct export *e;
+  bool write;
+};
+
+struct export {
+  char *name;
+  struct config_export x;
+  struct cache *cache;
+  bool fixed;                    /* attached at start, contexts of its own */
+  bool no_readahead;             /* fixed, without a readahead context */
+  bool ra_started;               /* under bg_lock */
+  bool failed;                   /* could not be attached: refused */
+  pthread_mutex_t bg_lock;
+  bool attached;                 /* under bg_lock (read unlocked once set) */
+  unsigned nconns;               /* under bg_lock */
+  struct lender *lenders;        /* under exports_lock */
+  struct lent lent_read, lent_write;
+  struct metrics *metrics;
+  struct export *link;           /* under exports_lock */
+};
+
+static pthread_mutex_t exports_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t lender_back = PTHREAD_COND_INITIALIZER;
+static struct export *exports, **exports_tail = &exports;
+static struct budget budget;
+static bool have_budget;
+
+void
+exports_init (uint64_t budget_bytes)
+{
+  have_budget = budget_bytes > 0;
+  budget_init (&budget, budget_bytes);
+}
+
+struct cache *
+export_cache (const struct export *e)
+{
+  return e->cache;
+}
+
+const char *
+export_name (const struct export *e)
+{
+  return e->name;
+}
+
+bool
+export_attached (const struct export *e)
+{
+  return e->attached;
+}
+
+static struct lender *pick_lender (struct export *e, bool write);
+
+bool
+export_fixed (const struct export *e)
+{
+  return e->fixed;
+}
+
+bool
+export_has_writer (struct export *e)
+{
+  bool r;
+
+  pthread_mutex_lock (&exports_lock);
+  r = pick_lender (e, true) != NULL &&
+    pick_lender (e, true)->role == LEND_FIXED_WRITE;
+  pthread_mutex_unlock (&exports_lock);
+  return r;
+}
+
+/*----------------------------------------------------------------------
+ * Backends: a client request's, and the lent ones of the threads.
+ */
+
+static int
+backend_failed (struct cache *c)
+{
+  if (c)
+    STATS_ADD (cache_stats (c), backend_errors, 1);
+  return -1;
+}
+
+static int
+next_pread (nbdkit_next *next, struct cache *c, void *buf, uint32_t count,
+            uint64_t offset, int *err)
+{
+  if (next->pread (next, buf, count, offset, 0, err) == -1)
+    return backend_failed (c);
+  return 0;
+}
+
+static int
+next_flush (nbdkit_next *next, struct cache *c, int *err)
+{
+  int r = next->can_flush (next);
+
+  if (r == -1) {
+    *err = EIO;
+    return -1;
+  }
+  if (r && next->flush (next, 0, err) == -1)
+    return backend_failed (c);
+  return 0;
+}
+
+static int
+next_pwrite (nbdkit_next *next, struct cache *c, const void *buf,
+             uint32_t count, uint64_t offset, bool fua, int *err)
+{
+  int f = fua ? next->can_fua (next) : NBDKIT_FUA_NONE;
+
+  if (f == -1) {
+    *err = EIO;
+    return -1;
+  }
+  if (next->pwrite (next, buf, count, offset,
+                    f != NBDKIT_FUA_NONE ? NBDKIT_FLAG_FUA : 0, err) == -1)
+    return backend_failed (c);
+  /* A backend without FUA: a flush gives the same guarantee. */
+  if (fua && f == NBDKIT_FUA_NONE)
+    return next_flush (next, c, err);
+  return 0;
+}
+
+static int
+req_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
+{
+  struct export_req *r = h;
+  return next_pread (r->next, r->cache, buf, count, offset, err);
+}
+
+static int
+req_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
+            bool fua, int *err)
+{
+  struct export_req *r = h;
+  return next_pwrite (r->next, r->cache, buf, count, offset, fua, err);
+}
+
+static int
+req_flush (void *h, int *err)
+{
+  struct export_req *r = h;
+  return next_flush (r->next, r->cache, err);
+}
+
+struct cache_backend
+export_backend (struct export_req *ctx)
+{
+  struct cache_backend be = { .h = ctx, .pread = req_pread,
+                              .pwrite = req_pwrite, .flush = req_flush };
+  return be;
+}
+
+/* Under exports_lock: the lender a thread's request goes to: for a
+ * read the fixed read context, else any; for a write a writable one,
+ * the fixed one first.
+ */
+static struct lender *
+pick_lender (struct export *e, bool write)
+{
+  struct lender *best = NULL;
+
+  for (struct lender *l = e->lenders; l; l = l->link) {
+    if (write && !l->writable)
+      continue;
+    if (l->role == (write ? LEND_FIXED_WRITE : LEND_FIXED_READ))
+      return l;
+    if (best == NULL || (best->role == LEND_CONN && l->role != LEND_CONN))
+      best = l;
+  }
+  return best;
+}
+
+static struct lender *
+borrow (struct export *e, bool write, int *err)
+{
+  struct lender *l;
+
+  pthread_mutex_lock (&exports_lock);
+  l = pick_lender (e, write);
+  if (l)
+    l->inflight++;
+  pthread_mutex_unlock (&exports_lock);
+  if (l == NULL)
+    *err = write ? EROFS : ENOTCONN;
+  return l;
+}
+
+static void
+give_back (struct lender *l)
+{
+  pthread_mutex_lock (&exports_lock);
+  if (--l->inflight == 0)
+    pthread_cond_broadcast (&lender_back);
+  pthread_mutex_unlock (&exports_lock);
+}
+
+static int
+lent_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
+{
+  struct lent *t = h;
+  struct lender *l = borrow (t->e, t->write, err);
+  int r;
+
+  if (l == NULL)
+    return -1;
+  r = next_pread (l->next, t->e->cache, buf, count, offset, err);
+  give_back (l);
+  return r;
+}
+
+static int
+lent_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
+             bool fua, int *err)
+{
+  struct lent *t = h;
+  struct lender *l = borrow (t->e, true, err);
+  int r;
+
+  if (l == NULL)
+    return -1;
+  r = next_pwrite (l->next, t->e->cache, buf, count, offset, fua, err);
+  give_back (l);
+  return r;
+}
+
+static int
+lent_flush (void *h, int *err)
+{
+  struct lent *t = h;
+  struct lender *l = borrow (t->e, true, err);
+  int r;
+
+  if (l == NULL)
+    return -1;
+  r = next_flush (l->next, t->e->cache, err);
+  give_back (l);
+  return r;
+}
+
+struct cache_backend
+export_lent_backend (struct export *e, bool write)
+{
+  struct cache_backend be = { .h = write ? &e->lent_write : &e->lent_read,
+                              .pread = lent_pread, .pwrite = lent_pwrite,
+                              .flush = lent_flush };
+  return be;
+}
+
+static struct lender *
+lend (struct export *e, nbdkit_next *next, enum lend_role role, bool writable)
+{
+  struct lender *l = calloc (1, sizeof *l);
+
+  if (l == NULL) {
+    nbdkit_error ("calloc: %m");
+    return NULL;
+  }
+  l->next = next;
+  l->role = role;
+  l->writable = writable;
+  pthread_mutex_lock (&exports_lock);
+  l->link = e->lenders;
+  e->lenders = l;
+  pthread_mutex_unlock (&exports_lock);
+  return l;
+}
+
+/* Take l back once no thread's request is on it. */
+static void
+unlend (struct export *e, struct lender *l)
+{
+  pthread_mutex_lock (&exports_lock);
+  for (struct lender **p = &e->lenders; *p; p = &(*p)->link)
+    if (*p == l) {
+      *p = l->link;
+      break;
+    }
+  while (l->inflight > 0)
+    pthread_cond_wait (&lender_back, &exports_lock);
+  pthread_mutex_unlock (&exports_lock);
+  free (l);
+}
+
+/*----------------------------------------------------------------------
+ * The shared budget: taking space from idle exports.
+ */
+
+#define RECLAIM_TRIES 8
+
+static bool
+exports_reclaim (struct cache *c, void *opaque)
+{
+  struct export *self = opaque, *cand[RECLAIM_TRIES];
+  unsigned n = 0;
+  uint64_t now = cache_now_ms ();
+
+  pthread_mutex_lock (&exports_lock);
+  for (struct export *e = exports; e && n < RECLAIM_TRIES; e = e->link) {
+    uint64_t last;
+    if (e == self || !e->attached || e->failed)
+      continue;
+    last = cache_last_io_ms (e->cache);
+    if (now > last && now - last >= EXPORTS_IDLE_MS)
+      cand[n++] = e;
+  }
+  pthread_mutex_unlock (&exports_lock);
+  for (unsigned i = 0; i < n; i++)
+    if (cache_give_slot (cand[i]->cache))
+      return true;
+  return false;
+}
+
+/*----------------------------------------------------------------------
+ * Opening and attaching.
+ */
+
+static void
+export_cache_config (const struct export *e, struct cache_config *cfg)
+{
+  *cfg = (struct cache_config) {
+    .path = e->x.file,
+    .private_file = e->x.file_default,
+    .size = config.size,
+    .page_size = config.page_size,
+    .mode = config.mode,
+    .id_digest = { e->x.digest[0], e->x.digest[1] },
+    .id_text = e->x.id_text,
+    .reset = config.reset,
+    .flush_mode = config.flush_mode,
+    .wb = config.wb,
+    .policy = config.policy,
+    .seq_cutoff = config.seq_cutoff,
+    .seq_streams = config.seq_streams,
+    .verify = config.verify,
+    .promote = config.promote,
+    .partial_pages = !config.partial_pages_set ? 0
+                     : config.partial_pages ? config.partial_pages
+                     : CACHE_PARTIAL_NONE,
+    .readahead_mode = config.ra_mode,
+    .readahead_window = config.ra_window,
+    .readahead_max = config.ra_max,
+    .direct = config.direct,
+    .defer_writes = config.defer_writes,
+    .budget = have_budget ? &budget : NULL,
+    .sparse = e->name[0] != '\0',
+    .export_name = e->name[0] ? e->name : NULL,
+    .reclaim = have_budget ? exports_reclaim : NULL,
+    .reclaim_opaque = (void *) e,
+  };
+}
+
+static struct export *
+export_new (const char *name)
+{
+  struct export *e = calloc (1, sizeof *e);
+  struct cache_config cfg;
+
+  if (e == NULL || (e->name = strdup (name)) == NULL) {
+    nbdkit_error ("calloc: %m");
+    free (e);
+    return NULL;
+  }
+  pthread_mutex_init (&e->bg_lock, NULL);
+  e->lent_read = (struct lent) { .e = e, .write = false };
+  e->lent_write = (struct lent) { .e = e, .write = true };
+  if (config_export (name, &e->x) == -1)
+    goto err;
+  export_cache_config (e, &cfg);
+  e->cache = cache_open (&cfg);
+  if (e->cache == NULL)
+    goto err;
+  edebug ("export '%s': cache file %s (%s)", name, e->x.file, e->x.id_text);
+  return e;
+
+ err:
+  config_export_free (&e->x);
+  pthread_mutex_destroy (&e->bg_lock);
+  free (e->name);
+  free (e);
+  return NULL;
+}
+
+struct export *
+exports_get (const char *name)
+{
+  struct export *e;
+
+  pthread_mutex_lock (&exports_lock);
+  for (e = exports; e; e = e->link)
+    if (strcmp (e->name, name) == 0)
+      break;
+  pthread_mutex_unlock (&exports_lock);
+  if (e)
+    return e;
+  /* Opening reads the cache file: not under exports_lock.  Two first
+   * connections of one export race here; the cache file's lock lets
+   * only one open it, and the loser finds the winner's.
+   */
+  e = export_new (name);
+  pthread_mutex_lock (&exports_lock);
+  {
+    struct export *o;
+    for (o = exports; o; o = o->link)
+      if (strcmp (o->name, name) == 0)
+        break;
+    if (o) {
+      pthread_mutex_unlock (&exports_lock);
+      if (e) {
+        cache_close (e->cache);
+        config_export_free (&e->x);
+        free (e->name);
+        free (e);
+      }
+      return o;
+    }
+  }
+  if (e) {
+    *exports_tail = e;
+    exports_tail = &e->link;
+  }
+  pthread_mutex_unlock (&exports_lock);
+  return e;
+}
+
+/* Under e->bg_lock: the first attach of e with the backend size. */
+static int
+attach (struct export *e, int64_t size)
+{
+  if (e->attached)
+    return 0;
+  if (e->failed) {
+    nbdkit_error ("ssdcache: export '%s': its cache could not be started "
+                  "(see the error logged before)", e->name);
+    return -1;
+  }
+  if (size == -1 || cache_attach (e->cache, size) == -1) {
+    e->failed = true;
+    return -1;
+  }
+  if (config.stats_file)
+    e->metrics = metrics_start (e->cache, e->x.stats_file,
+                                config.stats_format, config.stats_interval);
+  edebug ("export '%s': attached, %lld bytes, %llu dirty pages", e->name,
+          (long long) size,
+          (unsigned long long) cache_dirty_pages (e->cache));
+  e->attached = true;
+  return 0;
+}
+
+/* Under e->bg_lock: readahead and writeback for e, as its mode and
+ * contents need; sync: the backend for writing back synchronously the
+ * dirty data left by a writeback run when the mode is no longer
+ * writeback (NULL: no writable backend now, the data waits).
+ */
+static int
+start_threads (struct export *e, const struct cache_backend *sync)
+{
+  struct cache *c = e->cache;
+  struct cache_backend be;
+  int err = 0;
+
+  if (config.ra_mode != READAHEAD_OFF && !e->no_readahead &&
+      !e->ra_started) {
+    be = export_lent_backend (e, false);
+    if (prefetch_start (c, &be) == -1)
+      nbdkit_debug ("ssdcache: export '%s': readahead is off", e->name);
+    else
+      e->ra_started = true;
+  }
+  if (cache_mode (c) != LAYOUT_MODE_WRITEBACK) {
+    if (cache_dirty_pages (c) == 0 || sync == NULL)
+      return 0;
+    nbdkit_debug ("ssdcache: writing back %llu dirty pages before "
+                  "switching mode",
+                  (unsigned long long) cache_dirty_pages (c));
+    if (cache_writeback_all (c, sync, &err) == -1) {
+      errno = err;
+      nbdkit_error ("ssdcache: cannot write back the dirty data left in "
+                    "the cache: %m");
+      return -1;
+    }
+    return 0;
+  }
+  if (sync == NULL || writeback_running (c))
+    return 0;
+  be = export_lent_backend (e, true);
+  return writeback_start (c, &be);
+}
+
+int
+export_attach_fixed (struct export *e, int64_t size)
+{
+  int r;
+
+  pthread_mutex_lock (&e->bg_lock);
+  e->fixed = true;
+  r = attach (e, size);
+  pthread_mutex_unlock (&e->bg_lock);
+  return r;
+}
+
+int
+export_start_fixed (struct export *e, nbdkit_next *wb, nbdkit_next *ra)
+{
+  struct cache_backend be = export_lent_backend (e, true);
+  int r = -1;
+
+  pthread_mutex_lock (&e->bg_lock);
+  if (!e->ra_started)
+    e->no_readahead = ra == NULL;
+  if ((wb && lend (e, wb, LEND_FIXED_WRITE, true) == NULL) ||
+      (ra && lend (e, ra, LEND_FIXED_READ, false) == NULL))
+    goto out;
+  r = start_threads (e, wb ? &be : NULL);
+ out:
+  pthread_mutex_unlock (&e->bg_lock);
+  return r;
+}
+
+struct lender *
+export_connect (struct export *e, nbdkit_next *next, bool readonly)
+{
+  struct lender *l = NULL;
+  bool writable;
+  int64_t size = next->get_size (next);
+
+  pthread_mutex_lock (&e->bg_lock);
+  if (attach (e, size) == -1)
+    goto out;
+  if ((uint64_t) size != cache_backend_size (e->cache)) {
+    nbdkit_error ("ssdcache: export '%s' has %lld bytes but its cache is "
+                  "for %llu bytes", e->name, (long long) size,
+                  (unsigned long long) cache_backend_size (e->cache));
+    goto out;
+  }
+  writable = !readonly && next->can_write (next) == 1;
+  l = lend (e, next, LEND_CONN, writable);
+  if (l == NULL)
+    goto out;
+  e->nconns++;
+  edebug ("export '%s': connection %u%s", e->name, e->nconns,
+          writable ? "" : " (read-only)");
+  if (!e->fixed) {
+    struct export_req req = { .next = next, .cache = e->cache };
+    struct cache_backend be = export_backend (&req);
+    if (start_threads (e, writable ? &be : NULL) == -1) {
+      e->nconns--;
+      pthread_mutex_unlock (&e->bg_lock);
+      unlend (e, l);
+      return NULL;
+    }
+  }
+ out:
+  pthread_mutex_unlock (&e->bg_lock);
+  return l;
+}
+
+/* Under e->bg_lock, the last connection of a lazy export going (next:
+ * its context): write back if asked, then stop e's threads.
+ */
+static void
+last_close (struct export *e, nbdkit_next *next, bool writable)
+{
+  struct cache *c = e->cache;
+
+  prefetch_stop (c);
+  e->ra_started = false;
+  writeback_stop (c);
+  if (config.writeback_on_exit && cache_dirty_pages (c) > 0) {
+    struct export_req req = { .next = next, .cache = c };
+    struct cache_backend be = export_backend (&req);
+    int err = 0;
+
+    if (!writable) {
+      nbdkit_debug ("ssdcache: export '%s': %llu dirty pages wait for a "
+                    "writable connection", e->name,
+                    (unsigned long long) cache_dirty_pages (c));
+      return;
+    }
+    edebug ("export '%s': writing back %llu dirty pages at its last close",
+            e->name, (unsigned long long) cache_dirty_pages (c));
+    if (cache_writeback_all (c, &be, &err) == -1) {
+      errno = err;
+      nbdkit_error ("ssdcache: export '%s': writeback at its last close "
+                    "failed: %m; the dirty data stays in the cache file",
+                    e->name);
+    }
+  }
+}
+
+void
+export_disconnect (struct export *e, struct lender *l)
+{
+  pthread_mutex_lock (&e->bg_lock);
+  if (e->nconns == 1 && !e->fixed)
+    last_close (e, l->next, l->writable);
+  e->nconns--;
+  edebug ("export '%s': %u connections left", e->name, e->nconns);
+  unlend (e, l);
+  pthread_mutex_unlock (&e->bg_lock);
+}
+
+int
+export_start_writeback (struct export *e, char *err, size_t len)
+{
+  struct cache_backend be = export_lent_backend (e, true);
+  bool have;
+
+  if (writeback_running (e->cache))
+    return 0;
+  pthread_mutex_lock (&exports_lock);
+  have = pick_lender (e, true) != NULL;
+  pthread_mutex_unlock (&exports_lock);
+  if (!have) {
+    snprintf (err, len, "writeback needs a writable backend (a writable "
+              "client connection of export '%s')", e->name);
+    return -1;
+  }
+  if (writeback_start (e->cache, &be) == -1) {
+    snprintf (err, len, "the writeback thread could not be started");
+    return -1;
+  }
+  return 0;
+}
+
+void
+exports_for_each (void (*fn) (struct export *e, void *opaque), void *opaque)
+{
+  pthread_mutex_lock (&exports_lock);
+  struct export *first = exports;
+  pthread_mutex_unlock (&exports_lock);
+  /* Exports are only added at the tail and freed at cleanup. */
+  for (struct export *e = first; e; e = e->link)
+    if (e->attached)
+      fn (e, opaque);
+}
+
+/* At exit, a fixed export: write back (ssdcache-writeback-on-exit) on
+ * its own writable context, then close its contexts.
+ */
+static void
+fixed_exit (struct export *e)
+{
+  struct cache *c = e->cache;
+  struct cache_backend be = export_lent_backend (e, true);
+  int err = 0;
+
+  if (config.writeback_on_exit && cache_dirty_pages (c) > 0 &&
+      pick_lender (e, true) != NULL) {
+    nbdkit_debug ("ssdcache: writing back %llu dirty pages at exit",
+                  (unsigned long long) cache_dirty_pages (c));
+    if (cache_writeback_all (c, &be, &err) == -1) {
+      errno = err;
+      nbdkit_error ("ssdcache: writeback at exit failed: %m; the dirty "
+                    "data stays in the cache file and will be written "
+                    "back at the next start");
+    }
+  }
+  while (e->lenders) {
+    struct lender *l = e->lenders;
+    e->lenders = l->link;
+    l->next->finalize (l->next);
+    nbdkit_next_context_close (l->next);
+    free (l);
+  }
+}
+
+static void
+export_close (struct export *e)
+{
+  struct cache *c = e->cache;
+
+  if (e->attached) {
+    prefetch_stop (c);
+    writeback_stop (c);
+    if (e->fixed)
+      fixed_exit (e);
+    nbdkit_debug ("ssdcache: export '%s': %llu dirty pages left in the "
+                  "cache", e->name,
+                  (unsigned long long) cache_dirty_pages (c));
+    stats_debug (cache_stats (c));
+    if (e->metrics)
+      metrics_stop (e->metrics);         /* the last version of the file */
+    else if (e->x.stats_file)
+      metrics_write_file (c, e->x.stats_file, config.stats_format, 0);
+  }
+  cache_close (c);
+  config_export_free (&e->x);
+  pthread_mutex_destroy (&e->bg_lock);
+  free (e->name);
+  free (e);
+}
+
+void
+exports_cleanup (void)
+{
+  struct export *e = exports;
+
+  exports = NULL;
+  exports_tail = &exports;
+  /* Every cache's threads first: a reclaim may reach any cache. */
+  for (struct export *p = e; p; p = p->link)
+    if (p->attached) {
+      prefetch_stop (p->cache);
+      writeback_stop (p->cache);
+    }
+  while (e) {
+    struct export *next = e->link;
+    export_close (e);
+    e = next;
+  }
+}

@@ -77,18 +77,6 @@ export_cache (const struct export *e)
   return e->cache;
 }
 
-const char *
-export_name (const struct export *e)
-{
-  return e->name;
-}
-
-bool
-export_attached (const struct export *e)
-{
-  return e->attached;
-}
-
 static struct lender *pick_lender (struct export *e, bool write);
 
 bool
@@ -664,18 +652,6 @@ export_start_writeback (struct export *e, char *err, size_t len)
     return -1;
   }
   return 0;
-}
-
-void
-exports_for_each (void (*fn) (struct export *e, void *opaque), void *opaque)
-{
-  pthread_mutex_lock (&exports_lock);
-  struct export *first = exports;
-  pthread_mutex_unlock (&exports_lock);
-  /* Exports are only added at the tail and freed at cleanup. */
-  for (struct export *e = first; e; e = e->link)
-    if (e->attached)
-      fn (e, opaque);
 }
 
 /* At exit, a fixed export: write back (ssdcache-writeback-on-exit) on

@@ -57,8 +57,6 @@ extern void exports_init (uint64_t budget_bytes);
 extern struct export *exports_get (const char *name);
 
 extern struct cache *export_cache (const struct export *e);
-extern const char *export_name (const struct export *e);
-extern bool export_attached (const struct export *e);
 /* Attached at start with contexts of its own (export_attach_fixed). */
 extern bool export_fixed (const struct export *e);
 /* ... and one of them is writable. */
@@ -108,10 +106,6 @@ extern struct cache_backend export_lent_backend (struct export *e,
  * writeback at run time).  Returns 0, or -1 with a message in err.
  */
 extern int export_start_writeback (struct export *e, char *err, size_t len);
-
-/* Call fn for every attached export, in the order they were opened. */
-extern void exports_for_each (void (*fn) (struct export *e, void *opaque),
-                              void *opaque);
 
 /* At exit: stop every thread, write back what can be (fixed exports),
  * close every cache.

@@ -90,9 +90,11 @@ export_has_writer (struct export *e)
 {
   bool r;
 
+  struct lender *l;
+
   pthread_mutex_lock (&exports_lock);
-  r = pick_lender (e, true) != NULL &&
-    pick_lender (e, true)->role == LEND_FIXED_WRITE;
+  l = pick_lender (e, true);
+  r = l != NULL && l->role == LEND_FIXED_WRITE;
   pthread_mutex_unlock (&exports_lock);
   return r;
 }
@@ -380,6 +382,17 @@ export_cache_config (const struct export *e, struct cache_config *cfg)
   };
 }
 
+/* The parts of e that export_new made (its cache closed, if open). */
+static void
+export_free (struct export *e)
+{
+  cache_close (e->cache);
+  config_export_free (&e->x);
+  pthread_mutex_destroy (&e->bg_lock);
+  free (e->name);
+  free (e);
+}
+
 static struct export *
 export_new (const char *name)
 {
@@ -404,22 +417,29 @@ export_new (const char *name)
   return e;
 
  err:
-  config_export_free (&e->x);
-  pthread_mutex_destroy (&e->bg_lock);
-  free (e->name);
-  free (e);
+  export_free (e);
   return NULL;
+}
+
+/* Under exports_lock. */
+static struct export *
+find_locked (const char *name)
+{
+  struct export *e;
+
+  for (e = exports; e; e = e->link)
+    if (strcmp (e->name, name) == 0)
+      break;
+  return e;
 }
 
 struct export *
 exports_get (const char *name)
 {
-  struct export *e;
+  struct export *e, *o;
 
   pthread_mutex_lock (&exports_lock);
-  for (e = exports; e; e = e->link)
-    if (strcmp (e->name, name) == 0)
-      break;
+  e = find_locked (name);
   pthread_mutex_unlock (&exports_lock);
   if (e)
     return e;
@@ -429,28 +449,15 @@ exports_get (const char *name)
    */
   e = export_new (name);
   pthread_mutex_lock (&exports_lock);
-  {
-    struct export *o;
-    for (o = exports; o; o = o->link)
-      if (strcmp (o->name, name) == 0)
-        break;
-    if (o) {
-      pthread_mutex_unlock (&exports_lock);
-      if (e) {
-        cache_close (e->cache);
-        config_export_free (&e->x);
-        free (e->name);
-        free (e);
-      }
-      return o;
-    }
-  }
-  if (e) {
+  o = find_locked (name);
+  if (o == NULL && e) {
     *exports_tail = e;
     exports_tail = &e->link;
   }
   pthread_mutex_unlock (&exports_lock);
-  return e;
+  if (o && e)
+    export_free (e);
+  return o ? o : e;
 }
 
 /* Under e->bg_lock: the first attach of e with the backend size. */
@@ -684,14 +691,13 @@ fixed_exit (struct export *e)
   }
 }
 
+/* At exit, once every export's threads are stopped (exports_cleanup). */
 static void
 export_close (struct export *e)
 {
   struct cache *c = e->cache;
 
   if (e->attached) {
-    prefetch_stop (c);
-    writeback_stop (c);
     if (e->fixed)
       fixed_exit (e);
     nbdkit_debug ("ssdcache: export '%s': %llu dirty pages left in the "
@@ -703,11 +709,7 @@ export_close (struct export *e)
     else if (e->x.stats_file)
       metrics_write_file (c, e->x.stats_file, config.stats_format, 0);
   }
-  cache_close (c);
-  config_export_free (&e->x);
-  pthread_mutex_destroy (&e->bg_lock);
-  free (e->name);
-  free (e);
+  export_free (e);
 }
 
 void

@@ -198,9 +198,7 @@ extern uint64_t cache_drop_clean (struct cache *c, uint64_t offset,
  * only.  Returns true if a slot went.
  */
 extern bool cache_give_slot (struct cache *c);
-/* Monotonic ms of the last client request, and whether the page
- * table holds any slot.
- */
+/* Monotonic ms of the last client request. */
 extern uint64_t cache_last_io_ms (const struct cache *c);
 /* The monotonic clock those are read on, in ms. */
 extern uint64_t cache_now_ms (void);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <nbdkit-filter.h>
 
@@ -709,6 +710,13 @@ export_close (struct export *e)
     else if (e->x.stats_file)
       metrics_write_file (c, e->x.stats_file, config.stats_format, 0);
   }
+  else if (cache_file_untouched (c) && unlink (e->x.file) == 0)
+    /* Opened at start for the default export, which nobody used (a
+     * plugin with no such export, as file dir=): leave nothing behind.
+     * Unlinked while still locked.
+     */
+    edebug ("export '%s': unused, cache file %s removed", e->name,
+            e->x.file);
   export_free (e);
 }
 

@@ -55,6 +55,8 @@ cmp "$dir/b.img" "$tmpdir/b.copy" || fail "b.img read wrong (daemon)"
 kill "$pid"
 for i in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 ls -l "$tmpdir"
+# file dir= has no default export: its cache file is not left behind.
+[ ! -e "$cache" ] || fail "the unused default export's cache file stayed"
 # nbdinfo --list opened every export: one cache file each.
 [ "$(ls "$cache".* | wc -l)" -eq 3 ] ||
     fail "expected a cache file for each of the three exports"

@@ -122,6 +122,11 @@ extern struct cache *cache_open (const struct cache_config *cfg);
  */
 extern int cache_attach (struct cache *c, uint64_t backend_size);
 
+/* Is c's cache file an empty regular file that cache_open found or
+ * made and nothing has written (c never attached)?
+ */
+extern bool cache_file_untouched (const struct cache *c);
+
 /* Clean shutdown: sync, mark the superblock clean, unlock, free. */
 extern void cache_close (struct cache *c);
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include <sys/random.h>
 
 #include "admit.h"
@@ -552,6 +553,15 @@ cache_attach (struct cache *c, uint64_t backend_size)
   if (c->have_sb && recover_load_entries (c, data_end) == -1)
     return -1;
   return start_running (c);
+}
+
+bool
+cache_file_untouched (const struct cache *c)
+{
+  struct stat st;
+
+  return c->ev == NULL && !c->have_sb && c->pool.fd >= 0 &&
+    fstat (c->pool.fd, &st) == 0 && S_ISREG (st.st_mode) && st.st_size == 0;
 }
 
 void

@@ -26,7 +26,8 @@ struct config config = {
   .mode = CACHE_DEFAULT_MODE,
   .flush_mode = CACHE_DEFAULT_FLUSH,
   .wb = { .high_pct = CACHE_DEFAULT_WB_HIGH, .low_pct = CACHE_DEFAULT_WB_LOW,
-          .rate = 0, .idle_ms = CACHE_DEFAULT_WB_IDLE_MS },
+          .rate = 0, .idle_ms = CACHE_DEFAULT_WB_IDLE_MS,
+          .depth = CACHE_DEFAULT_WB_DEPTH },
   .writeback_on_exit = true,
   .defer_writes = CACHE_DEFAULT_DEFER_WRITES,
   .policy = EVICT_DEFAULT,
@@ -250,6 +251,33 @@ static const struct choice modes[] = {
   { "writeback", LAYOUT_MODE_WRITEBACK },
   { NULL, 0 }
 };
+/* SIZE, or PCT% of the cache. */
+static int
+parse_max_dirty (const struct param *p, const char *value)
+{
+  size_t n = strlen (value);
+
+  if (n > 1 && value[n - 1] == '%') {
+    char *num = strndup (value, n - 1);
+    unsigned v;
+    int r;
+
+    if (num == NULL) {
+      nbdkit_error ("strndup: %m");
+      return -1;
+    }
+    r = nbdkit_parse_unsigned (p->key, num, &v);
+    free (num);
+    if (r == -1 || v < 1 || v > 100)
+      return not_allowed (p, value);
+    config.wb.max_dirty_pct = v;
+    config.wb.max_dirty_bytes = 0;
+    return 0;
+  }
+  config.wb.max_dirty_pct = 0;
+  return parse_size (p, value);
+}
+
 static const struct choice export_modes[] = {
   { "each", CONFIG_EXPORTS_EACH }, { "one", CONFIG_EXPORTS_ONE }, { NULL }
 };
@@ -321,6 +349,13 @@ static const struct param params[] = {
     .lo = 0, .hi = 100, .bad = "%s: a percentage from 0 to 100, not %s" },
   { "ssdcache-writeback-rate", parse_size, .u64 = &config.wb.rate },
   { "ssdcache-writeback-idle", parse_unsigned, .uint = &config.wb.idle_ms },
+  { "ssdcache-writeback-depth", parse_unsigned, .uint = &config.wb.depth,
+    .lo = 1, .hi = CACHE_MAX_WB_DEPTH, .bad = "%s: from 1 to 64, not %s" },
+  { "ssdcache-writeback-max-dirty", parse_max_dirty,
+    .u64 = &config.wb.max_dirty_bytes, .lo = 1, .hi = INT64_MAX,
+    .bad = "%s: a size, or a percentage from 1%% to 100%%, not %s" },
+  { "ssdcache-writeback-max-age", parse_unsigned, .uint = &config.wb.max_age_s,
+    .lo = 0, .hi = 86400, .bad = "%s: from 0 to 86400 seconds, not %s" },
   { "ssdcache-writeback-on-exit", parse_bool,
     .flag = &config.writeback_on_exit },
   { "ssdcache-exports", parse_choice, .uint = &config.exports,

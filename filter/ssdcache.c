@@ -99,6 +99,9 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "ssdcache-writeback-low=PCT   ... down to PCT% (10).\n" \
   "ssdcache-writeback-rate=SIZE Writeback bytes per second (0: no limit).\n" \
   "ssdcache-writeback-idle=MS   Clean all after MS ms idle (1000; 0 off).\n" \
+  "ssdcache-writeback-depth=N   Backend writes in flight (8).\n" \
+  "ssdcache-writeback-max-dirty=SIZE|PCT%  Dirty data cap (none).\n" \
+  "ssdcache-writeback-max-age=S  Write back data older than S s (0 off).\n" \
   "ssdcache-writeback-on-exit=BOOL  Write back all at exit (true).\n" \
   "ssdcache-id=STRING         Backend identity (default: from parameters).\n" \
   "ssdcache-reset=BOOL        Re-initialise a mismatched cache.\n" \
@@ -134,6 +137,14 @@ ssdcache_thread_model (void)
 static int
 ssdcache_get_ready (int thread_model)
 {
+  /* Writeback's requests in flight run side by side on one backend
+   * context: only a plugin that takes parallel requests may get them.
+   */
+  if (thread_model < NBDKIT_THREAD_MODEL_PARALLEL && config.wb.depth > 1) {
+    nbdkit_debug ("ssdcache: the plugin serialises requests: "
+                  "ssdcache-writeback-depth=1");
+    config.wb.depth = 1;
+  }
   exports_init (config.exports == CONFIG_EXPORTS_EACH
                 ? (config.size ? config.size : CACHE_DEFAULT_SIZE) : 0);
   default_export = exports_get ("");

@@ -93,7 +93,13 @@ class Server:
         a = ["nbdkit"] + (["-v", "-D", "ssdcache.verbose=1"]
                           if self.args.debug else []) + ["-U", self.sock, "-P", self.pidfile, "-f",
              "--filter=" + self.args.filter,
+             # Writeback's own writes fail while the trigger file exists
+             # (an error window, Client.error_window): clients send
+             # nothing then.
+             "--filter=error",
              "file", self.args.image,
+             "error-pwrite=EIO", "error-pwrite-rate=50%",
+             "error-file=" + self.args.trigger,
              "ssdcache-file=" + self.args.cache,
              "ssdcache-size=%d" % c["cache_size"],
              "ssdcache-page-size=%d" % c["page_size"],
@@ -108,7 +114,11 @@ class Server:
                   "ssdcache-writeback-high=%d" % c["high"],
                   "ssdcache-writeback-low=%d" % c["low"],
                   "ssdcache-writeback-idle=%d" % c["idle"],
-                  "ssdcache-writeback-rate=%d" % c["rate"]]
+                  "ssdcache-writeback-rate=%d" % c["rate"],
+                  "ssdcache-writeback-depth=%d" % c["depth"],
+                  "ssdcache-writeback-max-age=%d" % c["max_age"]]
+            if c["max_dirty"]:
+                a += ["ssdcache-writeback-max-dirty=%d%%" % c["max_dirty"]]
         return a
 
     def describe(self):
@@ -602,6 +612,8 @@ class Client:
                 self.issue_write(conn)
             if self.rng.random() < 0.3:
                 self.progress(0)
+            if self.cfg["errors"] and self.rng.random() < 0.02:
+                self.error_window()
         if not kill:
             self.wait_until(lambda: not self.inflight, "the last requests")
             return 0
@@ -619,6 +631,17 @@ class Client:
         in_flight = sum(1 for op in self.inflight if op.kind == "write")
         server.kill()
         return in_flight
+
+    def error_window(self):
+        """Nothing in flight, then for a moment half of the backend
+        writes fail (writeback's: clients send nothing meanwhile), so
+        that failed runs back off while others are written back."""
+        self.wait_until(lambda: not self.inflight, "requests before an "
+                        "error window")
+        open(self.args.trigger, "w").close()
+        time.sleep(self.rng.uniform(0.05, 0.3))
+        os.unlink(self.args.trigger)
+        self.counts["error_windows"] = self.counts.get("error_windows", 0) + 1
 
     def issue_read_sync(self, conn):
         # Reads go through aio_pread with a buffer we own so the data
@@ -686,13 +709,20 @@ def choose_cfg1(rng, prev=None):
         "low": low,
         "idle": rng.choice([0, 50, 1000]),
         "rate": rng.choice([0, 0, 0, 32 * MiB]),
+        "depth": rng.choice([1, 4, 8]),
+        "max_dirty": rng.choice([0, 0, 10, 50]),   # % of the cache
+        "max_age": rng.choice([0, 0, 1]),
+        "errors": rng.choice([0, 0, 1]),           # error windows
     }
 
 
 def describe_cfg(cfg):
-    return ("page %dK cache %dM flush=%s high=%d low=%d idle=%d rate=%d" % (
-        cfg["page_size"] // 1024, cfg["cache_size"] // MiB, cfg["flush"],
-        cfg["high"], cfg["low"], cfg["idle"], cfg["rate"]))
+    return ("page %dK cache %dM flush=%s high=%d low=%d idle=%d rate=%d "
+            "depth=%d max_dirty=%d%% max_age=%d errors=%d" % (
+                cfg["page_size"] // 1024, cfg["cache_size"] // MiB,
+                cfg["flush"], cfg["high"], cfg["low"], cfg["idle"],
+                cfg["rate"], cfg["depth"], cfg["max_dirty"],
+                cfg["max_age"], cfg["errors"]))
 
 
 def read_all(h, size):
@@ -767,6 +797,9 @@ def run(args):
     os.makedirs(args.workdir, exist_ok=True)
     args.image = os.path.join(args.workdir, "backing.img")
     args.cache = os.path.join(args.workdir, "cache.ssdcache")
+    args.trigger = os.path.join(args.workdir, "backend-errors")
+    if os.path.exists(args.trigger):
+        os.unlink(args.trigger)
     if os.path.exists(args.cache):
         os.unlink(args.cache)
     state = State(make_backing(args, rng))
@@ -960,8 +993,10 @@ def main():
     p.add_argument("--fix", action="append", default=[],
                    metavar="KEY=VALUE",
                    help="always use this setting (page_size, cache_size, "
-                   "flush, high, low, idle, rate; sizes in bytes): to "
-                   "search one configuration hard")
+                   "flush, high, low, idle, rate, depth, max_dirty (%% "
+                   "of the cache, 0: none), max_age (s), errors (1: "
+                   "windows where half of writeback's writes fail); "
+                   "sizes in bytes): to search one configuration hard")
     p.add_argument("--timeout", type=int, default=90,
                    help="fail if no request completes for this long")
     args = p.parse_args()
@@ -970,7 +1005,8 @@ def main():
     for kv in args.fix:
         k, _, v = kv.partition("=")
         if k not in ("page_size", "cache_size", "flush", "high", "low",
-                     "idle", "rate") or not v:
+                     "idle", "rate", "depth", "max_dirty", "max_age",
+                     "errors") or not v:
             print("crash-writeback: bad --fix %s" % kv, file=sys.stderr)
             return 2
         FIXED[k] = v if k == "flush" else int(v)

@@ -112,12 +112,11 @@ cat "$stats"
 dirty="$(stat_get "$stats" dirty_pages)"
 [ "$dirty" -gt 0 ] ||
     fail "writeback: no dirty pages kept at exit with writeback-on-exit=false"
-# (Writers may have waited for slots with some seeds, e.g. 24915: long
-# runs without a flush fill the spare slots with copies.  That is not a
-# failure: what this step needs is dirty data left at exit, checked
-# above and by the backing file differing from the model below.)
-[ "$(stat_get "$stats" wait_ms)" -eq 0 ] ||
-    echo "note: writers waited $(stat_get "$stats" wait_ms) ms for slots in this step"
+# (Some writes may have gone around a cache full of dirty data with
+# some seeds, e.g. 24915: long runs without a flush fill the spare
+# slots with copies.  That is not a failure: what this step needs is
+# dirty data left at exit, checked above and by the backing file
+# differing from the model below.)
 cmp -s "$img" "$tmpdir/model3.img" &&
     fail "writeback: the backing file already equals the model (nothing stayed dirty?)"
 

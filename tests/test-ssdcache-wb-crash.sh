@@ -5,7 +5,8 @@
 # after a restart must be the data it had at the last completed FLUSH
 # (or FUA write) or the data of a write issued after it; a clean exit
 # with ssdcache-writeback-on-exit=true must leave the backing file
-# complete.  `make check-crash` runs 1000 iterations.
+# complete.  `make check-crash` runs 1000 iterations.  Then 6 more with
+# the pressure paths forced (dirty cap, backend errors, depth, age).
 #
 # First a short self-test: crash-writeback.py --sabotage deletes the
 # cache file at each crash, so flushed data is lost, and the checker
@@ -34,3 +35,11 @@ rm -rf "$tmpdir/sabotage"
 
 "$PYTHON" "$crash" --iterations "${CRASH_WB_ITERATIONS:-20}" --seed "$seed" \
           --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/crash"
+
+# The paths of a cache under pressure, forced: writes sent through at a
+# dirty cap of 10%, writeback's writes failing in error windows (per-run
+# backoff), several requests in flight, the age limit.
+"$PYTHON" "$crash" --iterations "${CRASH_WB_PRESSURE_ITERATIONS:-6}" \
+          --seed "$((seed + 1))" --fix max_dirty=10 --fix errors=1 \
+          --fix depth=8 --fix max_age=1 \
+          --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/pressure"

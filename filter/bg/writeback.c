@@ -20,11 +20,14 @@
 #include "writeback.h"
 
 #define WB_POLL_MS 100
-#define WB_RETRY_MS 1000
+#define WB_RETRY_MS 100         /* after a failed pass (failed runs wait
+                                   longer: engine/clean.c's backoff) */
 #define WB_HOT_MS 1000          /* a page changed this recently is hot */
 #define WB_HOT_MAX_MS 32000     /* ... at most this (adaptive window) */
 #define WB_SAMPLE 256           /* cleaned pages checked per window */
 #define WB_SAMPLE_MIN 16        /* fewer tell nothing */
+#define WB_AGE_MARKS 64         /* (time, c->seq) marks for the age limit */
+#define WB_AGE_CHECK_MS 1000    /* how often old pages are looked for */
 
 struct writeback {
   struct cache *c;
@@ -50,6 +53,12 @@ struct writeback {
   uint64_t sample[2][WB_SAMPLE];
   size_t nsample[2];
   int cur;
+  /* The age limit: c->seq at times past, a ring (oldest at age_head),
+   * one mark per max_age / (WB_AGE_MARKS / 2).  Thread only.
+   */
+  struct { uint64_t ms, seq; } age[WB_AGE_MARKS];
+  unsigned age_head, nage;
+  uint64_t age_checked_ms;
 };
 
 /* The hot window: above the high watermark, background cleaning skips
@@ -142,6 +151,44 @@ hot_window_age (struct writeback *wb)
   }
 }
 
+/* ssdcache-writeback-max-age: note c->seq now and then; return the
+ * sequence number at or below which a dirty page was last written more
+ * than max_age ago (0: none known yet, or not time to look).
+ */
+static uint64_t
+age_limit_seq (struct writeback *wb)
+{
+  struct cache *c = wb->c;
+  const uint64_t max_ms = (uint64_t) c->wbcfg.max_age_s * 1000;
+  const uint64_t step = max_ms / (WB_AGE_MARKS / 2);
+  uint64_t now = cache_now_ms (), seq, found = 0;
+  unsigned last = (wb->age_head + wb->nage - 1) % WB_AGE_MARKS;
+
+  if (max_ms == 0)
+    return 0;
+  if (wb->nage == 0 || now - wb->age[last].ms >= step) {
+    pthread_mutex_lock (&c->lock);
+    seq = c->seq;
+    pthread_mutex_unlock (&c->lock);
+    if (wb->nage == WB_AGE_MARKS) {
+      wb->age_head = (wb->age_head + 1) % WB_AGE_MARKS;
+      wb->nage--;
+    }
+    wb->age[(wb->age_head + wb->nage++) % WB_AGE_MARKS].ms = now;
+    wb->age[(wb->age_head + wb->nage - 1) % WB_AGE_MARKS].seq = seq;
+  }
+  if (now - wb->age_checked_ms < WB_AGE_CHECK_MS)
+    return 0;
+  wb->age_checked_ms = now;
+  for (unsigned k = 0; k < wb->nage; k++) {
+    unsigned i = (wb->age_head + k) % WB_AGE_MARKS;
+    if (now - wb->age[i].ms < max_ms)
+      break;
+    found = wb->age[i].seq;
+  }
+  return found;
+}
+
 /* What to clean now (full: a flush waits for everything).  Returns
  * false if nothing, else fills o.
  */
@@ -152,6 +199,7 @@ choose_pass (struct writeback *wb, bool full, struct clean_opts *o)
   const uint64_t high = (uint64_t) c->nslots * c->wbcfg.high_pct / 100;
   const uint64_t low = (uint64_t) c->nslots * c->wbcfg.low_pct / 100;
   uint64_t ndirty = cache_dirty_pages (c), idle_for;
+  uint64_t old_seq = ndirty > 0 ? age_limit_seq (wb) : 0;
   bool kicked = atomic_exchange (&wb->kicked, false);
 
   if (kicked && wb->hot_ms != WB_HOT_MS) {
@@ -176,6 +224,12 @@ choose_pass (struct writeback *wb, bool full, struct clean_opts *o)
     o->target = ndirty / 2 < low ? ndirty / 2 : low;
   else if (c->wbcfg.idle_ms && idle_for >= c->wbcfg.idle_ms && ndirty > 0)
     o->target = 0;
+  else if (old_seq > 0) {
+    /* Pages last written before the age limit: all of them go. */
+    o->target = 0;
+    o->skip_hot = true;
+    o->hot_after = old_seq;
+  }
   else
     return false;
   if (ssdcache_debug_verbose)
@@ -247,7 +301,7 @@ writeback_thread (void *arg)
     if (r == 1)
       cache_sleep_ms (1);       /* busy pages: let the clients go on */
     else if (r == -1)
-      cache_sleep_ms (WB_RETRY_MS); /* backend trouble: back off */
+      cache_sleep_ms (WB_RETRY_MS); /* backend trouble: a breath */
   }
   return NULL;
 }

@@ -22,10 +22,11 @@
   X (unsealed_dropped) X (dirty_lost) \
   X (cow_copies) X (cache_syncs) X (pages_written_back) \
   X (bytes_written_back) X (writeback_errors) X (write_through_full) \
-  X (wait_ms) X (dirty_pages) X (degraded) \
+  X (dirty_pages) X (degraded) \
   X (partial_maps) X (partial_maps_full) X (pt_rebases) \
   X (writes_not_cached) X (writes_deferred) X (deferred_waits) \
-  X (writeback_hot_ms) X (backend_errors) X (slots_given)
+  X (writeback_hot_ms) X (backend_errors) X (slots_given) \
+  X (dirty_cap_writes)
 
 /* The counters that are gauges (a level, not a count of events). */
 #define STATS_GAUGES(X) \
@@ -59,9 +60,32 @@ hit_ratio (const struct stats *st)
   return all ? (double) hits / all : 0;
 }
 
+/* Whole seconds (rounded up) to write back the dirty data at the last
+ * interval's writeback throughput: false if unknown (dirty data, but
+ * none written back lately).
+ */
+static bool
+drain_seconds (const struct stats *st, const struct stats_extra *x,
+               uint64_t *secs)
+{
+  uint64_t dirty = STATS_GET (st, dirty_pages) * x->page_size;
+  double s;
+
+  *secs = 0;
+  if (dirty == 0)
+    return true;
+  if (x->writeback_bytes_per_s <= 0)
+    return false;
+  s = dirty / x->writeback_bytes_per_s;
+  *secs = (uint64_t) s + ((double) (uint64_t) s < s);
+  return true;
+}
+
 static void
 write_text (const struct stats *st, const struct stats_extra *x, FILE *fp)
 {
+  uint64_t drain;
+
   if (x->export_name)
     fprintf (fp, "export: %s\n", x->export_name);
   stats_print (st, fp);
@@ -70,11 +94,15 @@ write_text (const struct stats *st, const struct stats_extra *x, FILE *fp)
            STATS_GET (st, dirty_pages) * x->page_size);
   fprintf (fp, "writeback_bytes_per_second: %.0f\n",
            x->writeback_bytes_per_s);
+  if (drain_seconds (st, x, &drain))
+    fprintf (fp, "writeback_drain_seconds: %" PRIu64 "\n", drain);
 }
 
 static void
 write_json (const struct stats *st, const struct stats_extra *x, FILE *fp)
 {
+  uint64_t drain;
+
   fputs ("{", fp);
   if (x->export_name) {
     fputs ("\"export\": \"", fp);
@@ -92,8 +120,11 @@ write_json (const struct stats *st, const struct stats_extra *x, FILE *fp)
   fprintf (fp, "\"hit_ratio\": %.4f, ", hit_ratio (st));
   fprintf (fp, "\"dirty_bytes\": %" PRIu64 ", ",
            STATS_GET (st, dirty_pages) * x->page_size);
-  fprintf (fp, "\"writeback_bytes_per_second\": %.0f}\n",
+  fprintf (fp, "\"writeback_bytes_per_second\": %.0f",
            x->writeback_bytes_per_s);
+  if (drain_seconds (st, x, &drain))
+    fprintf (fp, ", \"writeback_drain_seconds\": %" PRIu64, drain);
+  fputs ("}\n", fp);
 }
 
 static bool
@@ -121,6 +152,7 @@ write_prometheus (const struct stats *st, const struct stats_extra *x,
                   FILE *fp)
 {
   char v[64];
+  uint64_t drain;
 
   if (x->export_name) {
     fputs ("# export: ", fp);
@@ -140,6 +172,10 @@ write_prometheus (const struct stats *st, const struct stats_extra *x,
   prom_one (fp, "dirty_bytes", true, v);
   snprintf (v, sizeof v, "%.0f", x->writeback_bytes_per_s);
   prom_one (fp, "writeback_bytes_per_second", true, v);
+  if (drain_seconds (st, x, &drain)) {
+    snprintf (v, sizeof v, "%" PRIu64, drain);
+    prom_one (fp, "writeback_drain_seconds", true, v);
+  }
 }
 
 void

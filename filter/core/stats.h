@@ -56,7 +56,6 @@ struct stats {
   _Atomic uint64_t writeback_errors;
   _Atomic uint64_t write_through_full;/* writes sent to the backend because
                                          the cache was full of dirty data */
-  _Atomic uint64_t wait_ms;           /* time writes waited for a slot */
   _Atomic uint64_t dirty_pages;       /* gauge: pages holding dirty data */
   _Atomic uint64_t degraded;          /* gauge: 1 once the cache device failed
                                          and the filter is in pass-through */
@@ -84,6 +83,9 @@ struct stats {
   atomic_load_explicit (&(st)->field, memory_order_relaxed)
 
   _Atomic uint64_t backend_errors;    /* backend requests that failed */
+  _Atomic uint64_t dirty_cap_writes;  /* writeback: writes sent through
+                                         because ssdcache-writeback-max-
+                                         dirty was reached */
   _Atomic uint64_t slots_given;       /* clean slots given up to another
                                          export (the shared budget) */
 };

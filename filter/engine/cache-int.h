@@ -11,7 +11,10 @@
  *  c->ranges            range    what is cached for a page:    yes (1)
  *   (core/rangelock)    locks    its slot, maps and data
  *  c->clean_lock        mutex    one cleaning pass at a time   yes (2)
- *                                (engine/clean.c)
+ *                                (engine/clean.c), c->backoff
+ *  ps->lock (a pass's)  mutex    the pass's next group, its    never
+ *   (engine/clean.c)             done list and totals, and
+ *                                c->backoff while it runs
  *  c->inplace           rwlock   rewrites of a slot in place   yes (3)
  *                                vs. a client flush's fdatasync
  *  c->lock              mutex    the page table (and its side  never
@@ -19,7 +22,8 @@
  *                                the policy (c->ev), c->seq,
  *                                the epochs, c->syncs_head/
  *                                tail, c->sup, c->nfreeing,
- *                                c->ndirty, the unsealed list,
+ *                                c->ndirty, c->dirty_promised,
+ *                                the unsealed list,
  *                                c->stale, c->seqcut, c->nhit
  *  c->space             cond     with c->lock: signalled when a slot
  *                                becomes free or clean, or a freeing
@@ -51,7 +55,9 @@
  *      (cleaning, eviction in can_take) only try-locks ranges.  A mode
  *      switch (cache_set_mode) waits on a barrier that holds new ranges
  *      back until every range taken before it is released.
- *  (2) Held across a pass's backend writes; only passes take it.
+ *  (2) Held across a pass's backend writes; only passes take it.  The
+ *      pass's workers (ssdcache-writeback-depth threads) take groups
+ *      under ps->lock, which nests a range try-lock (rl->lock) only.
  *  (3) Held shared by a rewrite in place from its copy-on-write
  *      decision to the end of its data writes; a client flush takes it
  *      exclusively, with no I/O, to wait for rewrites that decided
@@ -68,6 +74,7 @@
  *
  *  Lock order (a lock may be taken while holding the ones before it):
  *    c->clean_lock -> c->ranges -> c->inplace -> c->lock
+ *    c->clean_lock -> ps->lock -> rl->lock
  *    c->ranges -> c->defer.apply -> c->defer.lock
  *    pc->lock -> pf->lock
  *    e->bg_lock -> (any engine or bg/ lock of e's cache) ; e->bg_lock ->
@@ -129,6 +136,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backoff.h"
 #include "cache.h"
 #include "defer.h"
 #include "evict.h"
@@ -180,6 +188,8 @@ struct cache {
   pthread_mutex_t lock;
   pthread_cond_t space;
   pthread_mutex_t clean_lock;    /* clean.c: one pass at a time */
+  struct backoff backoff;        /* runs whose writeback failed (clean.c:
+                                    c->clean_lock, and a pass's lock) */
   /* Held shared by every rewrite of a slot in place, from the
    * copy-on-write decision to the end of its writes; a client flush
    * takes it exclusively for a moment (after moving flushing_epoch) to
@@ -217,6 +227,7 @@ struct cache {
   /* Geometry (read-only after attach). */
   uint32_t page_size, sector_size, nsectors;
   uint32_t nslots;
+  uint64_t max_dirty;            /* dirty pages allowed (0: no cap) */
   uint64_t backend_size;
   bool have_sb;                  /* an accepted superblock was read */
   bool was_clean;                /* ... and it was closed cleanly */
@@ -236,6 +247,8 @@ struct cache {
                                     successors' PT_HASPRED (c->space is
                                     signalled when one ends) */
   uint64_t ndirty;               /* slots in state DIRTY (indexed) */
+  uint64_t dirty_promised;       /* pages writes in flight may still make
+                                    dirty (write.c: the dirty cap) */
   uint32_t *unsealed;            /* slots that may be PT_UNSEALED (PT_LISTED) */
   size_t nunsealed, capunsealed;
   size_t unseal_reserved;        /* list room promised to writers */
@@ -300,7 +313,19 @@ extern int cache_commit_entry_at (struct cache *c, uint32_t s,
 extern void cache_set_state_counts (struct cache *c, uint8_t old_state,
                                     uint8_t new_state);
 extern int cache_drop_slot (struct cache *c, uint32_t s);
-extern uint32_t cache_alloc_slot (struct cache *c, bool wait);
+extern bool cache_dirty_pressure (const struct cache *c);
+/* What a slot is wanted for (cache_alloc_slot). */
+enum alloc_for {
+  ALLOC_FILL,        /* data read from the backend (evict_victim_fill) */
+  ALLOC_DIRTY,       /* new dirty data: a free slot or an evicted one */
+  ALLOC_DIRTY_PART,  /* part of a page not cached: as ALLOC_DIRTY, but
+                        no eviction while dirty pages are above the high
+                        watermark (admission under pressure, write.c) */
+};
+/* A slot off the free list, or a clean one evicted, or PT_NONE at once
+ * (never waits; for dirty data writeback is then woken).
+ */
+extern uint32_t cache_alloc_slot (struct cache *c, enum alloc_for why);
 extern bool cache_settle (struct cache *c, uint32_t s);
 extern int cache_write_free_entry (struct cache *c, uint32_t s);
 extern bool cache_degraded (const struct cache *c);

@@ -45,6 +45,11 @@ struct cache_writeback_config {
   uint64_t rate;               /* bytes/s written back, 0: unlimited */
   unsigned idle_ms;            /* clean everything after this much client
                                   silence, 0: never */
+  unsigned depth;              /* backend writes in flight (0 or 1: one) */
+  uint64_t max_dirty_bytes;    /* dirty data cap, 0: none (or ...) */
+  unsigned max_dirty_pct;      /* ... a percentage of the cache, 0: none */
+  unsigned max_age_s;          /* dirty data older than this is written
+                                  back, 0: no limit */
 };
 
 struct cache_config {
@@ -104,6 +109,8 @@ struct cache_config {
 #define CACHE_DEFAULT_WB_HIGH 50
 #define CACHE_DEFAULT_WB_LOW 10
 #define CACHE_DEFAULT_WB_IDLE_MS 1000
+#define CACHE_DEFAULT_WB_DEPTH 8
+#define CACHE_MAX_WB_DEPTH 64
 #define CACHE_DEFAULT_SEQ_STREAMS 16
 #define CACHE_DEFAULT_DEFER_WRITES true
 

@@ -3,16 +3,19 @@
  *
  * Owns a cleaning pass: collect the dirty pages, sort them by backend
  * offset, and for each group of adjacent pages (at most
- * CLEAN_GROUP_BYTES) read the dirty sectors from the cache and write
- * them to the backend in as few requests as possible.  After all
- * groups, one backend flush; only then are the pages marked clean (a
- * page changed meanwhile keeps its dirty bits: its sequence number
- * tells).  Backend errors leave pages dirty, to be retried.  The
+ * CLEAN_GROUP_BYTES / ssdcache-writeback-depth) read the dirty sectors
+ * from the cache and write them to the backend in as few requests as
+ * possible, up to depth groups at once, taken in offset order.  After
+ * all groups, one backend flush; only then are the pages marked clean
+ * (a page changed meanwhile keeps its dirty bits: its sequence number
+ * tells).  A group the backend fails stays dirty and only its run
+ * waits (core/backoff.h) while the rest of the pass goes on.  The
  * writeback thread (bg/writeback.c) decides when and how much; a
  * writer that needs a slot cleans one page itself (clean_page_locked).
  *
  * Locking: c->clean_lock makes passes run one at a time (held across
- * the pass's I/O; only passes take it).  Pages are range locked without
+ * the pass's I/O; only passes take it); a pass's workers share its
+ * state under ps->lock.  Pages are range locked without
  * waiting (busy pages are retried later) while their dirty data is read
  * and written, and again while their entries are marked clean.
  */
@@ -21,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backoff.h"
 #include "cache-int.h"
 #include "log.h"
 
@@ -45,14 +49,15 @@ cmp_u64 (const void *a, const void *b)
 }
 
 /* Dirty pages now, sorted, but for "hot" ones: changed after sequence
- * number hot_after (UINT64_MAX: none is hot), counted in *nhot.
- * Returns the count, or -1.
+ * number hot_after (UINT64_MAX: none is hot), and, unless all, those
+ * whose writeback failed lately (c->backoff); both are counted in
+ * *nhot.  Returns the count, or -1.
  */
 static int64_t
 collect_dirty (struct cache *c, uint64_t **pages_out, uint64_t hot_after,
-               uint64_t *nhot)
+               bool all, uint64_t *nhot)
 {
-  uint64_t *pages, n = 0;
+  uint64_t *pages, n = 0, now = cache_now_ms ();
 
   pthread_mutex_lock (&c->lock);
   pages = malloc ((c->ndirty ? c->ndirty : 1) * sizeof *pages);
@@ -65,7 +70,9 @@ collect_dirty (struct cache *c, uint64_t **pages_out, uint64_t hot_after,
     uint16_t flags = pt_flags (&c->pt, s);
     if (pt_state (&c->pt, s) == LAYOUT_DIRTY && (flags & PT_INDEXED) &&
         !(flags & PT_BAD)) {
-      if (pt_seq (&c->pt, s) > hot_after)
+      if (pt_seq (&c->pt, s) > hot_after ||
+          (!all && c->backoff.n > 0 &&
+           backoff_waits (&c->backoff, pt_page (&c->pt, s), now)))
         (*nhot)++;
       else
         pages[n++] = pt_page (&c->pt, s);
@@ -254,83 +261,170 @@ mark_clean (struct cache *c, const struct clean_page *p,
   cache_unpin (c, p->slot);
 }
 
-/* The state of one pass. */
+/* The state of one pass, shared by its workers (ssdcache-writeback-
+ * depth of them, the caller's thread one of them): each takes the next
+ * group in offset order under ps->lock, then reads it from the cache
+ * and writes it to the backend unlocked, so that up to depth backend
+ * writes are in flight.  c->backoff is ps->lock's too during a pass
+ * (passes are c->clean_lock's).
+ */
 struct pass {
+  struct cache *c;
+  const struct cache_backend *be;
+  const struct clean_opts *o;
+  size_t max_group;              /* pages */
+  uint64_t target, start_ms;
+
+  pthread_mutex_t lock;
   uint64_t *pages;               /* dirty pages, sorted */
-  int64_t n;
-  struct clean_page *done;       /* pages written, pinned */
+  int64_t n, next;               /* ... and the next one to take */
+  struct clean_page *done;       /* pages written (or taken), pinned */
   size_t ndone;
-  uint8_t *buf;                  /* one group's data */
   uint64_t bytes;
   bool skipped;                  /* some pages were busy */
+  bool failed;                   /* some run failed */
+  int err;                       /* ... its error */
 };
 
-/* Write back the group starting at ps->pages[*i]; moves *i past it.
- * Returns 0, or -1 (*err) if the backend failed (nothing is left
- * pinned of that group).
+/* Under ps->lock: the next group, locked and with room in ps->done for
+ * its pages: *first and *ng, or false when the pass is over.
  */
-static int
-pass_group (struct cache *c, const struct cache_backend *be, struct pass *ps,
-            int64_t *i, int *err)
+static bool
+take_group (struct pass *ps, int64_t *first, size_t *ng)
 {
-  const size_t max = CLEAN_GROUP_BYTES / c->page_size ?
-    CLEAN_GROUP_BYTES / c->page_size : 1;
-  struct clean_page *g = ps->done + ps->ndone;
-  int64_t j = lock_group (c, ps->pages, *i, ps->n, max);
+  for (;;) {
+    int64_t i = ps->next, j;
+
+    if (i >= ps->n ||
+        (ps->target > 0 && (uint64_t) (ps->n - i) <= ps->target))
+      return false;
+    j = lock_group (ps->c, ps->pages, i, ps->n, ps->max_group);
+    if (j == -1) {
+      ps->skipped = true;        /* this one later */
+      ps->next = i + 1;
+      continue;
+    }
+    ps->next = j + 1;
+    *first = i;
+    *ng = j - i + 1;
+    return true;
+  }
+}
+
+/* One group failed: its pages stay dirty (unpinned, taken out of
+ * ps->done), and only that run waits before its next try.
+ */
+static void
+group_failed (struct pass *ps, struct clean_page *g, size_t ng, int err)
+{
+  struct cache *c = ps->c;
+
+  for (size_t k = 0; k < ng; k++)
+    if (g[k].slot != PT_NONE) {
+      cache_unpin (c, g[k].slot);
+      g[k].slot = PT_NONE;
+    }
+  STATS_ADD (&c->stats, writeback_errors, 1);
+  log_error ("writeback of pages %llu-%llu failed: %s; they stay "
+             "dirty and will be retried",
+             (unsigned long long) g[0].page,
+             (unsigned long long) g[ng - 1].page, strerror (err));
+  pthread_mutex_lock (&ps->lock);
+  backoff_failed (&c->backoff, g[0].page, g[ng - 1].page, cache_now_ms ());
+  ps->failed = true;
+  ps->err = err;
+  pthread_mutex_unlock (&ps->lock);
+}
+
+/* A worker: write groups back until the pass is over.  buf holds one
+ * group's data.
+ */
+static void
+pass_work (struct pass *ps, uint8_t *buf)
+{
+  struct cache *c = ps->c;
+  int64_t i;
   size_t ng;
 
-  if (j == -1) {
-    ps->skipped = true;         /* this one later */
-    (*i)++;
-    return 0;
-  }
-  ng = j - *i + 1;
-  for (size_t k = 0; k < ng; k++)
-    load_page (c, be, ps->pages[*i + k], &g[k], ps->buf + k * c->page_size);
-  if (write_group (c, be, g, ng, ps->buf, &ps->bytes, err) == -1) {
-    rangelock_release (&c->ranges, ps->pages[*i], ps->pages[j]);
+  for (;;) {
+    struct clean_page *g;
+    uint64_t bytes = 0, total;
+    int err = 0, r;
+
+    pthread_mutex_lock (&ps->lock);
+    if (!take_group (ps, &i, &ng)) {
+      pthread_mutex_unlock (&ps->lock);
+      return;
+    }
+    g = ps->done + ps->ndone;
+    ps->ndone += ng;
+    pthread_mutex_unlock (&ps->lock);
+
     for (size_t k = 0; k < ng; k++)
-      if (g[k].slot != PT_NONE)
-        cache_unpin (c, g[k].slot);
-    STATS_ADD (&c->stats, writeback_errors, 1);
-    log_error ("writeback of pages %llu-%llu failed: %s; they stay "
-               "dirty and will be retried",
-               (unsigned long long) ps->pages[*i],
-               (unsigned long long) ps->pages[j], strerror (*err));
-    return -1;
+      load_page (c, ps->be, ps->pages[i + k], &g[k],
+                 buf + k * c->page_size);
+    r = write_group (c, ps->be, g, ng, buf, &bytes, &err);
+    rangelock_release (&c->ranges, ps->pages[i], ps->pages[i + ng - 1]);
+    if (r == -1) {
+      group_failed (ps, g, ng, err);
+      continue;
+    }
+    pthread_mutex_lock (&ps->lock);
+    if (c->backoff.n > 0)
+      backoff_done (&c->backoff, ps->pages[i], ps->pages[i + ng - 1]);
+    total = ps->bytes += bytes;
+    pthread_mutex_unlock (&ps->lock);
+    if (ps->o->limited && c->wbcfg.rate)
+      keep_rate (c, total, ps->start_ms);
   }
-  rangelock_release (&c->ranges, ps->pages[*i], ps->pages[j]);
-  ps->ndone += ng;
-  *i = j + 1;
-  return 0;
+}
+
+static void *
+pass_helper (void *arg)
+{
+  struct pass *ps = arg;
+  uint8_t *buf = malloc (ps->max_group * ps->c->page_size);
+
+  if (buf) {
+    pass_work (ps, buf);
+    free (buf);
+  }
+  return NULL;
 }
 
 /* The pages written (ps->done): flush the backend, then mark them clean;
- * after a failure (failed, or the flush) only unpin them.  Returns
- * whether all went well.
+ * if the flush fails only unpin them.  Returns whether all went well.
  */
 static bool
 pass_finish (struct cache *c, const struct cache_backend *be, struct pass *ps,
-             const struct clean_opts *o, bool failed, int *err)
+             const struct clean_opts *o, int *err)
 {
+  bool failed = ps->failed, flushed = true;
+  size_t written = 0;
+
+  for (size_t k = 0; k < ps->ndone; k++)
+    written += ps->done[k].slot != PT_NONE;
   /* The backend must have it durably before the cache forgets it. */
-  if (ps->ndone > 0 && !failed && be->flush && be->flush (be->h, err) == -1) {
+  if (written > 0 && be->flush && be->flush (be->h, err) == -1) {
     STATS_ADD (&c->stats, writeback_errors, 1);
     log_error ("writeback: backend flush failed: %s; pages stay dirty",
                strerror (*err));
     failed = true;
+    flushed = false;
   }
+  else if (failed)
+    *err = ps->err;
   for (size_t k = 0; k < ps->ndone; k++) {
     const struct clean_page *p = &ps->done[k];
 
     if (p->slot == PT_NONE)
       continue;
-    if (failed)
+    if (!flushed)
       cache_unpin (c, p->slot);
     else
       mark_clean (c, p, o);
   }
-  if (ps->ndone > 0 && !failed) {
+  if (written > 0 && flushed) {
     int e;
     STATS_ADD (&c->stats, bytes_written_back, ps->bytes);
     cache_sync_device (c, &e);
@@ -338,20 +432,50 @@ pass_finish (struct cache *c, const struct cache_backend *be, struct pass *ps,
   return !failed;
 }
 
+/* Run the pass's workers: depth - 1 helper threads (fewer for a short
+ * pass) and the caller.
+ */
+static void
+pass_run (struct pass *ps, uint8_t *buf)
+{
+  pthread_t helpers[CACHE_MAX_WB_DEPTH];
+  unsigned want = ps->c->wbcfg.depth > 1 ? ps->c->wbcfg.depth - 1 : 0;
+  unsigned nh = 0;
+
+  if ((uint64_t) ps->n < 2)
+    want = 0;
+  else if (want > (uint64_t) ps->n - 1)
+    want = ps->n - 1;
+  for (; nh < want; nh++)
+    if (pthread_create (&helpers[nh], NULL, pass_helper, ps) != 0)
+      break;                     /* fewer in flight, that is all */
+  pass_work (ps, buf);
+  for (unsigned k = 0; k < nh; k++)
+    pthread_join (helpers[k], NULL);
+}
+
 int
 clean_pass (struct cache *c, const struct cache_backend *be,
             const struct clean_opts *o, int *err)
 {
-  const size_t max_group = CLEAN_GROUP_BYTES / c->page_size ?
-    CLEAN_GROUP_BYTES / c->page_size : 1;
-  struct pass ps = { 0 };
-  uint64_t nhot, target = o->target, start_ms = cache_now_ms ();
-  bool failed = false;
+  const unsigned depth = c->wbcfg.depth > 1 ? c->wbcfg.depth : 1;
+  struct pass ps = { .c = c, .be = be, .o = o, .target = o->target,
+                     .start_ms = cache_now_ms () };
+  uint8_t *buf = NULL;
+  uint64_t nhot;
   int ret = -1;
 
+  /* Groups of at most CLEAN_GROUP_BYTES in all, shared by the
+   * requests in flight (coalescing within each).
+   */
+  ps.max_group = CLEAN_GROUP_BYTES / depth / c->page_size;
+  if (ps.max_group == 0)
+    ps.max_group = 1;
+  pthread_mutex_init (&ps.lock, NULL);
   pthread_mutex_lock (&c->clean_lock);
   ps.n = collect_dirty (c, &ps.pages,
-                       o->skip_hot ? o->hot_after : UINT64_MAX, &nhot);
+                        o->skip_hot ? o->hot_after : UINT64_MAX,
+                        o->target == 0 && !o->limited, &nhot);
   if (ps.n == -1) {
     *err = ENOMEM;
     goto out;
@@ -363,33 +487,23 @@ clean_pass (struct cache *c, const struct cache_backend *be,
   /* Hot pages stay dirty, so fewer of the others may remain (0: all
    * of them go).
    */
-  if (target > 0)
-    target = target > nhot ? target - nhot : 0;
+  if (ps.target > 0)
+    ps.target = ps.target > nhot ? ps.target - nhot : 0;
   ps.done = malloc ((ps.n ? ps.n : 1) * sizeof *ps.done);
-  ps.buf = malloc (max_group * c->page_size);
-  if (ps.done == NULL || ps.buf == NULL) {
+  buf = malloc (ps.max_group * c->page_size);
+  if (ps.done == NULL || buf == NULL) {
     *err = ENOMEM;
     goto out;
   }
-
-  for (int64_t i = 0; i < ps.n;) {
-    if (target > 0 && (uint64_t) (ps.n - i) <= target)
-      break;
-    if (pass_group (c, be, &ps, &i, err) == -1) {
-      failed = true;
-      break;
-    }
-    if (o->limited && c->wbcfg.rate)
-      keep_rate (c, ps.bytes, start_ms);
-  }
-  failed = !pass_finish (c, be, &ps, o, failed, err);
-  ret = failed ? -1 : ps.skipped ? 1 : 0;
+  pass_run (&ps, buf);
+  ret = !pass_finish (c, be, &ps, o, err) ? -1 : ps.skipped ? 1 : 0;
 
  out:
   pthread_mutex_unlock (&c->clean_lock);
+  pthread_mutex_destroy (&ps.lock);
   free (ps.pages);
   free (ps.done);
-  free (ps.buf);
+  free (buf);
   return ret;
 }
 

@@ -51,7 +51,7 @@ fill_target (struct cache *c, uint32_t s, bool dirty, bool *cow,
       return s;
     }
   }
-  target = cache_alloc_slot (c, dirty);
+  target = cache_alloc_slot (c, dirty ? ALLOC_DIRTY : ALLOC_FILL);
   if (target == PT_NONE && s != PT_NONE)
     cache_unpin (c, s);
   return target;

@@ -49,7 +49,8 @@ cache_config_defaults (struct cache_config *cfg)
     .flush_mode = CACHE_DEFAULT_FLUSH,
     .wb = { .high_pct = CACHE_DEFAULT_WB_HIGH,
             .low_pct = CACHE_DEFAULT_WB_LOW,
-            .idle_ms = CACHE_DEFAULT_WB_IDLE_MS },
+            .idle_ms = CACHE_DEFAULT_WB_IDLE_MS,
+            .depth = CACHE_DEFAULT_WB_DEPTH },
     .policy = EVICT_DEFAULT,
     .seq_streams = CACHE_DEFAULT_SEQ_STREAMS,
     .promote = ADMIT_NHIT_DEFAULT_N,
@@ -484,6 +485,12 @@ set_geometry (struct cache *c)
   c->sector_size = c->pool.sb.sector_size;
   c->nsectors = c->page_size / c->sector_size;
   c->nslots = c->pool.sb.nslots;
+  c->max_dirty = c->wbcfg.max_dirty_pct
+    ? (uint64_t) c->nslots * c->wbcfg.max_dirty_pct / 100
+    : (c->wbcfg.max_dirty_bytes + c->page_size - 1) / c->page_size;
+  if (c->max_dirty == 0 && (c->wbcfg.max_dirty_pct ||
+                            c->wbcfg.max_dirty_bytes))
+    c->max_dirty = 1;
   zero = calloc (1, c->page_size);
   if (zero == NULL) {
     log_error ("calloc: %m");

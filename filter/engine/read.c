@@ -335,7 +335,7 @@ slow_store (struct cache *c, const struct cache_backend *be,
   else if (plo == pstart && phi >= pstart + cache_page_bytes (c, page))
     cache_fill_slot (c, page, PT_NONE, data, NULL, o->readahead);
   else if (!cache_degraded (c)) {
-    uint32_t ns = cache_alloc_slot (c, false);
+    uint32_t ns = cache_alloc_slot (c, ALLOC_FILL);
     int e;
     if (ns == PT_NONE)
       STATS_ADD (&c->stats, bypassed, 1);

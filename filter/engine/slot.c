@@ -20,9 +20,6 @@
 /* Zeroes standing in for invalid sectors in data CRCs. */
 static const uint8_t zero_sector[LAYOUT_MAX_PAGE / LAYOUT_MAX_SECTORS];
 
-#define ALLOC_WAIT_MAX_MS 2000   /* then fall back (write through, or
-                                    write the page back ourselves) */
-
 void
 cache_policy_insert (struct cache *c, uint32_t s, uint64_t page)
 {
@@ -305,6 +302,15 @@ can_take (void *opaque, uint32_t s)
                            pt_page (&c->pt, s)) == 0;
 }
 
+/* Under c->lock: are dirty pages above the high watermark (writeback
+ * is behind)?
+ */
+bool
+cache_dirty_pressure (const struct cache *c)
+{
+  return c->ndirty * 100 >= (uint64_t) c->nslots * c->wbcfg.high_pct;
+}
+
 /* Under c->lock: evict a clean slot from its page (whose range is then
  * locked, see can_take), or PT_NONE.  fill: as evict_victim_fill.
  */
@@ -328,23 +334,24 @@ evict_locked (struct cache *c, bool fill)
 }
 
 /* Under c->lock.  *evicted: the slot was taken from a page, whose
- * range is now locked (see can_take).  fill: for data read from the
- * backend (evict_victim_fill).  *over_budget: the free list has slots
+ * range is now locked (see can_take).  why: cache_alloc_slot's.
+ * *over_budget: the free list has slots
  * but the shared budget has no room (and reclaim, when true, asks for
  * PT_NONE then instead of an eviction, so that the caller may first
  * have another cache give space back).
  */
 static uint32_t
-alloc_locked (struct cache *c, bool fill, bool reclaim, bool *evicted,
-              bool *over_budget)
+alloc_locked (struct cache *c, enum alloc_for why, bool reclaim,
+              bool *evicted, bool *over_budget)
 {
   uint32_t s = pagetable_take_free (&c->pt);
 
   *evicted = false;
   *over_budget = s == PT_NONE && c->pt.nfree > 0;
-  if (s != PT_NONE || (*over_budget && reclaim))
+  if (s != PT_NONE || (*over_budget && reclaim) ||
+      (why == ALLOC_DIRTY_PART && cache_dirty_pressure (c)))
     return s;
-  s = evict_locked (c, fill);
+  s = evict_locked (c, why == ALLOC_FILL);
   *evicted = s != PT_NONE;
   return s;
 }
@@ -396,65 +403,37 @@ forget_evicted (struct cache *c, uint32_t s, uint64_t page)
  * evicted while newer pages are only busy (evict_victim_fill): the
  * caller serves the read without caching it.
  */
-/* Under c->lock: no slot for a writer while dirty data could be
- * written back: wake writeback and wait up to 100 ms for space.  False
- * once the writer has waited ALLOC_WAIT_MAX_MS in all (*start: when the
- * wait began, 0 before).
- */
-static bool
-alloc_wait (struct cache *c, uint64_t *start)
-{
-  struct timespec ts;
-  uint64_t now = cache_now_ms ();
-
-  if (*start == 0)
-    *start = now;
-  else if (now - *start > ALLOC_WAIT_MAX_MS)
-    return false;
-  c->hooks.wb_kick (c);
-  clock_gettime (CLOCK_REALTIME, &ts);
-  ts.tv_nsec += 100 * 1000 * 1000;
-  if (ts.tv_nsec >= 1000000000) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000;
-  }
-  pthread_cond_timedwait (&c->space, &c->lock, &ts);
-  return true;
-}
-
 uint32_t
-cache_alloc_slot (struct cache *c, bool wait)
+cache_alloc_slot (struct cache *c, enum alloc_for why)
 {
   uint32_t s;
-  uint64_t start = 0;
   bool evicted, over;
   bool may_reclaim = c->reclaim != NULL;
-  uint64_t page = 0;
+  uint64_t page = 0, ndirty;
 
   pthread_mutex_lock (&c->lock);
   for (;;) {
-    s = alloc_locked (c, !wait, may_reclaim, &evicted, &over);
-    if (s == PT_NONE && over && may_reclaim) {
-      /* Another export may give space back: ask once, unlocked (its
-       * locks never nest with ours).
-       */
-      pthread_mutex_unlock (&c->lock);
-      may_reclaim = c->reclaim (c, c->reclaim_opaque);
-      pthread_mutex_lock (&c->lock);
-      continue;
-    }
-    if (s != PT_NONE || !wait || !c->hooks.wb_kick || c->ndirty == 0)
+    s = alloc_locked (c, why, may_reclaim, &evicted, &over);
+    if (s != PT_NONE || !over || !may_reclaim)
       break;
-    if (!alloc_wait (c, &start))
-      break;
+    /* Another export may give space back: ask once, unlocked (its
+     * locks never nest with ours).
+     */
+    pthread_mutex_unlock (&c->lock);
+    may_reclaim = c->reclaim (c, c->reclaim_opaque);
+    pthread_mutex_lock (&c->lock);
   }
   if (evicted)
     page = pt_page (&c->pt, s);
+  ndirty = c->ndirty;
   pthread_mutex_unlock (&c->lock);
   if (evicted)
     forget_evicted (c, s, page);
-  if (start)
-    STATS_ADD (&c->stats, wait_ms, cache_now_ms () - start);
+  /* No waiting: the writer goes around the cache (or writes its page
+   * back itself), and writeback is told that slots are wanted.
+   */
+  if (s == PT_NONE && why != ALLOC_FILL && ndirty > 0 && c->hooks.wb_kick)
+    c->hooks.wb_kick (c);
   return s;
 }
 

@@ -163,7 +163,7 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
     free (buf);
     return -1;
   }
-  ns = cache_alloc_slot (c, true);
+  ns = cache_alloc_slot (c, ALLOC_DIRTY);
   if (ns == PT_NONE) {
     free (buf);
     return cow_in_place (c, be, page, s, src, off, n, kind, err);
@@ -184,14 +184,19 @@ write_around (struct cache *c, const struct cache_backend *be,
 }
 
 /* Put the write [off, off+n) of a page with no cached copy into a new
- * slot, or, when no slot can be had, send it to the backend.
+ * slot, or, when no slot can be had, send it to the backend.  A write
+ * of part of the page does not evict a clean page while writeback is
+ * behind (dirty pages above the high watermark): it would add a page to
+ * write back for a few sectors, and such writes then go to the backend
+ * at the client's own parallelism instead.
  */
 static int
 write_fresh (struct cache *c, const struct cache_backend *be,
              uint64_t page, const uint8_t *src, uint32_t off, uint32_t n,
              enum wkind kind, int *err)
 {
-  uint32_t s = cache_alloc_slot (c, true);
+  const bool part = off > 0 || n < cache_page_bytes (c, page);
+  uint32_t s = cache_alloc_slot (c, part ? ALLOC_DIRTY_PART : ALLOC_DIRTY);
   int r;
 
   if (s == PT_NONE)
@@ -469,6 +474,49 @@ write_pages (struct cache *c, const struct cache_backend *be,
   return 0;
 }
 
+/* Writeback, but the cache cannot take this write: with
+ * ssdcache-writeback-max-dirty reached, or fewer slots not dirty than
+ * the write has pages not cached (a cache full of dirty data; cached
+ * pages change in their slots or are copied, page by page).  The write
+ * then goes around the cache as in writearound, in one backend request
+ * at the client's own parallelism, instead of page by page: the dirty
+ * pages it touches are written back first and every cached copy of its
+ * pages is dropped (write_backend_first), so nothing older can come
+ * back over it, not even after a crash (a copy updated in place, as
+ * writethrough does, could: its older flushed dirty version may still
+ * be on disk).  Writeback is woken.
+ */
+static bool
+write_goes_through (struct cache *c, uint64_t first, uint64_t last)
+{
+  const uint64_t n = last - first + 1;
+  uint64_t uncached = 0;
+  bool cap, full;
+
+  /* Writes in flight have promised to dirty at most c->dirty_promised
+   * more pages: counting them keeps the cap exact.
+   */
+  pthread_mutex_lock (&c->lock);
+  cap = c->max_dirty > 0 && c->ndirty + c->dirty_promised + n > c->max_dirty;
+  if (c->nslots - c->ndirty < n)
+    for (uint64_t p = first; p <= last; p++)
+      uncached += pagetable_lookup (&c->pt, p) == PT_NONE;
+  full = c->nslots - c->ndirty < uncached;
+  if (!cap && !full)
+    c->dirty_promised += n;
+  pthread_mutex_unlock (&c->lock);
+  if (!cap && !full)
+    return false;
+  if (cap)
+    STATS_ADD (&c->stats, dirty_cap_writes, 1);
+  else
+    STATS_ADD (&c->stats, write_through_full, 1);
+  atomic_store (&c->backend_unflushed, true);
+  if (c->hooks.wb_kick)
+    c->hooks.wb_kick (c);
+  return true;
+}
+
 int
 cache_write (struct cache *c, const struct cache_backend *be,
              const void *buf, uint32_t count, uint64_t offset, bool fua,
@@ -477,7 +525,7 @@ cache_write (struct cache *c, const struct cache_backend *be,
   const uint32_t ps = c->page_size;
   enum layout_mode mode;
   bool writeback;
-  uint64_t first, last;
+  uint64_t first, last, promised;
   int ret = -1;
 
   STATS_ADD (&c->stats, write_ops, 1);
@@ -498,7 +546,10 @@ cache_write (struct cache *c, const struct cache_backend *be,
    * writes that saw the old one.
    */
   mode = c->mode;
+  if (mode == LAYOUT_MODE_WRITEBACK && write_goes_through (c, first, last))
+    mode = LAYOUT_MODE_WRITEAROUND;       /* this write only */
   writeback = mode == LAYOUT_MODE_WRITEBACK;
+  promised = writeback ? last - first + 1 : 0;
   if (!writeback &&
       write_backend_first (c, be, mode, buf, count, offset, fua, first,
                            last, err) == -1)
@@ -509,6 +560,11 @@ cache_write (struct cache *c, const struct cache_backend *be,
   ret = 0;
 
  out:
+  if (promised) {
+    pthread_mutex_lock (&c->lock);
+    c->dirty_promised -= promised;
+    pthread_mutex_unlock (&c->lock);
+  }
   rangelock_release (&c->ranges, first, last);
   if (ret == -1 && writeback && cache_degraded (c)) {
     /* The cache device failed under this very write: do it again as

@@ -157,7 +157,16 @@ tbe_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
     *err = e;
     return -1;
   }
-  if (t->rb->be.pwrite (t->rb, buf, count, offset, fua, err) == -1)
+  uint64_t now = atomic_fetch_add (&t->inflight, 1) + 1;
+  uint64_t max = atomic_load (&t->max_inflight);
+  int r;
+
+  while (now > max &&
+         !atomic_compare_exchange_weak (&t->max_inflight, &max, now))
+    ;
+  r = t->rb->be.pwrite (t->rb, buf, count, offset, fua, err);
+  atomic_fetch_sub (&t->inflight, 1);
+  if (r == -1)
     return -1;
   atomic_store (&t->last_write_ev, atomic_fetch_add (&t->clock, 1) + 1);
   return 0;

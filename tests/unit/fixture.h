@@ -74,6 +74,7 @@ struct tbe {
   _Atomic int fail_flush;         /* errno for every flush (0: none) */
   _Atomic uint64_t flushes, failed_writes, failed_flushes;
   _Atomic uint64_t clock, last_write_ev, last_flush_ev;
+  _Atomic uint64_t inflight, max_inflight;  /* pwrites at once */
   struct cache_backend be;
 };
 

@@ -246,9 +246,9 @@ test_crash_reopen_deferred_flushed (void **state)
 }
 
 /* (Internal, cache-int.h: a slot for the caller, taken by eviction if
- * none is free.)
+ * none is free; 0 is ALLOC_FILL.)
  */
-extern uint32_t cache_alloc_slot (struct cache *c, bool wait);
+extern uint32_t cache_alloc_slot (struct cache *c, int why);
 
 /* A slot taken by eviction must not keep naming its old page on disk:
  * if the page is then written elsewhere (here: a writethrough write of
@@ -279,7 +279,7 @@ test_evicted_entry_gone (void **state)
     for (int p = 0; p < 2; p++)     /* pages 0 and 1 fill both slots */
       if (cache_read (crash_cache, &crash_rb.be, buf, PS, p * PS, &err) != 0)
         _exit (2);
-    if (cache_alloc_slot (crash_cache, false) == UINT32_MAX)
+    if (cache_alloc_slot (crash_cache, 0) == UINT32_MAX)
       _exit (3);
     /* One of pages 0 and 1 is no longer cached: its write goes to the
      * backend only; the other's updates its cached copy.
@@ -1649,6 +1649,77 @@ setup_crash (void **state)
 #define T(f) cmocka_unit_test_setup_teardown (f, setup_crash, \
                                               testfile_teardown)
 
+/* A write sent around the cache at the dirty cap (write.c:
+ * write_goes_through) to a page whose flushed dirty version was copied
+ * on write: the copy is written back and the write reaches the backend,
+ * a flush covers it, nbdkit dies.  The older flushed version may still
+ * be on disk, so the cached copy must not be updated in place (a crash
+ * drops such a copy and brings the older version back over the newer
+ * write): after the restart the page reads as the last write.
+ */
+static void
+test_wb_cap_through_crash (void **state)
+{
+  struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
+  struct rambackend rb;
+  struct cache *c;
+  uint8_t buf[PS];
+  pid_t pid;
+  int status, err = 0;
+
+  cfg.wb.max_dirty_bytes = 3 * PS;
+  unlink (cache_path);
+  fflush (stdout);
+  fflush (stderr);
+  pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    rambackend_init (&crash_rb, 8 * PS, 61);
+    crash_cache = cache_open (&cfg);
+    if (crash_cache == NULL ||
+        cache_attach (crash_cache, crash_rb.size) != 0)
+      _exit (1);
+    fill_pattern (buf, PS, 1);                        /* V1, flushed */
+    if (cache_write (crash_cache, &crash_rb.be, buf, PS, 0, false, &err) ||
+        cache_flush (crash_cache, &crash_rb.be, &err))
+      _exit (2);
+    fill_pattern (buf, PS, 2);                        /* V2: a copy */
+    if (cache_write (crash_cache, &crash_rb.be, buf, PS, 0, false, &err))
+      _exit (3);
+    for (int p = 1; p < 3; p++) {                     /* at the cap */
+      fill_pattern (buf, PS, 10 + p);
+      if (cache_write (crash_cache, &crash_rb.be, buf, PS, p * PS, false,
+                       &err))
+        _exit (4);
+    }
+    fill_pattern (buf, PS, 3);                        /* V3: around */
+    if (cache_write (crash_cache, &crash_rb.be, buf, PS, 0, false, &err) ||
+        cache_flush (crash_cache, &crash_rb.be, &err))
+      _exit (5);
+    _exit (0);
+  }
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status));
+  assert_int_equal (WEXITSTATUS (status), 0);
+
+  rambackend_init (&rb, 8 * PS, 61);
+  fill_pattern (buf, PS, 3);                          /* what it got */
+  rambackend_poke (&rb, buf, PS, 0);
+  c = open_attach (&cfg, rb.size);
+  {
+    uint8_t got[PS];
+    assert_int_equal (cache_read (c, &rb.be, got, PS, 0, &err), 0);
+    assert_memory_equal (got, buf, PS);
+    for (int p = 1; p < 3; p++) {                     /* flushed dirty */
+      fill_pattern (buf, PS, 10 + p);
+      assert_int_equal (cache_read (c, &rb.be, got, PS, p * PS, &err), 0);
+      assert_memory_equal (got, buf, PS);
+    }
+  }
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
 int
 main (void)
 {
@@ -1678,6 +1749,7 @@ main (void)
     T (test_rec_dirty_entry_bit),
     T (test_rec_truncated_pool),
     T (test_rec_truncated_pt),
+    T (test_wb_cap_through_crash),
     T (test_rec_future_version),
     T (test_rec_data_bits),
   };

@@ -645,8 +645,9 @@ test_wb_full_thread (void **state)
     if (i % 7 == 0)
       mread_check (c, &t.be, model, off, len);
   }
-  /* They waited for writeback; none had to go around the cache. */
-  assert_int_equal (ST (c, write_through_full), 0);
+  /* Writers never wait for writeback: those that found no slot went
+   * around the cache (write_through_full), and the data is right.
+   */
   assert_true (ST (c, pages_written_back) > 0);
   mread_all_check (c, &t.be, model, size, 3 * PS + 5);
 
@@ -1032,20 +1033,22 @@ test_wb_backend_errors (void **state)
   mread_all_check (c, &t.be, model, size, 3 * PS + 3);
   atomic_store (&t.fail_write, 0);
 
-  /* A single failure (the first group): the pass stops, no page is
-   * marked clean.
+  /* A single failure (the first group, pages 0-5): only that run stays
+   * dirty; the rest of the pass goes on and is marked clean.
    */
   rambackend_fail_next_write (&rb, ENOSPC);
   err = 0;
   assert_int_equal (cache_writeback_all (c, &t.be, &err), -1);
   assert_int_equal (err, ENOSPC);
-  assert_int_equal (cache_dirty_pages (c), 8);
+  assert_int_equal (cache_dirty_pages (c), 6);
+  for (int p = 0; p < 6; ++p)
+    assert_true (cache_range_dirty (c, (uint64_t) p * PS, PS, &(uint64_t){0}));
   mread_all_check (c, &t.be, model, size, 5 * PS);
 
   /* Flush failure: written but not flushed: still dirty. */
   atomic_store (&t.fail_flush, EIO);
   assert_int_equal (cache_writeback_all (c, &t.be, &err), -1);
-  assert_int_equal (cache_dirty_pages (c), 8);
+  assert_int_equal (cache_dirty_pages (c), 6);
   atomic_store (&t.fail_flush, 0);
 
   /* Rewrites of pages that failed, then errors gone: all good. */
@@ -1394,10 +1397,17 @@ test_wb_hot_pages_left_alone (void **state)
   assert_int_equal (ST (c, pages_written_back), written_back);
   assert_int_equal (cache_dirty_pages (c), 2);
 
-  /* A writer that needs a slot: everything may go now. */
+  /* A writer that needs a slot (it does not wait: some of these go
+   * around the cache) tells writeback: everything may go now.
+   */
   for (int p = 12; p < 32; ++p)
     mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 300 + p);
-  assert_int_equal (ST (c, write_through_full), 0);
+  deadline = cache_now_ms_for_tests () + 20000;
+  while (cache_dirty_pages (c) > 0) {
+    assert_true (cache_now_ms_for_tests () < deadline);
+    usleep (10000);
+  }
+  assert_true (ST (c, pages_written_back) > written_back);
   mread_all_check (c, &t.be, model, size, 3 * PS);
 
   writeback_stop (c);
@@ -1495,9 +1505,12 @@ test_wb_hot_window_grows (void **state)
    */
   for (uint32_t p = npages; p < 300; ++p)
     mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 3000 + p);
-  assert_int_equal (ST (c, write_through_full), 0);
-  assert_true (ST (c, pages_written_back) > written_back);
-  assert_int_equal (ST (c, writeback_hot_ms), 1000);
+  end = cache_now_ms_for_tests () + 20000;
+  while (ST (c, pages_written_back) <= written_back ||
+         ST (c, writeback_hot_ms) != 1000) {
+    assert_true (cache_now_ms_for_tests () < end);
+    usleep (10000);
+  }
   mread_all_check (c, &t.be, model, size, 7 * PS);
 
   writeback_stop (c);
@@ -1602,6 +1615,129 @@ test_wb_partial_maps_default (void **state)
   partial_run (0, 0x77665544, false);
 }
 
+/* ssdcache-writeback-depth: a pass keeps up to depth backend writes
+ * in flight (one with depth 1), in offset order, and the backend ends
+ * with exactly the data.
+ */
+static void
+test_wb_parallel_depth (void **state)
+{
+  const uint64_t size = 128 * PS;
+  unsigned depths[] = { 1, 4 };
+
+  for (unsigned d = 0; d < 2; d++) {
+    struct rambackend rb;
+    struct tbe t;
+    struct cache_config cfg = fixture_writeback_config (80 * PS, PS);
+    struct cache *c;
+    uint8_t *model;
+    int err = 0;
+
+    cfg.wb.depth = depths[d];
+    unlink (testfile_path);               /* a new cache each time */
+    rambackend_init (&rb, size, 40 + d);
+    tbe_init (&t, &rb);
+    model = model_new (&rb);
+    c = open_attach (&cfg, size);
+    for (int p = 0; p < 128; p += 2)    /* not adjacent: 64 groups */
+      mwrite (c, &t.be, model, (uint64_t) p * PS + 7, 1000, 500 + p);
+    atomic_store (&rb.delay_max_us, 3000);
+    assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+    atomic_store (&rb.delay_max_us, 0);
+    if (depths[d] == 1)
+      assert_int_equal (atomic_load (&t.max_inflight), 1);
+    else {
+      assert_true (atomic_load (&t.max_inflight) >= 2);
+      assert_true (atomic_load (&t.max_inflight) <= depths[d]);
+    }
+    assert_int_equal (cache_dirty_pages (c), 0);
+    backend_check (&rb, model, PS);
+    cache_close (c);
+    rambackend_free (&rb);
+    free (model);
+  }
+}
+
+/* ssdcache-writeback-max-dirty: at the cap a write goes through as in
+ * writethrough and makes no new dirty data; a page it touches that is
+ * dirty is written back first, so its older dirty data can never be
+ * written back over the newer write.
+ */
+static void
+test_wb_dirty_cap (void **state)
+{
+  const uint64_t size = 32 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
+  struct cache *c;
+  uint8_t *model;
+  int err = 0;
+
+  cfg.wb.max_dirty_bytes = 2 * PS;
+  rambackend_init (&rb, size, 45);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+  mwrite (c, &t.be, model, 0, PS, 1);              /* dirty: A */
+  mwrite (c, &t.be, model, 4 * PS, PS, 2);
+  assert_int_equal (cache_dirty_pages (c), 2);
+  assert_int_equal (ST (c, dirty_cap_writes), 0);
+  mwrite (c, &t.be, model, 8 * PS + 100, 200, 3);  /* at the cap */
+  mwrite (c, &t.be, model, 100, 300, 4);           /* B over A */
+  assert_int_equal (ST (c, dirty_cap_writes), 2);
+  assert_true (cache_dirty_pages (c) <= 2);
+  mread_all_check (c, &t.be, model, size, 3 * PS);
+  /* Page 0 was written back before B went to the backend. */
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  mread_all_check (c, &t.be, model, size, 5 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
+/* ssdcache-writeback-max-age: with no watermark reached and no idle
+ * cleaning, pages last written more than max_age ago are written back.
+ */
+static void
+test_wb_max_age (void **state)
+{
+  const uint64_t size = 32 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
+  struct cache *c;
+  uint8_t *model;
+  uint64_t start, deadline;
+
+  cfg.wb.high_pct = 100;
+  cfg.wb.low_pct = 100;
+  cfg.wb.idle_ms = 0;
+  cfg.wb.max_age_s = 1;
+  rambackend_init (&rb, size, 46);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+  assert_int_equal (writeback_start (c, &t.be), 0);
+  start = cache_now_ms_for_tests ();
+  for (int p = 0; p < 4; ++p)
+    mwrite (c, &t.be, model, (uint64_t) p * 3 * PS, PS, 600 + p);
+  assert_int_equal (cache_dirty_pages (c), 4);
+  deadline = start + 10000;
+  while (cache_dirty_pages (c) > 0) {
+    assert_true (cache_now_ms_for_tests () < deadline);
+    usleep (20000);
+  }
+  /* Not before they were a second old. */
+  assert_true (cache_now_ms_for_tests () - start >= 1000);
+  backend_check (&rb, model, PS);
+  writeback_stop (c);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
 int
 main (void)
 {
@@ -1618,6 +1754,9 @@ main (void)
     T (test_wb_flush_cache),
     T (test_wb_zero_trim),
     T (test_wb_backend_errors),
+    T (test_wb_parallel_depth),
+    T (test_wb_dirty_cap),
+    T (test_wb_max_age),
     T (test_wb_threads_flush_cache),
     T (test_wb_threads_flush_backend),
     T (test_wb_threads_tiny_cache),

@@ -278,6 +278,9 @@ parse_max_dirty (const struct param *p, const char *value)
   return parse_size (p, value);
 }
 
+static const struct choice warm_modes[] = {
+  { "off", false }, { "all", true }, { NULL, 0 }
+};
 static const struct choice export_modes[] = {
   { "each", CONFIG_EXPORTS_EACH }, { "one", CONFIG_EXPORTS_ONE }, { NULL }
 };
@@ -358,6 +361,9 @@ static const struct param params[] = {
     .lo = 0, .hi = 86400, .bad = "%s: from 0 to 86400 seconds, not %s" },
   { "ssdcache-writeback-on-exit", parse_bool,
     .flag = &config.writeback_on_exit },
+  { "ssdcache-warm", parse_choice, .flag = &config.warm,
+    .choices = warm_modes, .bad = "%s: expected off or all, not '%s'" },
+  { "ssdcache-warm-rate", parse_size, .u64 = &config.warm_rate },
   { "ssdcache-exports", parse_choice, .uint = &config.exports,
     .choices = export_modes, .bad = "%s: expected each or one, not '%s'" },
 };

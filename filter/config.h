@@ -43,6 +43,8 @@ struct config {
   uint64_t ra_window;          /* ssdcache-readahead=SIZE */
   uint64_t ra_max;             /* ssdcache-readahead-max */
   unsigned exports;            /* ssdcache-exports: enum config_exports */
+  bool warm;                   /* ssdcache-warm=all */
+  uint64_t warm_rate;          /* ssdcache-warm-rate, bytes/s (0: none) */
   uint64_t digest[2];          /* backend identity, after config_finish */
   char *id_text;               /* printable identity (secrets masked) */
 };

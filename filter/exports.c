@@ -17,6 +17,7 @@
 #include "metrics.h"
 #include "prefetch.h"
 #include "readahead.h"
+#include "warm.h"
 #include "writeback.h"
 
 NBDKIT_DLL_PUBLIC int ssdcache_debug_exports = 0;
@@ -506,6 +507,11 @@ start_threads (struct export *e, const struct cache_backend *sync)
     else
       e->ra_started = true;
   }
+  if (config.warm && !warm_running (c)) {
+    be = export_lent_backend (e, false);
+    if (warm_start (c, &be, config.warm_rate) == -1)
+      nbdkit_debug ("ssdcache: export '%s': no warm-up", e->name);
+  }
   if (cache_mode (c) != LAYOUT_MODE_WRITEBACK) {
     if (cache_dirty_pages (c) == 0 || sync == NULL)
       return 0;
@@ -602,6 +608,7 @@ last_close (struct export *e, nbdkit_next *next, bool writable)
 {
   struct cache *c = e->cache;
 
+  warm_stop (c);
   prefetch_stop (c);
   e->ra_started = false;
   writeback_stop (c);
@@ -730,6 +737,7 @@ exports_cleanup (void)
   /* Every cache's threads first: a reclaim may reach any cache. */
   for (struct export *p = e; p; p = p->link)
     if (p->attached) {
+      warm_stop (p->cache);
       prefetch_stop (p->cache);
       writeback_stop (p->cache);
     }

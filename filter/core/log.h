@@ -20,5 +20,6 @@ extern int ssdcache_debug_recovery;  /* page table load details */
 extern int ssdcache_debug_verify;    /* ssdcache-verify: each page that
                                         differs from the backend */
 extern int ssdcache_debug_readahead; /* streams, windows, prefetches */
+extern int ssdcache_debug_warm;      /* warm-up requests */
 
 #endif /* SSDCACHE_LOG_H */

@@ -26,12 +26,14 @@
   X (partial_maps) X (partial_maps_full) X (pt_rebases) \
   X (writes_not_cached) X (writes_deferred) X (deferred_waits) \
   X (writeback_hot_ms) X (backend_errors) X (slots_given) \
-  X (dirty_cap_writes)
+  X (dirty_cap_writes) X (seq_write_bypassed) X (warm_bytes) X (warm_progress_pct) \
+  X (warm_bytes_per_second) X (warm_full)
 
 /* The counters that are gauges (a level, not a count of events). */
 #define STATS_GAUGES(X) \
   X (dirty_pages) X (degraded) X (partial_maps) X (writeback_hot_ms) \
-  X (loaded_slots)
+  X (loaded_slots) X (warm_progress_pct) X (warm_bytes_per_second) \
+  X (warm_full)
 
 void
 stats_print (const struct stats *st, FILE *fp)

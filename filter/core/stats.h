@@ -83,9 +83,18 @@ struct stats {
   atomic_load_explicit (&(st)->field, memory_order_relaxed)
 
   _Atomic uint64_t backend_errors;    /* backend requests that failed */
+  _Atomic uint64_t seq_write_bypassed;/* writeback: writes of a long
+                                         sequential stream sent around a
+                                         cache that was behind */
   _Atomic uint64_t dirty_cap_writes;  /* writeback: writes sent through
                                          because ssdcache-writeback-max-
                                          dirty was reached */
+  _Atomic uint64_t warm_bytes;        /* read from the backend by the
+                                         warm-up (ssdcache-warm) */
+  _Atomic uint64_t warm_progress_pct; /* gauge: how far it got */
+  _Atomic uint64_t warm_bytes_per_second; /* gauge: its recent rate */
+  _Atomic uint64_t warm_full;         /* gauge: 1 once it stopped because
+                                         the cache was full */
   _Atomic uint64_t slots_given;       /* clean slots given up to another
                                          export (the shared budget) */
 };

@@ -24,7 +24,7 @@
  *                                tail, c->sup, c->nfreeing,
  *                                c->ndirty, c->dirty_promised,
  *                                the unsealed list,
- *                                c->stale, c->seqcut, c->nhit
+ *                                c->stale, c->seqcut, c->wseq, c->nhit
  *  c->space             cond     with c->lock: signalled when a slot
  *                                becomes free or clean, or a freeing
  *                                of superseded slots ends
@@ -42,6 +42,8 @@
  *   (bg/prefetch)                being read, the stop flag
  *  m->lock (bg/metrics) mutex    the stop flag, the last       yes (6)
  *                                sample; cond wake
+ *  w->lock (bg/warm)    mutex    the warm-up's stop flag;      never
+ *                                cond wake
  *  e->bg_lock           mutex    one export's attach, its      yes (7)
  *   (filter/exports)             connection count, starting
  *                                and stopping its threads
@@ -147,6 +149,7 @@
 
 struct writeback;
 struct prefetch;
+struct warm;
 struct admit_seq;
 struct admit_nhit;
 
@@ -182,6 +185,7 @@ struct cache_hooks {
                         uint64_t offset, uint32_t count, uint64_t used,
                         uint64_t fill_limit);
   void (*ra_stop) (struct cache *c);
+  void (*warm_stop) (struct cache *c);
 };
 
 struct cache {
@@ -218,6 +222,8 @@ struct cache {
   struct defer defer;            /* writethrough's deferred rewrites
                                     (started by cache_attach) */
   struct admit_seq *seqcut;      /* sequential cutoff, or NULL (c->lock) */
+  struct admit_seq *wseq;        /* writeback: sequential write streams,
+                                    or NULL (c->lock; write.c) */
   unsigned promote;              /* n-miss promotion: misses needed */
   uint32_t partial_pages;        /* side-table bound */
   struct admit_nhit *nhit;       /* its counters, or NULL (c->lock) */
@@ -260,6 +266,8 @@ struct cache {
   atomic_uint read_errors;       /* cache-file read errors so far */
   atomic_bool backend_unflushed; /* a change went straight to the backend */
   _Atomic uint64_t last_io_ms;   /* monotonic time of the last client op */
+  _Atomic uint64_t last_around_ms; /* ... of the last write that went to
+                                    the backend around a full cache */
   uint32_t zero_page_crc;        /* CRC of an all-invalid page */
 
   char *export_name;             /* or NULL (cache.h) */
@@ -270,6 +278,7 @@ struct cache {
   struct cache_hooks hooks;
   struct writeback *wb;          /* bg/writeback.c's, or NULL */
   struct prefetch *pf;           /* bg/prefetch.c's, or NULL */
+  struct warm *warm;             /* bg/warm.c's, or NULL */
 };
 
 /* Under c->lock: must the cache file be synced before slot s may stop
@@ -321,6 +330,8 @@ enum alloc_for {
   ALLOC_DIRTY_PART,  /* part of a page not cached: as ALLOC_DIRTY, but
                         no eviction while dirty pages are above the high
                         watermark (admission under pressure, write.c) */
+  ALLOC_FREE,        /* a free slot only (warm-up: nothing a client read
+                        is evicted for it) */
 };
 /* A slot off the free list, or a clean one evicted, or PT_NONE at once
  * (never waits; for dirty data writeback is then woken).
@@ -343,9 +354,15 @@ extern int cache_read_verified_span (struct cache *c,
 extern bool cache_must_cow (const struct cache *c, uint32_t s);
 extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
                              uint64_t page);
+/* Who stores a page read from the backend (cache_fill_slot). */
+enum fill_kind {
+  FILL_CLIENT,       /* a client's read (or write) */
+  FILL_PREFETCH,     /* readahead: marked, in the policy's small queue */
+  FILL_WARM,         /* warm-up: a free slot only, never an eviction */
+};
 extern int cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
                             const uint8_t *buf, const uint8_t *dirty,
-                            bool prefetch);
+                            enum fill_kind kind);
 extern void cache_touch_io (struct cache *c);
 /* fdatasync for the filter's own needs: unlike cache_sync (a client
  * flush), it does not make dirty data "flushed".

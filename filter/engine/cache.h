@@ -210,6 +210,16 @@ extern uint64_t cache_drop_clean (struct cache *c, uint64_t offset,
  * only.  Returns true if a slot went.
  */
 extern bool cache_give_slot (struct cache *c);
+/* Slots that may be taken without evicting anything. */
+extern uint64_t cache_free_slots (struct cache *c);
+/* Warm-up: read the pages of [offset, offset+len) that are not cached
+ * from the backend (runs of at most 4 MiB) into free slots only; *read
+ * gets the bytes read.  Stops early, returning 1, when no free slot is
+ * left.  Returns 0, 1, or -1 (*err).
+ */
+extern int cache_warm_fill (struct cache *c, const struct cache_backend *be,
+                            uint64_t offset, uint64_t len, uint64_t *read,
+                            int *err);
 /* Monotonic ms of the last client request. */
 extern uint64_t cache_last_io_ms (const struct cache *c);
 /* The monotonic clock those are read on, in ms. */

@@ -286,17 +286,26 @@ struct pass {
   int err;                       /* ... its error */
 };
 
+/* Writes going around a full cache share the backend with writeback:
+ * while they do, a pass keeps one request in flight, not depth.
+ */
+#define CLEAN_YIELD_MS 200
+
 /* Under ps->lock: the next group, locked and with room in ps->done for
- * its pages: *first and *ng, or false when the pass is over.
+ * its pages: *first and *ng, or false when the pass is over (for a
+ * helper, also while clients write around the cache).
  */
 static bool
-take_group (struct pass *ps, int64_t *first, size_t *ng)
+take_group (struct pass *ps, bool helper, int64_t *first, size_t *ng)
 {
   for (;;) {
     int64_t i = ps->next, j;
 
     if (i >= ps->n ||
         (ps->target > 0 && (uint64_t) (ps->n - i) <= ps->target))
+      return false;
+    if (helper && cache_now_ms () - atomic_load (&ps->c->last_around_ms)
+        < CLEAN_YIELD_MS)
       return false;
     j = lock_group (ps->c, ps->pages, i, ps->n, ps->max_group);
     if (j == -1) {
@@ -340,7 +349,7 @@ group_failed (struct pass *ps, struct clean_page *g, size_t ng, int err)
  * group's data.
  */
 static void
-pass_work (struct pass *ps, uint8_t *buf)
+pass_work (struct pass *ps, bool helper, uint8_t *buf)
 {
   struct cache *c = ps->c;
   int64_t i;
@@ -352,7 +361,7 @@ pass_work (struct pass *ps, uint8_t *buf)
     int err = 0, r;
 
     pthread_mutex_lock (&ps->lock);
-    if (!take_group (ps, &i, &ng)) {
+    if (!take_group (ps, helper, &i, &ng)) {
       pthread_mutex_unlock (&ps->lock);
       return;
     }
@@ -386,7 +395,7 @@ pass_helper (void *arg)
   uint8_t *buf = malloc (ps->max_group * ps->c->page_size);
 
   if (buf) {
-    pass_work (ps, buf);
+    pass_work (ps, true, buf);
     free (buf);
   }
   return NULL;
@@ -449,7 +458,7 @@ pass_run (struct pass *ps, uint8_t *buf)
   for (; nh < want; nh++)
     if (pthread_create (&helpers[nh], NULL, pass_helper, ps) != 0)
       break;                     /* fewer in flight, that is all */
-  pass_work (ps, buf);
+  pass_work (ps, false, buf);
   for (unsigned k = 0; k < nh; k++)
     pthread_join (helpers[k], NULL);
 }

@@ -23,18 +23,19 @@
  * slot s (pinned by the caller; consumed) or in a new slot if s is
  * PT_NONE.  The page is range locked by the caller.  Returns 0, 1 if
  * no slot could be had (nothing stored), -1 on a cache error.
- * prefetch: readahead's, not a client's: a new slot is marked
+ * kind FILL_PREFETCH: readahead's, not a client's: a new slot is marked
  * PT_PREFETCHED and enters the policy as new, without asking the
  * ghost (a prefetch is no use of the page: a page the ghost remembers
  * goes to the main queue only when a client reads it again).
+ * FILL_WARM: warm-up's: only a free slot is taken.
  */
 /* The slot the page goes to: s itself (rewritten in place, holding
  * c->inplace shared: *inplace), or a new one (s is PT_NONE, or must be
  * copied on write: *cow).  PT_NONE if no slot can be had (s unpinned).
  */
 static uint32_t
-fill_target (struct cache *c, uint32_t s, bool dirty, bool *cow,
-             bool *inplace)
+fill_target (struct cache *c, uint32_t s, bool dirty, enum fill_kind kind,
+             bool *cow, bool *inplace)
 {
   uint32_t target;
 
@@ -51,7 +52,8 @@ fill_target (struct cache *c, uint32_t s, bool dirty, bool *cow,
       return s;
     }
   }
-  target = cache_alloc_slot (c, dirty ? ALLOC_DIRTY : ALLOC_FILL);
+  target = cache_alloc_slot (c, dirty ? ALLOC_DIRTY
+                            : kind == FILL_WARM ? ALLOC_FREE : ALLOC_FILL);
   if (target == PT_NONE && s != PT_NONE)
     cache_unpin (c, s);
   return target;
@@ -62,14 +64,14 @@ fill_target (struct cache *c, uint32_t s, bool dirty, bool *cow,
  */
 static void
 fill_done (struct cache *c, uint64_t page, uint32_t s, uint32_t target,
-           const struct pt_slot *upd, bool cow, bool prefetch)
+           const struct pt_slot *upd, bool cow, enum fill_kind kind)
 {
   pthread_mutex_lock (&c->lock);
   pt_flags_on (&c->pt, target, PT_VERIFIED);
   pt_flags_off (&c->pt, target, PT_BAD);    /* wholly rewritten */
   if (target != s && s == PT_NONE) {
     pagetable_insert (&c->pt, target, page);
-    if (prefetch) {
+    if (kind == FILL_PREFETCH) {
       pt_flags_on (&c->pt, target, PT_PREFETCHED);
       evict_insert (c->ev, target);
       STATS_ADD (&c->stats, prefetch_pages, 1);
@@ -108,7 +110,8 @@ fill_fail (struct cache *c, uint32_t s, uint32_t target, bool dirty,
 
 int
 cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
-                 const uint8_t *buf, const uint8_t *dirty, bool prefetch)
+                 const uint8_t *buf, const uint8_t *dirty,
+                 enum fill_kind kind)
 {
   struct pt_slot upd = { .page = page, .state = LAYOUT_CLEAN };
   uint32_t target;
@@ -120,7 +123,7 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
       cache_drop_slot (c, s);
     return 1;
   }
-  target = fill_target (c, s, dirty != NULL, &cow, &inplace);
+  target = fill_target (c, s, dirty != NULL, kind, &cow, &inplace);
   if (target == PT_NONE) {
     STATS_ADD (&c->stats, bypassed, 1);
     return 1;
@@ -158,7 +161,7 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
   }
   if (inplace)
     pthread_rwlock_unlock (&c->inplace);
-  fill_done (c, page, s, target, &upd, cow, prefetch);
+  fill_done (c, page, s, target, &upd, cow, kind);
   return 0;
 
  fail:

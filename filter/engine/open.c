@@ -133,6 +133,14 @@ copy_config (struct cache *c, const struct cache_config *cfg)
   c->budget = cfg->budget;
   c->reclaim = cfg->reclaim;
   c->reclaim_opaque = cfg->reclaim_opaque;
+  /* Sequential writes past 4 MiB go around a writeback cache that is
+   * behind (write.c): as bcache's sequential_cutoff.
+   */
+  if ((c->wseq = admit_seq_new (ADMIT_SEQ_DEFAULT_CUTOFF,
+                                ADMIT_SEQ_DEFAULT_STREAMS)) == NULL) {
+    log_error ("calloc: %m");
+    return -1;
+  }
   if (cfg->seq_cutoff) {
     c->seqcut = admit_seq_new (cfg->seq_cutoff, cfg->seq_streams);
     if (c->seqcut == NULL) {
@@ -576,6 +584,8 @@ cache_close (struct cache *c)
 {
   if (c == NULL)
     return;
+  if (c->hooks.warm_stop)
+    c->hooks.warm_stop (c);
   if (c->hooks.ra_stop)
     c->hooks.ra_stop (c);
   if (c->hooks.wb_stop)
@@ -636,6 +646,7 @@ cache_close (struct cache *c)
   free (c->unsealed);
   free (c->stale);
   admit_seq_free (c->seqcut);
+  admit_seq_free (c->wseq);
   admit_nhit_free (c->nhit);
   free (c->path);
   free (c->id_text);

@@ -144,7 +144,8 @@ complete_partial (struct cache *c, const struct cache_backend *be,
       memcpy (buf + (size_t) i * ss, tmp + (size_t) (i - lo) * ss, ss);
   free (tmp);
   cache_fill_slot (c, page, s, buf,
-                   snap.state == LAYOUT_DIRTY ? snap.dirty : NULL, false);
+                   snap.state == LAYOUT_DIRTY ? snap.dirty : NULL,
+                   FILL_CLIENT);
   return 0;
 }
 
@@ -235,6 +236,9 @@ struct read_opts {
   bool promote;           /* a client read miss: n-miss promotion applies */
   bool readahead;         /* a readahead prefetch: pages are marked, and
                              the client counters are left alone */
+  bool warm;              /* warm-up (with readahead set: no client
+                             counters), but pages are not marked and
+                             take free slots only */
   uint64_t *used;         /* client reads: bytes of prefetched pages
                              read for the first time are added here */
 };
@@ -333,7 +337,11 @@ slow_store (struct cache *c, const struct cache_backend *be,
   else if (o->promote && !admit_miss (c, page))
     STATS_ADD (&c->stats, promote_skipped, 1);
   else if (plo == pstart && phi >= pstart + cache_page_bytes (c, page))
-    cache_fill_slot (c, page, PT_NONE, data, NULL, o->readahead);
+    cache_fill_slot (c, page, PT_NONE, data, NULL,
+                     o->warm ? FILL_WARM
+                     : o->readahead ? FILL_PREFETCH : FILL_CLIENT);
+  else if (o->warm)
+    return;                     /* warm-up stores whole pages only */
   else if (!cache_degraded (c)) {
     uint32_t ns = cache_alloc_slot (c, ALLOC_FILL);
     int e;
@@ -553,14 +561,23 @@ cache_prefetch (struct cache *c, const struct cache_backend *be,
   return read_slow (c, be, NULL, offset, count, &o, err);
 }
 
-int
-cache_readahead_fill (struct cache *c, const struct cache_backend *be,
-                      uint64_t offset, uint64_t len, int *err)
+/* Read the pages of [offset, offset+len) that are not cached into the
+ * cache as o says (readahead or warm-up), one backend request per run
+ * of such pages of at most max_run bytes.  *read (if not NULL) gets the
+ * bytes read.  With stop_when_full, stops before a run when fewer slots
+ * than its pages are free, returning 1.  Returns 0, 1 or -1 (*err).
+ */
+static int
+fill_uncached (struct cache *c, const struct cache_backend *be,
+               uint64_t offset, uint64_t len, const struct read_opts *o,
+               uint64_t max_run, bool stop_when_full, uint64_t *read,
+               int *err)
 {
   const uint32_t ps = c->page_size;
   uint64_t page, last;
-  struct read_opts o = { .nofill_from = UINT64_MAX, .readahead = true };
 
+  if (read)
+    *read = 0;
   if (len == 0 || offset >= c->backend_size)
     return 0;
   if (len > c->backend_size - offset)
@@ -569,16 +586,18 @@ cache_readahead_fill (struct cache *c, const struct cache_backend *be,
   last = (offset + len - 1) / ps;
   /* Runs of pages not cached (cached pages are never read again). */
   while (page <= last) {
-    uint64_t run_end;
-    uint64_t lo, hi;
+    uint64_t run_end, lo, hi, room = UINT64_MAX;
 
     if (cache_degraded (c))
       return 0;
+    if (stop_when_full && (room = cache_free_slots (c)) == 0)
+      return 1;
     pthread_mutex_lock (&c->lock);
     while (page <= last && pagetable_lookup (&c->pt, page) != PT_NONE)
       page++;
     run_end = page;
-    while (run_end <= last && run_end - page < (32u << 20) / ps &&
+    while (run_end <= last && run_end - page < max_run / ps &&
+           run_end - page < room &&
            pagetable_lookup (&c->pt, run_end) == PT_NONE)
       run_end++;
     pthread_mutex_unlock (&c->lock);
@@ -588,17 +607,41 @@ cache_readahead_fill (struct cache *c, const struct cache_backend *be,
     hi = run_end * ps;
     if (hi > c->backend_size)
       hi = c->backend_size;
-    STATS_ADD (&c->stats, prefetch_requests, 1);
-    if (ssdcache_debug_readahead)
-      log_debug ("readahead: prefetch %llu bytes at %llu (pages %llu-%llu)",
-                 (unsigned long long) (hi - lo), (unsigned long long) lo,
-                 (unsigned long long) page,
-                 (unsigned long long) run_end - 1);
-    if (read_slow (c, be, NULL, lo, hi - lo, &o, err) == -1)
+    if (o->readahead && !o->warm) {
+      STATS_ADD (&c->stats, prefetch_requests, 1);
+      if (ssdcache_debug_readahead)
+        log_debug ("readahead: prefetch %llu bytes at %llu (pages "
+                   "%llu-%llu)", (unsigned long long) (hi - lo),
+                   (unsigned long long) lo, (unsigned long long) page,
+                   (unsigned long long) run_end - 1);
+    }
+    if (read_slow (c, be, NULL, lo, hi - lo, o, err) == -1)
       return -1;
+    if (read)
+      *read += hi - lo;
     page = run_end;
   }
   return 0;
+}
+
+int
+cache_readahead_fill (struct cache *c, const struct cache_backend *be,
+                      uint64_t offset, uint64_t len, int *err)
+{
+  struct read_opts o = { .nofill_from = UINT64_MAX, .readahead = true };
+
+  return fill_uncached (c, be, offset, len, &o, 32u << 20, false, NULL,
+                        err);
+}
+
+int
+cache_warm_fill (struct cache *c, const struct cache_backend *be,
+                 uint64_t offset, uint64_t len, uint64_t *read, int *err)
+{
+  struct read_opts o = { .nofill_from = UINT64_MAX, .readahead = true,
+                         .warm = true };
+
+  return fill_uncached (c, be, offset, len, &o, 4u << 20, true, read, err);
 }
 
 bool

@@ -348,7 +348,7 @@ alloc_locked (struct cache *c, enum alloc_for why, bool reclaim,
 
   *evicted = false;
   *over_budget = s == PT_NONE && c->pt.nfree > 0;
-  if (s != PT_NONE || (*over_budget && reclaim) ||
+  if (s != PT_NONE || (*over_budget && reclaim) || why == ALLOC_FREE ||
       (why == ALLOC_DIRTY_PART && cache_dirty_pressure (c)))
     return s;
   s = evict_locked (c, why == ALLOC_FILL);
@@ -408,7 +408,7 @@ cache_alloc_slot (struct cache *c, enum alloc_for why)
 {
   uint32_t s;
   bool evicted, over;
-  bool may_reclaim = c->reclaim != NULL;
+  bool may_reclaim = c->reclaim != NULL && why != ALLOC_FREE;
   uint64_t page = 0, ndirty;
 
   pthread_mutex_lock (&c->lock);
@@ -432,7 +432,8 @@ cache_alloc_slot (struct cache *c, enum alloc_for why)
   /* No waiting: the writer goes around the cache (or writes its page
    * back itself), and writeback is told that slots are wanted.
    */
-  if (s == PT_NONE && why != ALLOC_FILL && ndirty > 0 && c->hooks.wb_kick)
+  if (s == PT_NONE && (why == ALLOC_DIRTY || why == ALLOC_DIRTY_PART) &&
+      ndirty > 0 && c->hooks.wb_kick)
     c->hooks.wb_kick (c);
   return s;
 }
@@ -463,6 +464,24 @@ cache_give_slot (struct cache *c)
   pthread_mutex_unlock (&c->lock);
   STATS_ADD (&c->stats, slots_given, 1);
   return true;
+}
+
+uint64_t
+cache_free_slots (struct cache *c)
+{
+  uint64_t n;
+
+  pthread_mutex_lock (&c->lock);
+  n = c->pt.nfree;
+  if (c->budget) {
+    uint64_t used = budget_used (c->budget);
+    uint64_t room = used < c->budget->limit
+      ? (c->budget->limit - used) / c->page_size : 0;
+    if (room < n)
+      n = room;
+  }
+  pthread_mutex_unlock (&c->lock);
+  return n;
 }
 
 uint64_t

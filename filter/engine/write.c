@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admit.h"
 #include "cache-int.h"
 #include "log.h"
 
@@ -179,6 +180,7 @@ write_around (struct cache *c, const struct cache_backend *be,
               const uint8_t *src, uint32_t n, uint64_t offset, int *err)
 {
   STATS_ADD (&c->stats, write_through_full, 1);
+  atomic_store (&c->last_around_ms, cache_now_ms ());
   atomic_store (&c->backend_unflushed, true);
   return be->pwrite (be->h, src, n, offset, false, err);
 }
@@ -293,7 +295,7 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
     }
     cache_map_fill (c, dirty);
     r = cache_fill_slot (c, page, s, data, kind == W_DIRTY ? dirty : NULL,
-                         false);
+                         FILL_CLIENT);
     free (tmp);
     if (r == 1) {
       /* No slot for the new version: it goes to the backend, and the
@@ -477,7 +479,8 @@ write_pages (struct cache *c, const struct cache_backend *be,
 /* Writeback, but the cache cannot take this write: with
  * ssdcache-writeback-max-dirty reached, or fewer slots not dirty than
  * the write has pages not cached (a cache full of dirty data; cached
- * pages change in their slots or are copied, page by page).  The write
+ * pages change in their slots or are copied, page by page), or part of
+ * a sequential stream past 4 MiB while writeback is behind.  The write
  * then goes around the cache as in writearound, in one backend request
  * at the client's own parallelism, instead of page by page: the dirty
  * pages it touches are written back first and every cached copy of its
@@ -491,27 +494,36 @@ write_goes_through (struct cache *c, uint64_t first, uint64_t last)
 {
   const uint64_t n = last - first + 1;
   uint64_t uncached = 0;
-  bool cap, full;
+  bool cap, full, seq;
 
   /* Writes in flight have promised to dirty at most c->dirty_promised
    * more pages: counting them keeps the cap exact.
    */
   pthread_mutex_lock (&c->lock);
+  /* A sequential stream past 4 MiB while writeback is behind: caching
+   * it would only write it twice more (cache, then backend).
+   */
+  seq = c->wseq && admit_seq_access (c->wseq, first * c->page_size,
+                                     n * c->page_size) < n * c->page_size &&
+    cache_dirty_pressure (c);
   cap = c->max_dirty > 0 && c->ndirty + c->dirty_promised + n > c->max_dirty;
   if (c->nslots - c->ndirty < n)
     for (uint64_t p = first; p <= last; p++)
       uncached += pagetable_lookup (&c->pt, p) == PT_NONE;
   full = c->nslots - c->ndirty < uncached;
-  if (!cap && !full)
+  if (!cap && !full && !seq)
     c->dirty_promised += n;
   pthread_mutex_unlock (&c->lock);
-  if (!cap && !full)
+  if (!cap && !full && !seq)
     return false;
   if (cap)
     STATS_ADD (&c->stats, dirty_cap_writes, 1);
-  else
+  else if (full)
     STATS_ADD (&c->stats, write_through_full, 1);
+  else
+    STATS_ADD (&c->stats, seq_write_bypassed, 1);
   atomic_store (&c->backend_unflushed, true);
+  atomic_store (&c->last_around_ms, cache_now_ms ());
   if (c->hooks.wb_kick)
     c->hooks.wb_kick (c);
   return true;

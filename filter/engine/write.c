@@ -201,7 +201,17 @@ write_fresh (struct cache *c, const struct cache_backend *be,
   uint32_t s = cache_alloc_slot (c, part ? ALLOC_DIRTY_PART : ALLOC_DIRTY);
   int r;
 
-  if (s == PT_NONE)
+  if (s == PT_NONE && part) {
+    /* Admission under pressure prefers the backend; but a write the
+     * backend fails goes to the cache after all, if a clean page can
+     * be evicted for it (the backend may hold part of it now: the
+     * dirty copy covers it).
+     */
+    r = write_around (c, be, src, n, page * c->page_size + off, err);
+    if (r == 0 || (s = cache_alloc_slot (c, ALLOC_DIRTY)) == PT_NONE)
+      return r;
+  }
+  else if (s == PT_NONE)
     return write_around (c, be, src, n, page * c->page_size + off, err);
   r = cache_patch_slot (c, be, page, s, true, src, off, n, kind, err);
   if (r == PATCH_NO_MAPS)                 /* one run: not reached */

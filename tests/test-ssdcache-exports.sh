@@ -60,6 +60,15 @@ ls -l "$tmpdir"
 # nbdinfo --list opened every export: one cache file each.
 [ "$(ls "$cache".* | wc -l)" -eq 3 ] ||
     fail "expected a cache file for each of the three exports"
+# ssdcache info names the export of each file.
+for e in a.img b.img c.img; do
+    n=0
+    for f in "$cache".*; do
+        "$SSDCACHE_TOOL" info "$f" | grep -q "^identity: .* export=$e\$" &&
+            n=$((n + 1))
+    done
+    [ $n -eq 1 ] || fail "ssdcache info: $n cache files for export $e"
+done
 
 # Captive (--run).  (The file plugin in dir mode has no default
 # export: "" fails as it does without the filter.)

@@ -2,7 +2,7 @@
 /* nbdkit-ssdcache-filter: the writeback thread.
  *
  * Owns struct writeback and its thread: when to clean and how much
- * (the watermarks, idle cleaning, a writer waiting for a slot, a full
+ * (the watermarks, idle cleaning, a writer that found no slot, a full
  * pass a flush asks for) and the adaptive hot window.  The cleaning
  * itself is the engine's (engine/clean.c: clean_pass).  The engine
  * wakes the thread through the hooks writeback_start sets (c->hooks).
@@ -72,7 +72,7 @@ struct writeback {
  * the pages cleaned in the window before the last, redirtied were
  * dirty again by the end of the last one.  At least half: cleaning was
  * wasted, the window grows fourfold (at most WB_HOT_MAX_MS); under a
- * quarter: it halves (at least WB_HOT_MS).  A writer waiting for a slot
+ * quarter: it halves (at least WB_HOT_MS).  A writer that found no slot
  * sets it back to WB_HOT_MS (writeback_thread).  Pure.
  */
 uint64_t
@@ -132,7 +132,7 @@ note_cleaned (void *opaque, uint64_t page)
  * changed in the last one to two hot windows.  Writing them back is
  * wasted (they change again before they can be marked clean) and
  * steals the clients' bandwidth; nobody needs their slots yet (a
- * writer waiting for a slot kicks us, and then every page goes).
+ * writer that finds no slot kicks us, and then every page goes).
  */
 static void
 hot_window_age (struct writeback *wb)

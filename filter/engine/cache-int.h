@@ -178,7 +178,7 @@ struct prefetch_conn;
  * runs.  NULL: that thread does not run.
  */
 struct cache_hooks {
-  void (*wb_kick) (struct cache *c);       /* a writer waits for a slot */
+  void (*wb_kick) (struct cache *c);       /* a writer found no slot */
   int (*wb_request_all) (struct cache *c, int *err); /* full pass, wait */
   void (*wb_stop) (struct cache *c);       /* at close, if still running */
   void (*ra_note_read) (struct cache *c, struct prefetch_conn *pc,

@@ -231,6 +231,9 @@ then
     fail "an export that does not exist was served"
 fi
 cat "$tmpdir/err"
+# The file plugin's own error (open: No such file or directory).
+grep -q "No such file or directory" "$tmpdir/err" ||
+    fail "the client did not get the plugin's error for a missing export"
 nbdcopy "$(uri_of a.img "$tmpdir/b.sock")" "$tmpdir/copy"
 nbdcopy "$(uri_of b.img "$tmpdir/b.sock")" "$tmpdir/copy"
 stop_nbdkit "$tmpdir/b.pid"

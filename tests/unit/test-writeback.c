@@ -1009,6 +1009,10 @@ test_wb_backend_errors (void **state)
   uint8_t *model, *orig;
   int err = 0, errors;
 
+  /* One request at a time: "the next write fails" is then the first
+   * group's (test_wb_parallel_depth covers several in flight).
+   */
+  cfg.wb.depth = 1;
   rambackend_init (&rb, size, 16);
   tbe_init (&t, &rb);
   model = model_new (&rb);

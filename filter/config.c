@@ -292,6 +292,10 @@ static const struct choice stats_formats[] = {
   { "text", STATS_TEXT }, { "json", STATS_JSON },
   { "prometheus", STATS_PROMETHEUS }, { NULL, 0 }
 };
+static const struct choice wb_orders[] = {
+  { "offset", CACHE_ORDER_OFFSET }, { "flush", CACHE_ORDER_FLUSH },
+  { NULL, 0 }
+};
 static const struct choice flush_modes[] = {
   { "cache", CACHE_FLUSH_CACHE }, { "backend", CACHE_FLUSH_BACKEND },
   { NULL, 0 }
@@ -359,6 +363,9 @@ static const struct param params[] = {
     .bad = "%s: a size, or a percentage from 1%% to 100%%, not %s" },
   { "ssdcache-writeback-max-age", parse_unsigned, .uint = &config.wb.max_age_s,
     .lo = 0, .hi = 86400, .bad = "%s: from 0 to 86400 seconds, not %s" },
+  { "ssdcache-writeback-order", parse_choice,
+    .uint = (unsigned *) &config.wb.order,
+    .choices = wb_orders, .bad = "%s: expected flush or offset, not '%s'" },
   { "ssdcache-writeback-on-exit", parse_bool,
     .flag = &config.writeback_on_exit },
   { "ssdcache-warm", parse_choice, .flag = &config.warm,

@@ -239,6 +239,27 @@ choose_pass (struct writeback *wb, bool full, struct clean_opts *o)
   return true;
 }
 
+/* The flush order: client flushes the backend does not have yet are
+ * written back at once, whatever the watermarks say (the versions they
+ * need take room until then, and each must be written anyway: later
+ * writes cannot stand in for them).  The open generation is left to
+ * the usual rules.
+ */
+static bool
+closed_gens (struct cache *c, struct clean_opts *o)
+{
+  bool behind;
+
+  if (!cache_ordered (c))
+    return false;
+  order_update_stats (c);
+  pthread_mutex_lock (&c->lock);
+  behind = c->gen_done + 1 < c->gen;
+  *o = (struct clean_opts) { .target = 0, .gen_upto = c->gen - 1 };
+  pthread_mutex_unlock (&c->lock);
+  return behind;
+}
+
 /* Nothing to do: sleep until woken or the next poll. */
 static void
 wait_for_work (struct writeback *wb)
@@ -279,7 +300,7 @@ writeback_thread (void *arg)
     full = gen > wb->done_gen;
     pthread_mutex_unlock (&wb->lock);
 
-    if (!choose_pass (wb, full, &o)) {
+    if (!choose_pass (wb, full, &o) && !closed_gens (c, &o)) {
       wait_for_work (wb);
       continue;
     }

@@ -306,6 +306,8 @@ layout_entry_encode (const struct layout_entry *e, void *buf)
   p[52] = e->state;
   p[53] = e->hint;
   p[54] = e->flags;
+  for (int i = 0; i < 5; i++)
+    p[55 + i] = (e->gen & LAYOUT_GEN_MASK) >> (8 * i);
   put32 (p + ENT_CRC_OFF, layout_crc32c (p, ENT_CRC_OFF));
 }
 
@@ -323,9 +325,7 @@ layout_entry_decode (const void *buf, uint32_t nsectors,
     return -1;
   if (p[54] & ~LAYOUT_ENT_FLAGS)
     return -1;
-  for (int i = 55; i < ENT_CRC_OFF; i++)
-    if (p[i] != 0)
-      return -1;
+  _Static_assert (55 + 5 == ENT_CRC_OFF, "the generation fills the gap");
 
   e->page = get64 (p);
   e->seq = get64 (p + 8);
@@ -335,6 +335,9 @@ layout_entry_decode (const void *buf, uint32_t nsectors,
   e->state = p[52];
   e->hint = p[53];
   e->flags = p[54];
+  e->gen = 0;
+  for (int i = 0; i < 5; i++)
+    e->gen |= (uint64_t) p[55 + i] << (8 * i);
 
   /* No bit may name a sector past the page; dirty implies valid. */
   for (unsigned i = 0; i < LAYOUT_MAX_SECTORS; i++) {

@@ -83,7 +83,11 @@ struct layout_entry {
   uint8_t state;                   /* enum layout_state */
   uint8_t hint;                    /* replacement-policy hotness, 0..3 */
   uint8_t flags;                   /* LAYOUT_ENT_* */
+  uint64_t gen;                    /* dirty entries: flush generation of
+                                      the data (40 bits; 0 in caches made
+                                      before it was kept) */
 };
+#define LAYOUT_GEN_MASK         ((1ULL << 40) - 1)
 
 /* Entry flags.  UNSEALED: a page being rewritten in place since the
  * last client flush (dirty data, or clean data in writethrough);

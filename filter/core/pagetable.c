@@ -14,6 +14,8 @@
  *  - page: 32 bits (the cache refuses backends of more than PT_MAX_PAGES
  *    pages).
  *  - seq and epoch: 32 bits relative to a base each (see pagetable.h).
+ *  - gen (only if kept): the low 32 bits, in pt->gens (pt->gen_ref
+ *    gives the rest).
  *  - pins: 8 bits; a slot with more than 254 pins keeps the rest in
  *    pinx (PT_PINX slots at once: far more users than nbdkit has
  *    threads).
@@ -108,7 +110,16 @@ pagetable_free (struct pagetable *pt)
   free (pt->recs);
   free (pt->buckets);
   free (pt->side);
+  free (pt->gens);
   memset (pt, 0, sizeof *pt);
+}
+
+int
+pagetable_keep_gens (struct pagetable *pt)
+{
+  if (pt->gens == NULL)
+    pt->gens = calloc (pt->nslots ? pt->nslots : 1, sizeof *pt->gens);
+  return pt->gens ? 0 : -1;
 }
 
 int
@@ -127,7 +138,8 @@ pagetable_heap_bytes (const struct pagetable *pt)
 {
   return (uint64_t) pt->nslots * sizeof *pt->recs +
     (uint64_t) pt->nbuckets * sizeof *pt->buckets +
-    (uint64_t) pt->side_cap * sizeof *pt->side;
+    (uint64_t) pt->side_cap * sizeof *pt->side +
+    (pt->gens ? (uint64_t) pt->nslots * sizeof *pt->gens : 0);
 }
 
 uint32_t
@@ -694,6 +706,7 @@ pagetable_get (const struct pagetable *pt, uint32_t s, struct pt_slot *v)
   v->page = r->page;
   v->seq = pt_seq (pt, s);
   v->epoch = pt_epoch (pt, s);
+  v->gen = pt_gen (pt, s);
   v->data_crc = r->data_crc;
   v->pins = pt_pins (pt, s);
   v->flags = r->flags;
@@ -707,6 +720,8 @@ pagetable_to_entry (const struct pt_slot *s, struct layout_entry *e)
   memset (e, 0, sizeof *e);
   e->state = s->state;
   e->seq = s->seq;
+  if (s->state == LAYOUT_DIRTY)
+    e->gen = s->gen & LAYOUT_GEN_MASK;
   if (s->state != LAYOUT_FREE) {
     e->page = s->page;
     e->data_crc = s->data_crc;
@@ -732,6 +747,7 @@ pagetable_from_entry (struct pagetable *pt, uint32_t s,
   r->seq = 0;                   /* the loader rebases to c->seq at the end */
   r->data_crc = e->data_crc;
   r->state = e->state;
+  pt_set_gen (pt, s, e->gen);   /* the loader sets gen_ref above them all */
   return true;
 }
 

@@ -7,7 +7,7 @@
  * side table of sector maps that are not runs.
  *
  * Slots are stored compactly (struct pt_rec, 26 bytes, plus a 4-byte
- * bucket per two slots: 28 bytes a slot; pagetable.c says how).  The
+ * bucket per two slots: 28 bytes a slot, and 4 more with generations; pagetable.c says how).  The
  * rest of the filter reads and changes them only through the accessors
  * below, and reads a whole slot as a value (struct pt_slot) with
  * pagetable_get.  Limits that come with the compact form: at most
@@ -61,6 +61,9 @@ struct pt_slot {
   uint64_t seq;                       /* sequence number of the entry */
   uint64_t epoch;                     /* cache sync epoch of the last write
                                          (PT_EPOCH_PENDING: in flight) */
+  uint64_t gen;                       /* flush generation of its dirty data:
+                                         client flushes begun before its
+                                         last write, plus one */
   uint32_t data_crc;
   uint16_t pins;                      /* users currently doing I/O on it */
   uint16_t flags;                     /* PT_* */
@@ -124,6 +127,12 @@ struct pagetable {
    */
   struct budget *budget;
   uint32_t budget_unit;
+  /* Flush generations, if kept (pagetable_keep_gens; else NULL and
+   * every slot's reads as 0): the low 32 bits of each slot's, read back
+   * as the nearest value at or below gen_ref (the cache's current one).
+   */
+  uint32_t *gens;
+  uint64_t gen_ref;
 };
 
 /* Test hooks: when non-zero, pagetable_init uses these spans instead of
@@ -236,6 +245,23 @@ extern bool pt_epoch_surely_at_most (const struct pagetable *pt, uint32_t s,
                                      uint64_t t);
 /* Move the epoch base up to base: epochs at or below it read as base. */
 extern void pagetable_epoch_rebase (struct pagetable *pt, uint64_t base);
+/* Generations (see struct pt_slot). */
+static inline uint64_t
+pt_gen (const struct pagetable *pt, uint32_t s)
+{
+  if (pt->gens == NULL)
+    return 0;
+  return pt->gen_ref - (uint32_t) ((uint32_t) pt->gen_ref - pt->gens[s]);
+}
+static inline void
+pt_set_gen (struct pagetable *pt, uint32_t s, uint64_t gen)
+{
+  if (pt->gens)
+    pt->gens[s] = (uint32_t) gen;
+}
+/* Keep generations from now on (4 bytes a slot).  Returns 0 or -1. */
+extern int pagetable_keep_gens (struct pagetable *pt);
+
 static inline uint32_t
 pt_crc (const struct pagetable *pt, uint32_t s)
 {

@@ -27,13 +27,17 @@
   X (writes_not_cached) X (writes_deferred) X (deferred_waits) \
   X (writeback_hot_ms) X (backend_errors) X (slots_given) \
   X (dirty_cap_writes) X (seq_write_bypassed) X (warm_bytes) X (warm_progress_pct) \
-  X (warm_bytes_per_second) X (warm_full)
+  X (warm_bytes_per_second) X (warm_full) \
+  X (order_flush_point) X (order_lag_flushes) X (order_lag_seconds) \
+  X (order_behind_bytes) X (order_retained) X (order_writer_waits) \
+  X (order_broken)
 
 /* The counters that are gauges (a level, not a count of events). */
 #define STATS_GAUGES(X) \
   X (dirty_pages) X (degraded) X (partial_maps) X (writeback_hot_ms) \
   X (loaded_slots) X (warm_progress_pct) X (warm_bytes_per_second) \
-  X (warm_full)
+  X (warm_full) X (order_flush_point) X (order_lag_flushes) \
+  X (order_lag_seconds) X (order_behind_bytes) X (order_retained)
 
 void
 stats_print (const struct stats *st, FILE *fp)

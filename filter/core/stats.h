@@ -97,6 +97,20 @@ struct stats {
                                          the cache was full */
   _Atomic uint64_t slots_given;       /* clean slots given up to another
                                          export (the shared budget) */
+  /* ssdcache-writeback-order=flush (engine/order.c). */
+  _Atomic uint64_t order_flush_point; /* gauge: client flushes whose data
+                                         the backend alone holds */
+  _Atomic uint64_t order_lag_flushes; /* gauge: flushes it is behind */
+  _Atomic uint64_t order_lag_seconds; /* gauge: since the oldest of them */
+  _Atomic uint64_t order_behind_bytes;/* gauge: dirty data it lacks */
+  _Atomic uint64_t order_retained;    /* gauge: superseded versions kept
+                                         until their flush point is on
+                                         the backend */
+  _Atomic uint64_t order_writer_waits;/* writes that wrote older flush
+                                         generations back first */
+  _Atomic uint64_t order_broken;      /* backend writes made out of order
+                                         (pass-through after a cache
+                                         device failure; logged) */
 };
 
 /* Counter formats of ssdcache-stats-format. */

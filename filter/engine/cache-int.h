@@ -24,10 +24,14 @@
  *                                tail, c->sup, c->nfreeing,
  *                                c->ndirty, c->dirty_promised,
  *                                the unsealed list,
- *                                c->stale, c->seqcut, c->wseq, c->nhit
+ *                                c->stale, c->seqcut, c->wseq, c->nhit,
+ *                                the flush generations (order.c)
  *  c->space             cond     with c->lock: signalled when a slot
  *                                becomes free or clean, or a freeing
  *                                of superseded slots ends
+ *  c->order_cond        cond     with c->lock: signalled when
+ *                                c->gen_done moves or a backend write
+ *                                of the flush order ends
  *  c->defer.apply       mutex    one writer of the deferred    yes (4)
  *   (io/defer)                   queue (writes it to the file)
  *  c->defer.lock        mutex    the deferred queue            never
@@ -60,6 +64,9 @@
  *  (2) Held across a pass's backend writes; only passes take it.  The
  *      pass's workers (ssdcache-writeback-depth threads) take groups
  *      under ps->lock, which nests a range try-lock (rl->lock) only.
+ *      In the flush order a writer holding its ranges may run a pass
+ *      (clean_order_enter) and so wait for it: a pass only try-locks
+ *      ranges, so that cannot deadlock.
  *  (3) Held shared by a rewrite in place from its copy-on-write
  *      decision to the end of its data writes; a client flush takes it
  *      exclusively, with no I/O, to wait for rewrites that decided
@@ -117,6 +124,7 @@
  *   seal.c    unsealed slots and sealing
  *   stale.c   entries the cache file could not be told
  *   epoch.c   sync epochs, superseded slots, dropping a slot
+ *   order.c   flush generations: which backend writes may start
  *   fill.c    storing whole pages, reading slots back verified
  *   clean.c   writing dirty data back (passes, one page)
  *   patch.c   changing a cached page in place
@@ -188,9 +196,12 @@ struct cache_hooks {
   void (*warm_stop) (struct cache *c);
 };
 
+#define CACHE_GEN_RING 1024       /* generations whose close times are kept */
+
 struct cache {
   pthread_mutex_t lock;
   pthread_cond_t space;
+  pthread_cond_t order_cond;     /* order.c, with c->lock */
   pthread_mutex_t clean_lock;    /* clean.c: one pass at a time */
   struct backoff backoff;        /* runs whose writeback failed (clean.c:
                                     c->clean_lock, and a pass's lock) */
@@ -260,6 +271,21 @@ struct cache {
   size_t unseal_reserved;        /* list room promised to writers */
   struct cache_stale *stale;     /* see stale.c */
   size_t nstale, capstale;
+  /* Flush generations (order.c).  Generation g holds the writes made
+   * between the (g-1)th and the gth client flush; with
+   * ssdcache-writeback-order=flush, no backend write of generation
+   * g + 1 starts before every write of generations <= g is on the
+   * backend and flushed there (c->gen_done >= g).
+   */
+  uint64_t gen;                  /* the open generation (>= 1) */
+  uint64_t gen_done;             /* generations <= this are on the backend */
+  unsigned order_inflight;       /* backend writes of c->gen_done + 1 (or
+                                    older) in flight */
+  bool order_advancing;          /* c->gen_done is moving: they wait */
+  uint64_t nretained;            /* superseded slots whose dirty data
+                                    is still to be written back */
+  uint64_t gen_close_ms[CACHE_GEN_RING]; /* when the flush that closed
+                                    generation g began (g % ring) */
 
   /* Lock free. */
   atomic_bool degraded;          /* the cache device failed: pass-through */
@@ -290,6 +316,43 @@ cache_needs_settling (const struct cache *c, uint32_t s)
 {
   return pt_flags (&c->pt, s) & PT_HASPRED;
 }
+
+/* order.c */
+/* Does this cache keep the flush order now (writeback mode,
+ * ssdcache-writeback-order=flush)?
+ */
+static inline bool
+cache_ordered (const struct cache *c)
+{
+  /* (Dirty data outside writeback mode: recovered, or left by a mode
+   * switch, and being written back.  The counts are read unlocked: they
+   * only leave 0 in writeback mode or under recovery.)
+   */
+  return c->wbcfg.order == CACHE_ORDER_FLUSH &&
+    (c->mode == LAYOUT_MODE_WRITEBACK || c->ndirty > 0 || c->nretained > 0);
+}
+/* Under c->lock: is slot s an older version kept for the flush order,
+ * its dirty data still to be written back in its generation?
+ */
+static inline bool
+cache_retained (const struct cache *c, uint32_t s)
+{
+  return c->wbcfg.order == CACHE_ORDER_FLUSH &&
+    (pt_flags (&c->pt, s) & PT_SUPERSEDED) &&
+    pt_state (&c->pt, s) == LAYOUT_DIRTY;
+}
+#define ORDER_OPEN UINT64_MAX    /* order_enter: the open generation */
+extern int order_enter (struct cache *c, uint64_t gen);
+extern void order_leave (struct cache *c);
+extern void order_close_gen_locked (struct cache *c);
+extern bool order_gen_pending_locked (const struct cache *c, uint64_t g);
+extern int order_try_advance (struct cache *c,
+                              const struct cache_backend *be, int *err);
+extern void order_loaded (struct cache *c);
+extern void order_update_stats (struct cache *c);
+extern void order_owned (struct cache *c, uint64_t first, uint64_t last);
+extern bool order_owned_range (const struct cache *c, uint64_t *first,
+                               uint64_t *last);
 
 /* slot.c */
 extern uint32_t cache_page_bytes (const struct cache *c, uint64_t page);
@@ -354,6 +417,8 @@ extern int cache_read_verified_span (struct cache *c,
 extern bool cache_must_cow (const struct cache *c, uint32_t s);
 extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
                              uint64_t page);
+/* Free the superseded slots that may go now (epoch.c). */
+extern void cache_free_superseded (struct cache *c);
 /* Who stores a page read from the backend (cache_fill_slot). */
 enum fill_kind {
   FILL_CLIENT,       /* a client's read (or write) */
@@ -440,6 +505,10 @@ struct clean_opts {
   /* Told of each page marked clean (or NULL). */
   void (*cleaned) (void *opaque, uint64_t page);
   void *opaque;
+  /* The flush order: stop once flush generations up to this one are
+   * on the backend (0: go on to the open one).
+   */
+  uint64_t gen_upto;
 };
 /* Write back dirty pages until at most o->target remain, in backend
  * offset order, adjacent pages coalesced.  Returns 0, 1 if some pages
@@ -456,6 +525,14 @@ extern int clean_pass (struct cache *c, const struct cache_backend *be,
 extern int clean_page_locked (struct cache *c,
                               const struct cache_backend *be,
                               uint64_t page, uint32_t s, int *err);
+/* Before a backend write of data of flush generation gen (ORDER_OPEN:
+ * a client's write now) in the flush order: write the older
+ * generations back first, from the caller's thread (its own pages of
+ * them too: see order_owned).  Returns 1 (registered: order_leave after
+ * the write), 0 (no order to keep) or -1 (*err).
+ */
+extern int clean_order_enter (struct cache *c, const struct cache_backend *be,
+                              uint64_t gen, int *err);
 
 /* through.c */
 extern void cache_invalidate_pages (struct cache *c, uint64_t first,

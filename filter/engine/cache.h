@@ -39,6 +39,15 @@ enum cache_flush_mode {
   CACHE_FLUSH_BACKEND = 1,     /* written back and durable on the backend */
 };
 
+/* The order in which writeback reaches the backend. */
+enum cache_wb_order {
+  CACHE_ORDER_OFFSET = 0,      /* backend offset order: fastest, but the
+                                  backend alone matches no flush point */
+  CACHE_ORDER_FLUSH = 1,       /* one flush generation after another: the
+                                  backend alone always equals the export
+                                  at some client flush (order.c) */
+};
+
 struct cache_writeback_config {
   unsigned high_pct;           /* start cleaning above this % dirty */
   unsigned low_pct;            /* ... down to this % */
@@ -50,6 +59,7 @@ struct cache_writeback_config {
   unsigned max_dirty_pct;      /* ... a percentage of the cache, 0: none */
   unsigned max_age_s;          /* dirty data older than this is written
                                   back, 0: no limit */
+  enum cache_wb_order order;
 };
 
 struct cache_config {

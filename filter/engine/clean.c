@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backoff.h"
 #include "cache-int.h"
@@ -51,13 +52,14 @@ cmp_u64 (const void *a, const void *b)
 /* Dirty pages now, sorted, but for "hot" ones: changed after sequence
  * number hot_after (UINT64_MAX: none is hot), and, unless all, those
  * whose writeback failed lately (c->backoff); both are counted in
- * *nhot.  Returns the count, or -1.
+ * *nhot.  Pages of flush generations after gen_max are left out.
+ * Returns the count, or -1.
  */
 static int64_t
 collect_dirty (struct cache *c, uint64_t **pages_out, uint64_t hot_after,
-               bool all, uint64_t *nhot)
+               bool all, uint64_t gen_max, uint64_t *nhot)
 {
-  uint64_t *pages, n = 0, now = cache_now_ms ();
+  uint64_t *pages, n = 0, now = cache_now_ms (), gen_max_skipped = 0;
 
   pthread_mutex_lock (&c->lock);
   pages = malloc ((c->ndirty ? c->ndirty : 1) * sizeof *pages);
@@ -66,10 +68,14 @@ collect_dirty (struct cache *c, uint64_t **pages_out, uint64_t hot_after,
     return -1;
   }
   *nhot = 0;
-  for (uint32_t s = 0; s < c->nslots && n + *nhot < c->ndirty; s++) {
+  for (uint32_t s = 0;
+       s < c->nslots && n + *nhot + gen_max_skipped < c->ndirty; s++) {
     uint16_t flags = pt_flags (&c->pt, s);
     if (pt_state (&c->pt, s) == LAYOUT_DIRTY && (flags & PT_INDEXED) &&
-        !(flags & PT_BAD)) {
+        !(flags & PT_BAD) && pt_gen (&c->pt, s) > gen_max)
+      gen_max_skipped++;        /* a later flush generation: not now */
+    else if (pt_state (&c->pt, s) == LAYOUT_DIRTY && (flags & PT_INDEXED) &&
+             !(flags & PT_BAD)) {
       if (pt_seq (&c->pt, s) > hot_after ||
           (!all && c->backoff.n > 0 &&
            backoff_waits (&c->backoff, pt_page (&c->pt, s), now)))
@@ -151,11 +157,12 @@ write_group (struct cache *c, const struct cache_backend *be,
 }
 
 /* Page page of a group, into g and its data into buf: pinned and read
- * if it is still dirty (g->slot), else g->slot = PT_NONE.
+ * if it is still dirty with data of flush generation gen_max or older
+ * (g->slot), else g->slot = PT_NONE.
  */
 static void
 load_page (struct cache *c, const struct cache_backend *be, uint64_t page,
-           struct clean_page *g, uint8_t *buf)
+           uint64_t gen_max, struct clean_page *g, uint8_t *buf)
 {
   uint32_t s = cache_lookup_pin (c, page);
   bool dirty;
@@ -166,7 +173,7 @@ load_page (struct cache *c, const struct cache_backend *be, uint64_t page,
     return;
   pthread_mutex_lock (&c->lock);
   dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY &&
-    !(pt_flags (&c->pt, s) & PT_BAD);
+    !(pt_flags (&c->pt, s) & PT_BAD) && pt_gen (&c->pt, s) <= gen_max;
   pthread_mutex_unlock (&c->lock);
   if (!dirty) {
     cache_unpin (c, s);
@@ -274,6 +281,9 @@ struct pass {
   const struct clean_opts *o;
   size_t max_group;              /* pages */
   uint64_t target, start_ms;
+  uint64_t gen_max;              /* flush generations written back */
+  struct clean_page *kept;       /* retained slots written (order.c) */
+  size_t nkept;
 
   pthread_mutex_t lock;
   uint64_t *pages;               /* dirty pages, sorted */
@@ -370,7 +380,7 @@ pass_work (struct pass *ps, bool helper, uint8_t *buf)
     pthread_mutex_unlock (&ps->lock);
 
     for (size_t k = 0; k < ng; k++)
-      load_page (c, ps->be, ps->pages[i + k], &g[k],
+      load_page (c, ps->be, ps->pages[i + k], ps->gen_max, &g[k],
                  buf + k * c->page_size);
     r = write_group (c, ps->be, g, ng, buf, &bytes, &err);
     rangelock_release (&c->ranges, ps->pages[i], ps->pages[i + ng - 1]);
@@ -401,6 +411,119 @@ pass_helper (void *arg)
   return NULL;
 }
 
+/* Under nothing: pinned retained slot p->slot was written back and the
+ * backend flushed: its version is on the backend now.  A FREE entry
+ * makes sure it never comes back (were its dirty entry found after a
+ * crash once later generations reached the backend, writing it again
+ * would take its page back in time); it stays on c->sup until its
+ * successor is flushed (cache_free_superseded).
+ */
+static void
+retained_done (struct cache *c, const struct clean_page *p)
+{
+  static const uint8_t none[LAYOUT_MAX_SECTORS / 8];
+
+  if (cache_write_free_entry (c, p->slot) == -1)
+    cache_io_error (c, "writing free entry", p->slot);
+  pthread_mutex_lock (&c->lock);
+  if (cache_retained (c, p->slot))
+    c->nretained--;
+  pt_set_state (&c->pt, p->slot, LAYOUT_CLEAN);   /* retained no more */
+  pt_maps_set (&c->pt, p->slot, p->valid, none);
+  pthread_mutex_unlock (&c->lock);
+  STATS_ADD (&c->stats, pages_written_back, 1);
+  cache_unpin (c, p->slot);
+}
+
+/* Pin retained slot s if its data is of a generation the pass writes
+ * back, filling p.  Under nothing.
+ */
+static bool
+retained_take (struct pass *ps, uint32_t s, struct clean_page *p,
+               uint32_t *crc, bool *check)
+{
+  struct cache *c = ps->c;
+  bool take;
+
+  pthread_mutex_lock (&c->lock);
+  take = cache_retained (c, s) && pt_gen (&c->pt, s) <= ps->gen_max;
+  if (take) {
+    pt_pin (&c->pt, s);
+    p->slot = s;
+    p->page = pt_page (&c->pt, s);
+    p->seq = pt_seq (&c->pt, s);
+    pt_maps_get (&c->pt, s, p->valid, p->dirty);
+    p->unsealed = false;
+    *crc = pt_crc (&c->pt, s);
+    *check = !(pt_flags (&c->pt, s) & (PT_VERIFIED | PT_UNSEALED));
+  }
+  pthread_mutex_unlock (&c->lock);
+  return take;
+}
+
+/* A retained slot whose data cannot be read: its generation can never
+ * be complete on the backend.  Said loudly, counted, and given up.
+ */
+static void
+retained_lost (struct cache *c, const struct clean_page *p)
+{
+  log_error ("cache file %s: the older version of page %llu (slot %u) "
+             "kept for the flush order cannot be read: the backend alone "
+             "will not match a flush point for that page",
+             c->path, (unsigned long long) p->page, p->slot);
+  STATS_ADD (&c->stats, order_broken, 1);
+  pthread_mutex_lock (&c->lock);
+  if (cache_retained (c, p->slot))
+    c->nretained--;
+  pt_set_state (&c->pt, p->slot, LAYOUT_CLEAN);   /* given up */
+  pthread_mutex_unlock (&c->lock);
+  cache_unpin (c, p->slot);
+}
+
+/* The flush order: superseded slots still holding dirty data of the
+ * generations the pass writes back (cache_retained), one request per run,
+ * before the pages.  Their data never changes, so no range lock is
+ * needed; a pin keeps them.  They join ps->kept.
+ */
+static void
+write_retained (struct pass *ps, uint8_t *buf)
+{
+  struct cache *c = ps->c;
+  size_t cap = 0;
+
+  for (uint32_t s = 0; s < c->nslots; s++) {
+    struct clean_page p;
+    uint64_t bytes = 0;
+    uint32_t crc;
+    bool check;
+    int err = 0;
+
+    if (!retained_take (ps, s, &p, &crc, &check))
+      continue;
+    if (defer_read_data (&c->defer, &c->pool, s, buf, c->page_size, 0) == -1 ||
+        (check && cache_page_crc (c, buf, p.valid) != crc)) {
+      retained_lost (c, &p);
+      continue;
+    }
+    if (ps->nkept == cap) {
+      size_t ncap = cap ? cap * 2 : 16;
+      struct clean_page *k = realloc (ps->kept, ncap * sizeof *k);
+      if (k == NULL) {
+        cache_unpin (c, s);
+        return;                  /* the rest next time */
+      }
+      ps->kept = k;
+      cap = ncap;
+    }
+    if (write_group (c, ps->be, &p, 1, buf, &bytes, &err) == -1) {
+      group_failed (ps, &p, 1, err);
+      continue;
+    }
+    ps->kept[ps->nkept++] = p;
+    ps->bytes += bytes;
+  }
+}
+
 /* The pages written (ps->done): flush the backend, then mark them clean;
  * if the flush fails only unpin them.  Returns whether all went well.
  */
@@ -413,6 +536,7 @@ pass_finish (struct cache *c, const struct cache_backend *be, struct pass *ps,
 
   for (size_t k = 0; k < ps->ndone; k++)
     written += ps->done[k].slot != PT_NONE;
+  written += ps->nkept;
   /* The backend must have it durably before the cache forgets it. */
   if (written > 0 && be->flush && be->flush (be->h, err) == -1) {
     STATS_ADD (&c->stats, writeback_errors, 1);
@@ -432,6 +556,12 @@ pass_finish (struct cache *c, const struct cache_backend *be, struct pass *ps,
       cache_unpin (c, p->slot);
     else
       mark_clean (c, p, o);
+  }
+  for (size_t k = 0; k < ps->nkept; k++) {
+    if (!flushed)
+      cache_unpin (c, ps->kept[k].slot);
+    else
+      retained_done (c, &ps->kept[k]);
   }
   if (written > 0 && flushed) {
     int e;
@@ -463,13 +593,16 @@ pass_run (struct pass *ps, uint8_t *buf)
     pthread_join (helpers[k], NULL);
 }
 
-int
-clean_pass (struct cache *c, const struct cache_backend *be,
-            const struct clean_opts *o, int *err)
+/* One pass over the dirty data of flush generations gen_max and older
+ * (UINT64_MAX: all): clean_pass's answer.
+ */
+static int
+gen_pass (struct cache *c, const struct cache_backend *be,
+          const struct clean_opts *o, uint64_t gen_max, int *err)
 {
   const unsigned depth = c->wbcfg.depth > 1 ? c->wbcfg.depth : 1;
   struct pass ps = { .c = c, .be = be, .o = o, .target = o->target,
-                     .start_ms = cache_now_ms () };
+                     .start_ms = cache_now_ms (), .gen_max = gen_max };
   uint8_t *buf = NULL;
   uint64_t nhot;
   int ret = -1;
@@ -484,12 +617,12 @@ clean_pass (struct cache *c, const struct cache_backend *be,
   pthread_mutex_lock (&c->clean_lock);
   ps.n = collect_dirty (c, &ps.pages,
                         o->skip_hot ? o->hot_after : UINT64_MAX,
-                        o->target == 0 && !o->limited, &nhot);
+                        o->target == 0 && !o->limited, gen_max, &nhot);
   if (ps.n == -1) {
     *err = ENOMEM;
     goto out;
   }
-  if (ps.n == 0 && nhot > 0) {
+  if (ps.n == 0 && nhot > 0 && c->nretained == 0) {
     ret = 2;
     goto out;
   }
@@ -504,16 +637,135 @@ clean_pass (struct cache *c, const struct cache_backend *be,
     *err = ENOMEM;
     goto out;
   }
+  if (c->nretained > 0)         /* (read without the lock: a hint) */
+    write_retained (&ps, buf);
   pass_run (&ps, buf);
   ret = !pass_finish (c, be, &ps, o, err) ? -1 : ps.skipped ? 1 : 0;
+  if (ps.nkept > 0)
+    cache_free_superseded (c);
 
  out:
   pthread_mutex_unlock (&c->clean_lock);
   pthread_mutex_destroy (&ps.lock);
   free (ps.pages);
   free (ps.done);
+  free (ps.kept);
   free (buf);
   return ret;
+}
+
+/* The flush order: write back one generation at a time, oldest first,
+ * each flushed on the backend before the next begins (order.c); the
+ * open generation only in part, as o asks.  A closed generation is
+ * written whole (hot pages and the target do not apply).  Returns as
+ * clean_pass; 1 also when a generation could not be completed yet (a
+ * backend write of it is still in flight).
+ */
+static int
+order_pass (struct cache *c, const struct cache_backend *be,
+            const struct clean_opts *o, int *err)
+{
+  for (;;) {
+    struct clean_opts closed = *o;
+    uint64_t g;
+    bool open;
+    int r, a;
+
+    pthread_mutex_lock (&c->lock);
+    g = c->gen_done + 1;
+    open = g >= c->gen;
+    pthread_mutex_unlock (&c->lock);
+    if (o->gen_upto && g > o->gen_upto)
+      return 0;
+    if (open)
+      return gen_pass (c, be, o, g, err);
+    closed.target = 0;
+    closed.skip_hot = false;
+    r = gen_pass (c, be, &closed, g, err);
+    if (r == -1)
+      return -1;
+    pthread_mutex_lock (&c->clean_lock);
+    a = order_try_advance (c, be, err);
+    pthread_mutex_unlock (&c->clean_lock);
+    if (a == -1)
+      return -1;
+    if (a == 0)
+      return 1;
+  }
+}
+
+int
+clean_pass (struct cache *c, const struct cache_backend *be,
+            const struct clean_opts *o, int *err)
+{
+  if (cache_ordered (c))
+    return order_pass (c, be, o, err);
+  return gen_pass (c, be, o, UINT64_MAX, err);
+}
+
+/* Write back the dirty pages of [first, last] (range locked by the
+ * caller) whose data is of generation c->gen_done + 1 or older.
+ */
+static int
+clean_owned_gen (struct cache *c, const struct cache_backend *be,
+                 uint64_t first, uint64_t last, int *err)
+{
+  for (uint64_t page = first; page <= last; page++) {
+    uint32_t s = cache_lookup_pin (c, page);
+    bool now;
+    int r = 0;
+
+    if (s == PT_NONE)
+      continue;
+    pthread_mutex_lock (&c->lock);
+    now = pt_state (&c->pt, s) == LAYOUT_DIRTY &&
+      !(pt_flags (&c->pt, s) & PT_BAD) &&
+      pt_gen (&c->pt, s) <= c->gen_done + 1;
+    pthread_mutex_unlock (&c->lock);
+    if (now)
+      r = clean_page_locked (c, be, page, s, err);
+    cache_unpin (c, s);
+    if (r == -1)
+      return -1;
+  }
+  return 0;
+}
+
+int
+clean_order_enter (struct cache *c, const struct cache_backend *be,
+                   uint64_t gen, int *err)
+{
+  struct timespec ms = { .tv_sec = 0, .tv_nsec = 1000000 };
+  bool waited = false;
+  uint64_t first, last;
+  int r;
+
+  if (!cache_ordered (c))
+    return 0;
+  while (order_enter (c, gen) == 1) {
+    struct clean_opts upto = { .target = 0 };
+
+    if (cache_degraded (c)) {
+      /* Nothing can be read back from the cache any more. */
+      STATS_ADD (&c->stats, order_broken, 1);
+      return 0;
+    }
+    if (!waited)
+      STATS_ADD (&c->stats, order_writer_waits, 1);
+    waited = true;
+    pthread_mutex_lock (&c->lock);
+    upto.gen_upto = (gen == ORDER_OPEN ? c->gen : gen) - 1;
+    pthread_mutex_unlock (&c->lock);
+    if (order_owned_range (c, &first, &last) &&
+        clean_owned_gen (c, be, first, last, err) == -1)
+      return -1;
+    r = clean_pass (c, be, &upto, err);
+    if (r == -1)
+      return -1;
+    if (r == 1)
+      nanosleep (&ms, NULL);    /* busy pages: their requests end */
+  }
+  return 1;
 }
 
 int
@@ -533,24 +785,19 @@ cache_writeback_all (struct cache *c, const struct cache_backend *be,
   return -1;
 }
 
-int
-clean_page_locked (struct cache *c, const struct cache_backend *be,
-                   uint64_t page, uint32_t s, int *err)
+/* clean_page_locked, once the flush order allows it; buf: a page. */
+static int
+clean_page_now (struct cache *c, const struct cache_backend *be,
+                uint64_t page, uint32_t s, uint8_t *buf, int *err)
 {
-  uint8_t *buf = malloc (c->page_size);
   struct clean_page g = { .page = page, .slot = s };
   struct pt_slot upd;
   uint64_t bytes = 0;
 
-  if (buf == NULL) {
-    *err = ENOMEM;
-    return -1;
-  }
   pthread_mutex_lock (&c->lock);
   pt_pin (&c->pt, s);           /* read_verified consumes one on error */
   pthread_mutex_unlock (&c->lock);
   if (cache_read_verified (c, be, s, buf) == -1) {
-    free (buf);
     *err = EIO;
     return -1;
   }
@@ -568,10 +815,8 @@ clean_page_locked (struct cache *c, const struct cache_backend *be,
   if (write_group (c, be, &g, 1, buf, &bytes, err) == -1 ||
       (be->flush && be->flush (be->h, err) == -1)) {
     STATS_ADD (&c->stats, writeback_errors, 1);
-    free (buf);
     return -1;
   }
-  free (buf);
   memset (upd.dirty, 0, sizeof upd.dirty);
   upd.state = LAYOUT_CLEAN;
   if (cache_commit_entry (c, s, &upd) == -1) {
@@ -589,3 +834,31 @@ clean_page_locked (struct cache *c, const struct cache_backend *be,
   STATS_ADD (&c->stats, bytes_written_back, bytes);
   return 0;
 }
+
+int
+clean_page_locked (struct cache *c, const struct cache_backend *be,
+                   uint64_t page, uint32_t s, int *err)
+{
+  uint8_t *buf = malloc (c->page_size);
+  uint64_t gen;
+  int r, ordered;
+
+  if (buf == NULL) {
+    *err = ENOMEM;
+    return -1;
+  }
+  pthread_mutex_lock (&c->lock);
+  gen = pt_gen (&c->pt, s);
+  pthread_mutex_unlock (&c->lock);
+  ordered = clean_order_enter (c, be, gen, err);
+  if (ordered == -1) {
+    free (buf);
+    return -1;
+  }
+  r = clean_page_now (c, be, page, s, buf, err);
+  if (ordered)
+    order_leave (c);
+  free (buf);
+  return r;
+}
+

@@ -5,7 +5,9 @@
  * new epoch (c->epoch); a write is durable once a later sync finished
  * (c->durable_epoch) and flushed once that sync was a client's
  * (c->flushed_epoch).  A slot replaced by a copy on write stays on disk
- * until its successor is flushed (c->sup), then gets a FREE entry.
+ * until its successor is flushed (c->sup), then gets a FREE entry; in
+ * the flush order, one whose dirty data belongs to an older generation
+ * stays until that is written back (cache_retained, order.c).
  * Dropping a slot settles its older versions first.  The epochs, the
  * list of client syncs in flight and c->sup are under c->lock; a client
  * sync takes c->inplace exclusively for a moment (lock table:
@@ -146,6 +148,16 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
       evict_remove (c->ev, old);
     }
     pt_flags_on (&c->pt, old, PT_SUPERSEDED);
+    /* The flush order needs its data until its generation is on the
+     * backend, unless the new version is of the same generation.
+     */
+    if (c->wbcfg.order == CACHE_ORDER_FLUSH &&
+        pt_state (&c->pt, old) == LAYOUT_DIRTY) {
+      if (pt_gen (&c->pt, old) < pt_gen (&c->pt, succ))
+        c->nretained++;          /* cache_retained from now on */
+      else                       /* succ has all of it: not needed */
+        pt_set_state (&c->pt, old, LAYOUT_CLEAN);
+    }
     pt_unpin (&c->pt, old);
   }
   pt_flags_on (&c->pt, succ, PT_HASPRED);
@@ -156,13 +168,26 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
   pthread_mutex_unlock (&c->lock);
 }
 
-/* Free superseded slots whose successors are flushed (called after a
- * client flush): FREE entries for all of them, made durable at once,
- * so that an older version can never come back once its successor may
- * be dropped, evicted or rewritten.
+/* Under c->lock: does an older version of succ's page still wait on
+ * c->sup (a retained one)?
  */
-static void
-free_superseded (struct cache *c)
+static bool
+succ_waited_for_locked (const struct cache *c, uint32_t succ)
+{
+  for (size_t i = 0; i < c->nsup; i++)
+    if (c->sup[i].succ == succ)
+      return true;
+  return false;
+}
+
+/* Free superseded slots whose successors are flushed (called after a
+ * client flush, and by writeback in the flush order): FREE entries for
+ * all of them but the retained, made durable at once, so that an older
+ * version can never come back once its successor may be dropped,
+ * evicted or rewritten.
+ */
+void
+cache_free_superseded (struct cache *c)
 {
   struct cache_sup *done = NULL;
   size_t n = 0;
@@ -174,7 +199,8 @@ free_superseded (struct cache *c)
   for (size_t i = 0; done && i < c->nsup;) {
     uint32_t succ = c->sup[i].succ;
     if (!pt_epoch_surely_at_most (&c->pt, succ, c->flushed_epoch) ||
-        (pt_flags (&c->pt, succ) & PT_UNSEALED)) {
+        (pt_flags (&c->pt, succ) & PT_UNSEALED) ||
+        cache_retained (c, c->sup[i].slot)) {
       i++;
       continue;
     }
@@ -205,7 +231,8 @@ free_superseded (struct cache *c)
       /* Keep both out of harm's way for good: a failing device. */
       continue;
     }
-    pt_flags_off (&c->pt, done[i].succ, PT_HASPRED);
+    if (!succ_waited_for_locked (c, done[i].succ))
+      pt_flags_off (&c->pt, done[i].succ, PT_HASPRED);
     pt_flags_off (&c->pt, old, PT_SUPERSEDED);
     pt_flags_on (&c->pt, old, PT_ORPHAN);
     pt_set_state (&c->pt, old, LAYOUT_FREE);
@@ -278,6 +305,9 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, int *err)
      * end before the fdatasync, or they could tear what it covers.
      */
     pthread_rwlock_wrlock (&c->inplace);
+    pthread_mutex_lock (&c->lock);
+    order_close_gen_locked (c);    /* what it covers is one generation */
+    pthread_mutex_unlock (&c->lock);
     pthread_rwlock_unlock (&c->inplace);
     /* In writethrough, clean pages rewritten since the last flush are
      * unsealed too (write.c: write_through_first): sealing them
@@ -303,7 +333,7 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, int *err)
   if (r == -1)
     return -1;
   if (client)
-    free_superseded (c);
+    cache_free_superseded (c);
   STATS_ADD (&c->stats, cache_syncs, 1);
   return 0;
 }

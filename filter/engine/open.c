@@ -82,8 +82,10 @@ cache_new (void)
   pthread_rwlock_init (&c->inplace, &a);
   pthread_rwlockattr_destroy (&a);
   pthread_cond_init (&c->space, NULL);
+  pthread_cond_init (&c->order_cond, NULL);
   if (rangelock_init (&c->ranges) == -1) {
     log_error ("rangelock_init: %m");
+    pthread_cond_destroy (&c->order_cond);
     pthread_cond_destroy (&c->space);
     pthread_rwlock_destroy (&c->inplace);
     pthread_mutex_destroy (&c->lock);
@@ -91,6 +93,7 @@ cache_new (void)
     return NULL;
   }
   c->epoch = 1;
+  c->gen = 1;
   atomic_init (&c->backend_unflushed, false);
   atomic_init (&c->last_io_ms, cache_now_ms ());
   return c;
@@ -508,6 +511,8 @@ set_geometry (struct cache *c)
   free (zero);
 
   if (pagetable_init (&c->pt, c->nslots) == -1 ||
+      (c->wbcfg.order == CACHE_ORDER_FLUSH &&
+       pagetable_keep_gens (&c->pt) == -1) ||
       (c->ev = evict_new_policy (c->policy, c->nslots)) == NULL) {
     log_error ("cannot allocate the page table for %u slots", c->nslots);
     return -1;
@@ -567,6 +572,7 @@ cache_attach (struct cache *c, uint64_t backend_size)
     return -1;
   if (c->have_sb && recover_load_entries (c, data_end) == -1)
     return -1;
+  order_loaded (c);
   return start_running (c);
 }
 
@@ -640,6 +646,7 @@ cache_close (struct cache *c)
     pagetable_free (&c->pt);
   rangelock_destroy (&c->ranges);
   pthread_cond_destroy (&c->space);
+  pthread_cond_destroy (&c->order_cond);
   pthread_rwlock_destroy (&c->inplace);
   pthread_mutex_destroy (&c->lock);
   free (c->sup);

@@ -332,6 +332,8 @@ patch_unsealed (struct patch *p)
     pt_set_state (&c->pt, p->s, p->upd.state);
   }
   pt_set_seq (&c->pt, p->s, ++c->seq);  /* tells writeback it changed */
+  if (p->upd.state == LAYOUT_DIRTY)
+    pt_set_gen (&c->pt, p->s, c->gen);
   pthread_mutex_unlock (&c->lock);
   return 0;
 }

@@ -9,7 +9,10 @@
  * that they can never come back.  Each step is a function, and they
  * share a struct recovery: parse_entries (1), pick_winners (2) with
  * torn_by_crash (3) and free_loser (4) for each candidate, then
- * free_the_rest and report.  Runs single-threaded at start-up, before
+ * free_the_rest and report.  With ssdcache-writeback-order=flush, the
+ * older dirty versions of a dirty winner from earlier flush generations
+ * are kept (retain_older) so that writeback can go on in order.  Runs
+ * single-threaded at start-up, before
  * any request; c->lock is still taken where the slot helpers expect
  * it.
  */
@@ -117,7 +120,8 @@ struct recovery {
   struct cand *cand;             /* nslots of them */
   uint64_t ncand;
   /* Counted for the statistics and the log. */
-  uint64_t loaded, dropped, lost, ndirty, unsealed, damaged, cut;
+  uint64_t loaded, dropped, lost, ndirty, unsealed, damaged, cut, retained;
+  uint64_t gen_max;              /* newest flush generation of dirty data */
   uint32_t first_damaged;
 };
 
@@ -169,6 +173,12 @@ parse_entry (struct recovery *r, uint32_t s, const uint8_t *raw)
   if (layout_entry_decode (raw, c->nsectors, &e) == -1) {
     parse_damaged (r, s, raw);
     return 0;
+  }
+  if (e.state == LAYOUT_DIRTY) {
+    if (e.gen == 0)
+      e.gen = 1;                /* made before generations were kept */
+    if (e.gen > r->gen_max)
+      r->gen_max = e.gen;
   }
   if (e.seq > c->seq)
     c->seq = e.seq;
@@ -306,6 +316,50 @@ take_winner (struct recovery *r, uint64_t k)
                pt_state (&c->pt, s) == LAYOUT_DIRTY ? "dirty" : "clean");
 }
 
+/* The flush order: slot s, an older version of a page whose newer
+ * version succ is dirty, holds dirty data of an earlier flush
+ * generation that may not be on the backend yet.  Keep it, superseded
+ * and retained, so that writeback writes it first (order.c).  Returns
+ * false if it cannot be kept (then it and every older one go).
+ */
+static bool
+retain_older (struct recovery *r, uint32_t s, uint32_t succ)
+{
+  struct cache *c = r->c;
+  struct cache_sup *sup = c->sup;
+
+  if (c->wbcfg.order != CACHE_ORDER_FLUSH ||
+      pt_state (&c->pt, s) != LAYOUT_DIRTY ||
+      pt_state (&c->pt, succ) != LAYOUT_DIRTY ||
+      pt_gen (&c->pt, s) >= pt_gen (&c->pt, succ))
+    return false;
+  if (!data_verifies (c, s, r->page_buf)) {
+    log_error ("cache file %s: an older version of page %llu (slot %u) "
+               "fails its checksum: the backend alone will not match a "
+               "flush point for that page", c->path,
+               (unsigned long long) pt_page (&c->pt, s), s);
+    STATS_ADD (&c->stats, order_broken, 1);
+    return false;
+  }
+  if (c->nsup == c->capsup) {
+    size_t cap = c->capsup ? c->capsup * 2 : 64;
+    sup = realloc (c->sup, cap * sizeof *sup);
+    if (sup == NULL)
+      return false;
+    c->sup = sup;
+    c->capsup = cap;
+  }
+  c->sup[c->nsup].slot = s;
+  c->sup[c->nsup].succ = succ;
+  c->nsup++;
+  pt_set_flags (&c->pt, s, PT_SUPERSEDED | PT_VERIFIED);
+  pt_set_epoch (&c->pt, s, 0);
+  pt_flags_on (&c->pt, succ, PT_HASPRED);
+  c->nretained++;
+  r->retained++;
+  return true;
+}
+
 /* Step 2, pick the winner of one page (its candidates are cand[i, j),
  * newest first): the newest whose data holds up (step 3) wins, and
  * the older ones get FREE entries (step 4), one candidate at a time.
@@ -313,7 +367,8 @@ take_winner (struct recovery *r, uint64_t k)
 static void
 pick_page (struct recovery *r, uint64_t i, uint64_t j)
 {
-  bool won = false, newer_dropped = false;
+  bool won = false, newer_dropped = false, keep = true;
+  uint32_t newer = PT_NONE;     /* the last version kept */
 
   for (uint64_t k = i; k < j; k++) {
     uint32_t s = r->cand[k].slot;
@@ -327,15 +382,22 @@ pick_page (struct recovery *r, uint64_t i, uint64_t j)
       continue;
     }
     if (won) {
-      free_loser (r, s);
+      if (keep && newer != PT_NONE && retain_older (r, s, newer))
+        newer = s;
+      else {
+        keep = false;           /* older ones are older still */
+        free_loser (r, s);
+      }
       continue;
     }
     won = true;
     if (newer_dropped && !older_after_drop (r->c, s, r->page_buf)) {
       r->dropped++;
+      keep = false;
       continue;
     }
     take_winner (r, k);
+    newer = s;
   }
 }
 
@@ -366,7 +428,7 @@ free_the_rest (struct recovery *r)
   struct cache *c = r->c;
 
   for (uint32_t s = c->nslots; s-- > 0;)
-    if (!(pt_flags (&c->pt, s) & PT_INDEXED)) {
+    if (!(pt_flags (&c->pt, s) & PT_INDEXED) && !cache_retained (c, s)) {
       pt_set_state (&c->pt, s, LAYOUT_FREE);
       pagetable_put_free (&c->pt, s);
     }
@@ -421,11 +483,13 @@ report (struct recovery *r)
                "truncated file and have been dropped", c->path,
                (unsigned long long) r->cut);
   log_debug ("cache file %s: %s start, %llu pages loaded (%llu dirty), "
-             "%llu dropped, %llu unflushed rewrites dropped", c->path,
+             "%llu dropped, %llu unflushed rewrites dropped, %llu older "
+             "versions kept for the flush order", c->path,
              c->was_clean ? "clean" : "unclean (recovered)",
              (unsigned long long) r->loaded, (unsigned long long) r->ndirty,
              (unsigned long long) r->dropped,
-             (unsigned long long) r->unsealed);
+             (unsigned long long) r->unsealed,
+             (unsigned long long) r->retained);
 }
 
 /* Load the page table.  Slots at or past data_end have no data any
@@ -453,6 +517,10 @@ recover_load_entries (struct cache *c, uint32_t data_end)
   pagetable_clear_free (&c->pt);
   if (parse_entries (&r) == -1)
     goto out;
+  /* Generations read back relative to the newest (pagetable.h). */
+  if (r.gen_max + 1 > c->gen)
+    c->gen = r.gen_max + 1;
+  c->pt.gen_ref = c->gen;
   pick_winners (&r);
   free_the_rest (&r);
   /* RAM keeps sequence numbers as change stamps from here on. */

@@ -215,9 +215,9 @@ cache_unseal_listed_locked (struct cache *c, uint32_t s)
  * PT_UNSEALED flag).  The slot's epoch is set once the write has
  * completed: the current one, or epoch if that is earlier.
  */
-int
-cache_commit_entry_at (struct cache *c, uint32_t s, const struct pt_slot *upd,
-                       uint64_t epoch)
+static int
+commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd,
+              uint64_t epoch, bool new_data)
 {
   struct layout_entry e;
   struct pt_slot v;
@@ -247,6 +247,9 @@ cache_commit_entry_at (struct cache *c, uint32_t s, const struct pt_slot *upd,
   }
   pt_set_seq (&c->pt, s, ++c->seq);
   pt_set_epoch (&c->pt, s, PT_EPOCH_PENDING);
+  /* New dirty data is of the open flush generation (order.c). */
+  pt_set_gen (&c->pt, s, new_data && upd->state == LAYOUT_DIRTY
+              ? c->gen : upd->gen);
   pagetable_get (&c->pt, s, &v);
   pagetable_to_entry (&v, &e);
   if (flags & PT_INDEXED)
@@ -261,10 +264,18 @@ cache_commit_entry_at (struct cache *c, uint32_t s, const struct pt_slot *upd,
   return r;
 }
 
+/* Sealing: the data is not new, its generation stays. */
+int
+cache_commit_entry_at (struct cache *c, uint32_t s, const struct pt_slot *upd,
+                       uint64_t epoch)
+{
+  return commit_entry (c, s, upd, epoch, false);
+}
+
 int
 cache_commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
 {
-  return cache_commit_entry_at (c, s, upd, CACHE_EPOCH_NOW);
+  return commit_entry (c, s, upd, CACHE_EPOCH_NOW, true);
 }
 
 /* May slot s not be rewritten in place (under c->lock)?  True if it

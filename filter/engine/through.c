@@ -90,11 +90,15 @@ through_op (struct cache *c, const struct cache_backend *be,
   uint64_t last = (offset + count - 1) / c->page_size;
   int r = -1;
 
+  int ordered;
+
   if (rangelock_acquire (&c->ranges, first, last) == -1) {
     *err = errno;
     return -1;
   }
-  if (cache_clean_pages (c, be, first, last, err) == 0 &&
+  order_owned (c, first, last);
+  ordered = clean_order_enter (c, be, ORDER_OPEN, err);
+  if (ordered != -1 && cache_clean_pages (c, be, first, last, err) == 0 &&
       cache_stale_settle (c, first, last, err) == 0) {
     if (do_op)
       r = do_op (opaque, count, offset, err);
@@ -103,6 +107,9 @@ through_op (struct cache *c, const struct cache_backend *be,
     cache_invalidate_pages (c, first, last);
     atomic_store (&c->backend_unflushed, true);
   }
+  if (ordered == 1)
+    order_leave (c);
+  order_owned (NULL, 0, 0);
   rangelock_release (&c->ranges, first, last);
   return r;
 }

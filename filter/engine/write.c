@@ -179,10 +179,17 @@ static int
 write_around (struct cache *c, const struct cache_backend *be,
               const uint8_t *src, uint32_t n, uint64_t offset, int *err)
 {
+  int ordered = clean_order_enter (c, be, ORDER_OPEN, err), r;
+
+  if (ordered == -1)
+    return -1;
   STATS_ADD (&c->stats, write_through_full, 1);
   atomic_store (&c->last_around_ms, cache_now_ms ());
   atomic_store (&c->backend_unflushed, true);
-  return be->pwrite (be->h, src, n, offset, false, err);
+  r = be->pwrite (be->h, src, n, offset, false, err);
+  if (ordered)
+    order_leave (c);
+  return r;
 }
 
 /* Put the write [off, off+n) of a page with no cached copy into a new
@@ -403,22 +410,13 @@ write_through_first (struct cache *c, const struct cache_backend *be,
   }
 }
 
-/* Writethrough / writearound, with [first, last] range locked: the
- * cached copies change (or go) first, then the backend gets the write.
- * Pages still dirty from an earlier writeback run are written back
- * first: once the backend has the new data, writing back their older
- * dirty sectors (to make room for a copy, or to simplify their maps)
- * would bring the old data back, and dropping them (writearound) would
- * lose the rest of their dirty sectors.
- */
+/* write_backend_first once the flush order allows it. */
 static int
-write_backend_first (struct cache *c, const struct cache_backend *be,
-                     enum layout_mode mode, const uint8_t *buf,
-                     uint32_t count, uint64_t offset, bool fua,
-                     uint64_t first, uint64_t last, int *err)
+write_backend_now (struct cache *c, const struct cache_backend *be,
+                   enum layout_mode mode, const uint8_t *buf,
+                   uint32_t count, uint64_t offset, bool fua,
+                   uint64_t first, uint64_t last, int *err)
 {
-  if (cache_clean_pages (c, be, first, last, err) == -1)
-    return -1;
   /* The cached copies change (or go) before the backend gets the data,
    * never after: see write_through_first.
    */
@@ -441,6 +439,38 @@ write_backend_first (struct cache *c, const struct cache_backend *be,
     return -1;
   }
   return 0;
+}
+
+/* Writethrough / writearound, with [first, last] range locked: the
+ * cached copies change (or go) first, then the backend gets the write.
+ * Pages still dirty from an earlier writeback run are written back
+ * first: once the backend has the new data, writing back their older
+ * dirty sectors (to make room for a copy, or to simplify their maps)
+ * would bring the old data back, and dropping them (writearound) would
+ * lose the rest of their dirty sectors.
+ */
+static int
+write_backend_first (struct cache *c, const struct cache_backend *be,
+                     enum layout_mode mode, const uint8_t *buf,
+                     uint32_t count, uint64_t offset, bool fua,
+                     uint64_t first, uint64_t last, int *err)
+{
+  int ordered = clean_order_enter (c, be, ORDER_OPEN, err), r = 0;
+
+  if (ordered == -1)
+    return -1;
+  /* (Again: writing older generations back may have flushed the
+   * backend and cleared it.)
+   */
+  atomic_store (&c->backend_unflushed, true);
+  if (cache_clean_pages (c, be, first, last, err) == -1)
+    r = -1;
+  else
+    r = write_backend_now (c, be, mode, buf, count, offset, fua, first,
+                           last, err);
+  if (ordered)
+    order_leave (c);
+  return r;
 }
 
 /* After write_backend_first (writethrough): whole pages not cached are
@@ -564,6 +594,7 @@ cache_write (struct cache *c, const struct cache_backend *be,
     *err = errno;
     return -1;
   }
+  order_owned (c, first, last);
   /* The mode, read under the range lock: cache_set_mode waits for the
    * writes that saw the old one.
    */
@@ -587,6 +618,7 @@ cache_write (struct cache *c, const struct cache_backend *be,
     c->dirty_promised -= promised;
     pthread_mutex_unlock (&c->lock);
   }
+  order_owned (NULL, 0, 0);
   rangelock_release (&c->ranges, first, last);
   if (ret == -1 && writeback && cache_degraded (c)) {
     /* The cache device failed under this very write: do it again as

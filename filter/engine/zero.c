@@ -52,15 +52,23 @@ cache_zero_trim (struct cache *c, const struct cache_backend *be,
 
   if (full_hi > full_lo) {
     uint64_t flo = full_lo / ps, fhi = (full_hi - 1) / ps;
+    int ordered;
+
     if (rangelock_acquire (&c->ranges, flo, fhi) == -1) {
       *err = errno;
       return -1;
     }
-    ret = do_op (opaque, full_hi - full_lo, full_lo, err);
+    /* (The flush order: older generations reach the backend first.) */
+    order_owned (c, flo, fhi);
+    ordered = clean_order_enter (c, be, ORDER_OPEN, err);
+    ret = ordered == -1 ? -1 : do_op (opaque, full_hi - full_lo, full_lo, err);
     if (ret == 0) {
       atomic_store (&c->backend_unflushed, true);
       cache_invalidate_pages (c, flo, fhi);
     }
+    if (ordered == 1)
+      order_leave (c);
+    order_owned (NULL, 0, 0);
     rangelock_release (&c->ranges, flo, fhi);
     if (ret == -1)
       return -1;

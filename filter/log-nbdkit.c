@@ -14,6 +14,7 @@ NBDKIT_DLL_PUBLIC int ssdcache_debug_recovery = 0;
 NBDKIT_DLL_PUBLIC int ssdcache_debug_verify = 0;
 NBDKIT_DLL_PUBLIC int ssdcache_debug_readahead = 0;
 NBDKIT_DLL_PUBLIC int ssdcache_debug_warm = 0;
+NBDKIT_DLL_PUBLIC int ssdcache_debug_order = 0;
 
 void
 log_error (const char *fs, ...)

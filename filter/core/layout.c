@@ -14,7 +14,7 @@
  *    0 page  8 seq  16 valid[16]  32 dirty[16]  48 data_crc  52 state
  *   53 hint (0..3: replacement-policy hotness, so that a warm cache
  *   keeps knowing its hot pages)  54 flags (LAYOUT_ENT_*)
- *   55 reserved[5] (0)  60 crc32c(0..59)
+ *   55 gen[5] (dirty: flush generation)  60 crc32c(0..59)
  */
 #include <pthread.h>
 #include <string.h>
@@ -338,6 +338,8 @@ layout_entry_decode (const void *buf, uint32_t nsectors,
   e->gen = 0;
   for (int i = 0; i < 5; i++)
     e->gen |= (uint64_t) p[55 + i] << (8 * i);
+  if (e->gen != 0 && e->state != LAYOUT_DIRTY)
+    return -1;                  /* only dirty data has a generation */
 
   /* No bit may name a sector past the page; dirty implies valid. */
   for (unsigned i = 0; i < LAYOUT_MAX_SECTORS; i++) {

@@ -85,7 +85,8 @@ struct layout_entry {
   uint8_t flags;                   /* LAYOUT_ENT_* */
   uint64_t gen;                    /* dirty entries: flush generation of
                                       the data (40 bits; 0 in caches made
-                                      before it was kept) */
+                                      before it was kept, with the offset
+                                      order, and in other states) */
 };
 #define LAYOUT_GEN_MASK         ((1ULL << 40) - 1)
 

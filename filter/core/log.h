@@ -21,5 +21,6 @@ extern int ssdcache_debug_verify;    /* ssdcache-verify: each page that
                                         differs from the backend */
 extern int ssdcache_debug_readahead; /* streams, windows, prefetches */
 extern int ssdcache_debug_warm;      /* warm-up requests */
+extern int ssdcache_debug_order;     /* flush order: generations */
 
 #endif /* SSDCACHE_LOG_H */

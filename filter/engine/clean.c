@@ -750,8 +750,12 @@ clean_order_enter (struct cache *c, const struct cache_backend *be,
       STATS_ADD (&c->stats, order_broken, 1);
       return 0;
     }
-    if (!waited)
+    if (!waited) {
       STATS_ADD (&c->stats, order_writer_waits, 1);
+      if (ssdcache_debug_order)
+        log_debug ("order: a write to the backend waits for older flush "
+                   "generations");
+    }
     waited = true;
     pthread_mutex_lock (&c->lock);
     upto.gen_upto = (gen == ORDER_OPEN ? c->gen : gen) - 1;

@@ -23,7 +23,7 @@
 #include "log.h"
 
 static int sync_epoch (struct cache *c, bool client, bool seal_wait,
-                       int *err);
+                       bool closes_gen, int *err);
 
 /* Does slot s still need settling?  Another client sync may have taken
  * s's predecessors off c->sup and be freeing them now: its end is
@@ -57,7 +57,7 @@ cache_settle (struct cache *c, uint32_t s)
     if (!still_pending (c, s))
       return true;
     if (cache_seal_slot (c, s, CACHE_EPOCH_NOW) == -1 ||
-        sync_epoch (c, true, false, &err) == -1)
+        sync_epoch (c, true, false, false, &err) == -1)
       return false;
   }
   return !still_pending (c, s);
@@ -245,10 +245,11 @@ cache_free_superseded (struct cache *c)
   free (done);
 }
 
-/* A sync of the cache file.  client: a client's FLUSH (or close):
- * what it covers counts as flushed, and unsealed slots it covers are
- * sealed first (seal_wait: waiting for pages other requests hold; the
- * caller holds no range lock).
+/* A sync of the cache file.  client: a client's FLUSH (or close), or
+ * one that must count as such: what it covers counts as flushed, and
+ * unsealed slots it covers are sealed first (seal_wait: waiting for
+ * pages other requests hold; the caller holds no range lock).
+ * closes_gen: a client's own, which ends a flush generation.
  */
 /* Under c->lock: a client sync (epoch node->e) ends.  Slot epochs are
  * kept relative to a base (pagetable.h), which must stay at or below
@@ -280,7 +281,8 @@ client_sync_done_locked (struct cache *c, struct cache_sync_node *node)
 }
 
 static int
-sync_epoch (struct cache *c, bool client, bool seal_wait, int *err)
+sync_epoch (struct cache *c, bool client, bool seal_wait, bool closes_gen,
+            int *err)
 {
   struct cache_sync_node node = { 0 };
   uint64_t e;
@@ -305,9 +307,12 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, int *err)
      * end before the fdatasync, or they could tear what it covers.
      */
     pthread_rwlock_wrlock (&c->inplace);
-    pthread_mutex_lock (&c->lock);
-    order_close_gen_locked (c);    /* what it covers is one generation */
-    pthread_mutex_unlock (&c->lock);
+    if (closes_gen) {
+      /* A client's FLUSH: what it covers is one flush generation. */
+      pthread_mutex_lock (&c->lock);
+      order_close_gen_locked (c);
+      pthread_mutex_unlock (&c->lock);
+    }
     pthread_rwlock_unlock (&c->inplace);
     /* In writethrough, clean pages rewritten since the last flush are
      * unsealed too (write.c: write_through_first): sealing them
@@ -341,11 +346,11 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, int *err)
 int
 cache_sync (struct cache *c, int *err)
 {
-  return sync_epoch (c, true, true, err);
+  return sync_epoch (c, true, true, true, err);
 }
 
 int
 cache_sync_device (struct cache *c, int *err)
 {
-  return sync_epoch (c, false, false, err);
+  return sync_epoch (c, false, false, false, err);
 }

@@ -150,6 +150,10 @@ order_try_advance (struct cache *c, const struct cache_backend *be, int *err)
   }
   c->order_advancing = false;
   pthread_cond_broadcast (&c->order_cond);
+  if (r == 0 && ssdcache_debug_order)
+    log_debug ("order: the backend has flush %llu of %llu",
+               (unsigned long long) c->gen_done,
+               (unsigned long long) c->gen - 1);
   pthread_mutex_unlock (&c->lock);
   if (r == 0)
     order_update_stats (c);
@@ -190,6 +194,8 @@ order_update_stats (struct cache *c)
 {
   uint64_t now = cache_now_ms (), done, lag, age = 0, behind;
 
+  if (c->wbcfg.order != CACHE_ORDER_FLUSH)
+    return;                     /* (the gauges stay 0) */
   pthread_mutex_lock (&c->lock);
   done = c->gen_done;
   lag = c->gen - 1 - done;

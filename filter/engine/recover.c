@@ -357,6 +357,11 @@ retain_older (struct recovery *r, uint32_t s, uint32_t succ)
   pt_flags_on (&c->pt, succ, PT_HASPRED);
   c->nretained++;
   r->retained++;
+  if (ssdcache_debug_order || ssdcache_debug_recovery)
+    log_debug ("slot %u: page %llu: older version of flush generation %llu "
+               "kept for the flush order", s,
+               (unsigned long long) pt_page (&c->pt, s),
+               (unsigned long long) pt_gen (&c->pt, s));
   return true;
 }
 

@@ -43,7 +43,7 @@
  *  - for nsectors 1..128 (all of them for the first piece, the seeded
  *    value and the boundary for the others): accepted exactly when the
  *    CRC (checked against the bitwise CRC32C), the flags (only "unsealed",
- *    never on free entries), the reserved bytes, the
+ *    never on free entries), the flush generation (dirty entries only), the
  *    state and the bitmaps are valid and no bit names a sector >= nsectors;
  *  - an accepted entry re-encodes to exactly the input bytes.
  *
@@ -262,8 +262,8 @@ entry_min_sectors (const uint8_t *p)
   if (p[54] == 1 && p[52] == LAYOUT_FREE)
     return -1;                  /* only cached data is ever unsealed */
   for (int i = 55; i < ENT_CRC_OFF; i++)
-    if (p[i] != 0)
-      return -1;
+    if (p[i] != 0 && p[52] != LAYOUT_DIRTY)
+      return -1;                /* the flush generation: dirty only */
   for (int i = 0; i < LAYOUT_MAX_SECTORS; i++) {
     bool v = (valid[i / 8] >> (i % 8)) & 1, d = (dirty[i / 8] >> (i % 8)) & 1;
     if (d && !v)
@@ -310,6 +310,7 @@ decode_one (const uint8_t *buf, uint32_t nsectors, int min)
     CHECK (e.page == le64 (buf) && e.seq == le64 (buf + 8));
     CHECK (e.data_crc == le32 (buf + 48));
     CHECK (e.flags == buf[54]);
+    CHECK (e.gen == (le64 (buf + 52) >> 24 & ((1ULL << 40) - 1)));
     for (unsigned i = 0; i < LAYOUT_MAX_SECTORS; i++) {
       if (layout_bit_test (e.dirty, i))
         CHECK (layout_bit_test (e.valid, i));

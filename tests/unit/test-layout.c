@@ -655,6 +655,36 @@ test_entry_roundtrip (void **state)
   assert_entry_equal (&e, &out);
 }
 
+/* The flush generation (bytes 55..59): 40 bits kept in dirty entries;
+ * any other state with one is refused, and so is a bigger value.
+ */
+static void
+test_entry_gen (void **state)
+{
+  struct layout_entry e, out;
+  uint8_t buf[LAYOUT_ENTRY_SIZE];
+
+  make_entry (&e, LAYOUT_DIRTY);
+  e.gen = 0xfedcba9876ULL;
+  layout_entry_encode (&e, buf);
+  assert_int_equal (buf[55], 0x76);
+  assert_int_equal (buf[59], 0xfe);
+  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), 0);
+  assert_true (out.gen == 0xfedcba9876ULL);
+  e.gen = LAYOUT_GEN_MASK + 2;             /* only 40 bits are kept */
+  layout_entry_encode (&e, buf);
+  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), 0);
+  assert_true (out.gen == 1);
+  make_entry (&e, LAYOUT_CLEAN);
+  e.gen = 5;
+  layout_entry_encode (&e, buf);
+  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+  make_entry (&e, LAYOUT_FREE);
+  e.gen = 5;
+  layout_entry_encode (&e, buf);
+  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+}
+
 static void
 test_entry_every_bit_flip (void **state)
 {
@@ -894,6 +924,7 @@ main (void)
     cmocka_unit_test (test_sb_future_version),
     cmocka_unit_test (test_sb_bad_geometry),
     cmocka_unit_test (test_entry_roundtrip),
+    cmocka_unit_test (test_entry_gen),
     cmocka_unit_test (test_entry_every_bit_flip),
     cmocka_unit_test (test_entry_all_zero),
     cmocka_unit_test (test_entry_bits_past_page),

@@ -30,6 +30,7 @@ import argparse
 import array
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -71,8 +72,10 @@ class History:
         self.cur = sector_hashes(self.model)
         self.flushes = [array.array("I", self.cur)]     # F_0
         self.vals = [{}, {}]                             # V_0 (unused), V_1
+        self.changed = False
 
     def write(self, off, data):
+        self.changed = True
         self.model[off:off + len(data)] = data
         first = off // SECTOR
         hs = sector_hashes(data)
@@ -82,19 +85,28 @@ class History:
             v.setdefault(first + i, set()).add(h)
 
     def flush(self):
-        self.flushes.append(array.array("I", self.cur))
+        # (Flushes with no write between them share one image.)
+        if self.changed:
+            self.flushes.append(array.array("I", self.cur))
+        else:
+            self.flushes.append(self.flushes[-1])
+        self.changed = False
         self.vals.append({})
 
     def restart(self, image):
         """After a restart on the same cache: the export as read back."""
         self.model = bytearray(image)
         self.cur = sector_hashes(self.model)
+        self.changed = True
 
     def match(self, got):
         """The newest k the backing store may be at, or None."""
         for k in range(len(self.flushes) - 1, -1, -1):
             f = self.flushes[k]
             v = self.vals[k + 1] if k + 1 < len(self.vals) else {}
+            if k + 1 < len(self.flushes) and f is self.flushes[k + 1] \
+               and not v:
+                continue                # the same flush point as k + 1
             ok = True
             for x in range(len(got)):
                 h = got[x]
@@ -253,8 +265,10 @@ def iteration(args, rng, it):
     srv.start()
     restarts = rng.choice([0, 0, 1, 2])
     cl = None
+    clients = []
     try:
         cl = Client(args, rng, hist, srv.sock)
+        clients.append(cl)
         for r in range(restarts + 1):
             cl.run(rng.uniform(0.2, args.seconds), rng.choice([0.02, 0.1]))
             srv.kill()
@@ -263,6 +277,7 @@ def iteration(args, rng, it):
             # Restarted on the same cache: recovery, then more writes.
             srv.start()
             cl = Client(args, rng, hist, srv.sock)
+            clients.append(cl)
             hist.restart(cl.read_all())
     finally:
         srv.kill()
@@ -280,8 +295,9 @@ def iteration(args, rng, it):
              % (it, desc))
         return False
     if args.verbose:
-        info("iteration %d: backing file at flush %d of %d (%s)" % (
-            it, k, len(hist.flushes) - 1, desc))
+        info("iteration %d: backing file at flush %d of %d (%s; %d MiB)" % (
+            it, k, len(hist.flushes) - 1, desc,
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024))
     return True
 
 
@@ -298,7 +314,6 @@ def main():
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    rng = random.Random(seed)
     os.makedirs(args.workdir, exist_ok=True)
     args.image = os.path.join(args.workdir, "back.img")
     args.cache = os.path.join(args.workdir, "cache.img")
@@ -309,13 +324,28 @@ def main():
     bad = 0
     t0 = time.monotonic()
     for it in range(1, args.iterations + 1):
-        try:
-            if not iteration(args, rng, it):
-                bad += 1
-                if args.order == "flush":
-                    return 1
-        except Violation as e:
-            print("crash-order: " + str(e), file=sys.stderr)
+        # Each iteration in a child of its own (its own random sequence):
+        # nothing an iteration leaves behind (handles with writes in
+        # flight at the kill) adds up.
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ok = iteration(args, random.Random(seed * 1000003 + it), it)
+                os._exit(0 if ok else 3)
+            except Violation as e:
+                print("crash-order: " + str(e), file=sys.stderr, flush=True)
+                os._exit(1)
+            except BaseException as e:
+                print("crash-order: %r" % e, file=sys.stderr, flush=True)
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+        rc = os.waitstatus_to_exitcode(status)
+        if rc == 3:
+            bad += 1
+            if args.order == "flush":
+                return 1
+        elif rc != 0:
             return 1
     info("%d of %d iterations matched no flush point (%.0f s)" % (
         bad, args.iterations, time.monotonic() - t0))

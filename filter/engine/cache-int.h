@@ -123,8 +123,8 @@
  *   slot.c    geometry, pins, state counts, entry commits, allocation
  *   seal.c    unsealed slots and sealing
  *   stale.c   entries the cache file could not be told
- *   epoch.c   sync epochs, superseded slots, dropping a slot
  *   order.c   flush generations: which backend writes may start
+ *   epoch.c   sync epochs, superseded slots, dropping a slot
  *   fill.c    storing whole pages, reading slots back verified
  *   clean.c   writing dirty data back (passes, one page)
  *   patch.c   changing a cached page in place

@@ -424,6 +424,9 @@ enum fill_kind {
   FILL_CLIENT,       /* a client's read (or write) */
   FILL_PREFETCH,     /* readahead: marked, in the policy's small queue */
   FILL_WARM,         /* warm-up: a free slot only, never an eviction */
+  FILL_COMPLETE,     /* a client's read completing a cached page: its
+                        dirty data is not new (its flush generation
+                        stays) */
 };
 extern int cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
                             const uint8_t *buf, const uint8_t *dirty,

@@ -155,7 +155,17 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
     cache_io_error (c, "writing data", target);
     goto fail;
   }
-  if (cache_commit_entry (c, target, &upd) == -1) {
+  if (kind == FILL_COMPLETE && upd.state == LAYOUT_DIRTY) {
+    /* Its dirty data keeps its flush generation (order.c): a copy of
+     * it needs no older version kept.
+     */
+    pthread_mutex_lock (&c->lock);
+    upd.gen = pt_gen (&c->pt, s);
+    pthread_mutex_unlock (&c->lock);
+  }
+  if ((kind == FILL_COMPLETE && upd.state == LAYOUT_DIRTY
+       ? cache_commit_entry_at (c, target, &upd, CACHE_EPOCH_NOW)
+       : cache_commit_entry (c, target, &upd)) == -1) {
     cache_io_error (c, "writing entry", target);
     goto fail;
   }

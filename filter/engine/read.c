@@ -145,7 +145,7 @@ complete_partial (struct cache *c, const struct cache_backend *be,
   free (tmp);
   cache_fill_slot (c, page, s, buf,
                    snap.state == LAYOUT_DIRTY ? snap.dirty : NULL,
-                   FILL_CLIENT);
+                   FILL_COMPLETE);
   return 0;
 }
 

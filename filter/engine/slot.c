@@ -288,7 +288,12 @@ cache_must_cow (const struct cache *c, uint32_t s)
    * is already off limits.
    */
   if (pt_state (&c->pt, s) == LAYOUT_DIRTY)
-    return pt_epoch_may_be_at_most (&c->pt, s, c->flushing_epoch);
+    /* (The flush order: dirty data of a closed generation must stay as
+     * it is for that generation's writeback, even in a copy made since
+     * that a flush does not cover yet, read.c: complete_partial.)
+     */
+    return pt_epoch_may_be_at_most (&c->pt, s, c->flushing_epoch) ||
+      (c->wbcfg.order == CACHE_ORDER_FLUSH && pt_gen (&c->pt, s) < c->gen);
   /* A clean slot whose older version is still on disk (not yet freed):
    * it was written back, so the backend is newer than that older
    * version's dirty data.  Rewritten in place, then dropped by a crash

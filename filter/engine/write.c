@@ -546,7 +546,11 @@ write_goes_through (struct cache *c, uint64_t first, uint64_t last)
   seq = c->wseq && admit_seq_access (c->wseq, first * c->page_size,
                                      n * c->page_size) < n * c->page_size &&
     cache_dirty_pressure (c);
-  cap = c->max_dirty > 0 && c->ndirty + c->dirty_promised + n > c->max_dirty;
+  /* (Older versions kept for the flush order are dirty data the
+   * backend lacks too: the cap bounds them with the rest.)
+   */
+  cap = c->max_dirty > 0 &&
+    c->ndirty + c->nretained + c->dirty_promised + n > c->max_dirty;
   if (c->nslots - c->ndirty < n)
     for (uint64_t p = first; p <= last; p++)
       uncached += pagetable_lookup (&c->pt, p) == PT_NONE;

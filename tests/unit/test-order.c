@@ -38,6 +38,7 @@
 #include "stats.h"
 #include "testfile.h"
 #include "writeback.h"
+#include "cache-int.h"             /* test_order_cap looks inside */
 
 extern char log_error_last[512];
 
@@ -317,6 +318,9 @@ zero_op (void *opaque, uint32_t count, uint64_t offset, int *err)
   return r;
 }
 
+/* Client operations touch [0, op_span) of the disk. */
+static uint64_t op_span = SIZE;
+
 /* One random client operation number i (from *rng): the history
  * learns of it first; with c NULL only the history (a replay).
  */
@@ -329,12 +333,12 @@ client_op (struct cache *c, struct checker *ck, struct history *h,
   uint8_t *buf;
   int err = 0;
 
-  off = rnd64 (rng) % SIZE;
+  off = rnd64 (rng) % op_span;
   len = 1 + rnd64 (rng) % (3 * PS);
   if (rnd64 (rng) % 2)
     off = off / SS * SS, len = (len + SS - 1) / SS * SS;
-  if (off + len > SIZE)
-    len = SIZE - off;
+  if (off + len > op_span)
+    len = op_span - off;
   switch (r % 20) {
   case 0: case 1: case 2:                 /* a flush */
     history_flush (h);
@@ -570,6 +574,58 @@ test_order_crash_resume (void **state)
     crash_resume (0x1234567ULL * k, 20 + 37 * k);
 }
 
+/* ssdcache-writeback-max-dirty bounds what the backend lacks in the
+ * flush order: dirty pages and the older versions kept for it, after
+ * every operation (no writeback thread: only the writes that go around
+ * the cache at the cap write generations back).
+ */
+static void
+test_order_cap (void **state)
+{
+  struct cache_config cfg = order_config (CACHE_ORDER_FLUSH, 48);
+  struct rambackend rb;
+  struct history h;
+  struct checker *ck = malloc (sizeof *ck);
+  struct cache *c;
+  uint64_t rng = 77, most = 0;
+  int err = 0;
+
+  assert_non_null (ck);
+  op_span = 10 * PS;            /* rewrites of dirty pages: copies */
+  cfg.wb.max_dirty_bytes = 6 * PS;
+  cfg.wb.idle_ms = 0;
+  rambackend_init (&rb, SIZE, 62);
+  history_init (&h, &rb);
+  checker_init (ck, &rb, &h);
+  assert_int_equal (truncate (testfile_path, 0), 0);
+  c = testfile_open_attach (&cfg, SIZE);
+  for (unsigned i = 0; i < 1500; i++) {
+    uint64_t behind;
+
+    client_op (c, ck, &h, &rng, i);
+    pthread_mutex_lock (&c->lock);
+    behind = c->ndirty + c->nretained;
+    pthread_mutex_unlock (&c->lock);
+    if (behind > 6)
+      fail_msg ("op %u: %llu pages behind the flush point, cap 6", i,
+                (unsigned long long) behind);
+    most = behind > most ? behind : most;
+  }
+  op_span = SIZE;
+  assert_true (ST (c, dirty_cap_writes) > 0);
+  assert_true (ST (c, cow_copies) > 0);
+  assert_true (most == 6);
+  assert_int_equal (cache_writeback_all (c, &ck->be, &err), 0);
+  backend_check (&rb, h.model, PS);
+  if (ck->violations)
+    fail_msg ("%s", ck->first);
+  cache_close (c);
+  checker_free (ck);
+  free (ck);
+  history_free (&h);
+  rambackend_free (&rb);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown (f, testfile_setup, \
                                               testfile_teardown)
 
@@ -580,6 +636,7 @@ main (void)
     T (test_order_flush_model),
     T (test_order_offset_breaks),
     T (test_order_crash_resume),
+    T (test_order_cap),
   };
 
   if (getenv ("TEST_FILTER"))

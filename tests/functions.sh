@@ -494,6 +494,10 @@ expect_predicted ()
 #   fs_detach DIR           clean teardown (unmount, losetup -d,
 #                           fusermount3 -u, nbdfuse exits); fails the
 #                           test on any error
+#   fs_writer DIR TAG LOG [N CMD...]
+#                           files written and fsynced in DIR, each logged
+#                           in LOG once durable (CMD after every N)
+#   kill_writer             kill and wait for the writer in $writer_pid
 #   fs_teardown DIR         teardown that never fails and never leaves
 #                           a mount, a loop device or a FUSE mount
 #                           behind, also after nbdkit was killed:
@@ -640,6 +644,52 @@ _fs_fuse_unmount ()
     else
         umount ${2:+-l} "$1"
     fi
+}
+
+# fs_writer DIR TAG LOG [N CMD...]: create DIR, then files DIR/f1,
+# DIR/f2, ... (0 to 192 KiB, rarely block aligned) until something fails
+# or it is killed.  A file is in LOG ("TAG/fN SHA256") only once it and
+# its directory were fsynced (coreutils sync FILE is fsync(2)).  After
+# every N files, CMD runs (the fs crash tests run it in the background).
+fs_writer ()
+{
+    local dir="$1" tag="$2" log="$3" every="${4:-0}"
+    local tmp="$tmpdir/writer.data" i=0 n sum
+    shift 3; shift $(( $# > 0 ))
+    { set +e +x; } 2>/dev/null
+    mkdir "$dir" && sync "$dir" && sync "${dir%/*}" || exit 1
+    while :; do
+        i=$((i + 1))
+        n=$(( (RANDOM * 32768 + RANDOM) % 196608 ))
+        head -c "$n" /dev/urandom > "$tmp" || exit 1
+        sum="$(sha256sum < "$tmp")" || exit 1
+        cp "$tmp" "$dir/f$i" || exit 0
+        sync "$dir/f$i" || exit 0
+        sync "$dir" || exit 0
+        echo "$tag/f$i ${sum%% *}" >> "$log"
+        if (( every > 0 && i % every == 0 )); then
+            "$@"
+        fi
+    done
+}
+
+# kill_writer: kill the background writer whose pid is in $writer_pid,
+# if one runs, and wait for it (the fs crash tests; register it with
+# cleanup_fn after fs_attach, so that at exit it runs before that
+# stack's teardown).  A writer blocked on a dead export is not
+# uninterruptible for long: its requests fail.
+writer_pid=
+kill_writer ()
+{
+    local i
+    [ -n "$writer_pid" ] || return 0
+    kill -KILL "$writer_pid" 2>/dev/null || true
+    for (( i = 0; i < 300; i++ )); do
+        kill -0 "$writer_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    wait "$writer_pid" 2>/dev/null || true
+    writer_pid=
 }
 
 fs_teardown ()

@@ -23,45 +23,6 @@ seed="${FS_CRASH_SEED:-$$}"
 echo "seed: $seed"
 RANDOM=$seed
 
-# writer DIR TAG LOG: create DIR, then files DIR/f1, DIR/f2, ... (0 to
-# 192 KiB, rarely block aligned) until something fails or it is killed.
-# A file is in LOG ("TAG/fN SHA256") only once it and its directory
-# were fsynced (coreutils sync FILE is fsync(2)).
-writer ()
-{
-    local dir="$1" tag="$2" log="$3" tmp="$tmpdir/writer.data" i=0 n sum
-    { set +e +x; } 2>/dev/null
-    mkdir "$dir" && sync "$dir" && sync "${dir%/*}" || exit 1
-    while :; do
-        i=$((i + 1))
-        n=$(( (RANDOM * 32768 + RANDOM) % 196608 ))
-        head -c "$n" /dev/urandom > "$tmp" || exit 1
-        sum="$(sha256sum < "$tmp")" || exit 1
-        cp "$tmp" "$dir/f$i" || exit 0
-        sync "$dir/f$i" || exit 0
-        sync "$dir" || exit 0
-        echo "$tag/f$i ${sum%% *}" >> "$log"
-    done
-}
-
-# kill_writer: kill the writer, if one runs; also at exit, when a
-# failure leaves it running (registered after each fs_attach of a new
-# stack, so it runs before that stack's teardown).
-writer_pid=
-kill_writer ()
-{
-    local i
-    [ -n "$writer_pid" ] || return 0
-    kill -KILL "$writer_pid" 2>/dev/null || true
-    # Not uninterruptible for long: requests to a dead export fail.
-    for (( i = 0; i < 300; i++ )); do
-        kill -0 "$writer_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    wait "$writer_pid" 2>/dev/null || true
-    writer_pid=
-}
-
 # verify_logged MNT LOG: every file LOG names is in MNT with its checksum.
 verify_logged ()
 {
@@ -91,7 +52,7 @@ for mode in writethrough writeback writearound; do
 
     for (( it = 1; it <= iterations; it++ )); do
         before="$(wc -l < "$log")"
-        writer "$d/fs/mnt/i$it" "i$it" "$log" &
+        fs_writer "$d/fs/mnt/i$it" "i$it" "$log" &
         writer_pid=$!
         # A few files fsynced, then a crash at a random moment.
         for (( i = 0; i < 600; i++ )); do

@@ -61,41 +61,13 @@ caught_up ()
     return 1
 }
 
-# writer DIR TAG: files DIR/f1, DIR/f2, ... (0 to 192 KiB), each logged
-# once it and its directory were fsynced; after every 24 files, a
-# checkpoint once the backend has caught up.
-writer ()
+# checkpoint: once the backend has caught up, the files logged so far
+# are behind the flush point (run by fs_writer every 24 files).
+checkpoint ()
 {
-    local dir="$1" tag="$2" tmp="$tmpdir/writer.data" i=0 n sum
-    { set +e +x; } 2>/dev/null
-    mkdir "$dir" && sync "$dir" && sync "${dir%/*}" || exit 1
-    while :; do
-        i=$((i + 1))
-        n=$(( (RANDOM * 32768 + RANDOM) % 196608 ))
-        head -c "$n" /dev/urandom > "$tmp" || exit 1
-        sum="$(sha256sum < "$tmp")" || exit 1
-        cp "$tmp" "$dir/f$i" || exit 0
-        sync "$dir/f$i" || exit 0
-        sync "$dir" || exit 0
-        echo "$tag/f$i ${sum%% *}" >> "$log"
-        if (( i % 24 == 0 )) && caught_up; then
-            wc -l < "$log" >> "$marks"
-        fi
-    done
-}
-
-writer_pid=
-kill_writer ()
-{
-    local i
-    [ -n "$writer_pid" ] || return 0
-    kill -KILL "$writer_pid" 2>/dev/null || true
-    for (( i = 0; i < 300; i++ )); do
-        kill -0 "$writer_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    wait "$writer_pid" 2>/dev/null || true
-    writer_pid=
+    if caught_up; then
+        wc -l < "$log" >> "$marks"
+    fi
 }
 
 # The backing file alone, on a loop device of our own: mounted (the
@@ -149,7 +121,7 @@ mkfs.ext4 -q -E lazy_itable_init=0,lazy_journal_init=0 "$fs_dev"
 fs_mount "$d/fs"
 
 for (( r = 1; r <= rounds; r++ )); do
-    writer "$d/fs/mnt/r$r" "r$r" &
+    fs_writer "$d/fs/mnt/r$r" "r$r" "$log" 24 checkpoint &
     writer_pid=$!
     # At least two checkpoints, then a crash at a random moment.
     before="$(wc -l < "$marks")"

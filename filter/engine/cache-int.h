@@ -417,6 +417,8 @@ extern int cache_read_verified_span (struct cache *c,
 extern bool cache_must_cow (const struct cache *c, uint32_t s);
 extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
                              uint64_t page);
+extern bool cache_sup_add_locked (struct cache *c, uint32_t old,
+                                  uint32_t succ);
 /* Free the superseded slots that may go now (epoch.c). */
 extern void cache_free_superseded (struct cache *c);
 /* Who stores a page read from the backend (cache_fill_slot). */
@@ -528,6 +530,16 @@ extern int clean_pass (struct cache *c, const struct cache_backend *be,
 extern int clean_page_locked (struct cache *c,
                               const struct cache_backend *be,
                               uint64_t page, uint32_t s, int *err);
+/* Write back, from the caller's thread, the dirty pages in [first,
+ * last] (range locked by the caller) whose data is of flush generation
+ * gen_max or older (UINT64_MAX: all), so that the backend alone is
+ * current for them.  Returns 0 or -1 (*err): a page that cannot be
+ * written back (bad data, backend error) stays dirty.
+ */
+extern int clean_pages_locked (struct cache *c,
+                               const struct cache_backend *be,
+                               uint64_t first, uint64_t last,
+                               uint64_t gen_max, int *err);
 /* Before a backend write of data of flush generation gen (ORDER_OPEN:
  * a client's write now) in the flush order: write the older
  * generations back first, from the caller's thread (its own pages of

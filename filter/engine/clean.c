@@ -703,24 +703,24 @@ clean_pass (struct cache *c, const struct cache_backend *be,
   return gen_pass (c, be, o, UINT64_MAX, err);
 }
 
-/* Write back the dirty pages of [first, last] (range locked by the
- * caller) whose data is of generation c->gen_done + 1 or older.
- */
-static int
-clean_owned_gen (struct cache *c, const struct cache_backend *be,
-                 uint64_t first, uint64_t last, int *err)
+int
+clean_pages_locked (struct cache *c, const struct cache_backend *be,
+                    uint64_t first, uint64_t last, uint64_t gen_max,
+                    int *err)
 {
   for (uint64_t page = first; page <= last; page++) {
-    uint32_t s = cache_lookup_pin (c, page);
+    uint32_t s;
     bool now;
     int r = 0;
 
+    if (!cache_page_dirty (c, page))
+      continue;
+    s = cache_lookup_pin (c, page);
     if (s == PT_NONE)
       continue;
     pthread_mutex_lock (&c->lock);
     now = pt_state (&c->pt, s) == LAYOUT_DIRTY &&
-      !(pt_flags (&c->pt, s) & PT_BAD) &&
-      pt_gen (&c->pt, s) <= c->gen_done + 1;
+      pt_gen (&c->pt, s) <= gen_max;
     pthread_mutex_unlock (&c->lock);
     if (now)
       r = clean_page_locked (c, be, page, s, err);
@@ -737,7 +737,7 @@ clean_order_enter (struct cache *c, const struct cache_backend *be,
 {
   struct timespec ms = { .tv_sec = 0, .tv_nsec = 1000000 };
   bool waited = false;
-  uint64_t first, last;
+  uint64_t first, last, may;
   int r;
 
   if (!cache_ordered (c))
@@ -760,8 +760,12 @@ clean_order_enter (struct cache *c, const struct cache_backend *be,
     pthread_mutex_lock (&c->lock);
     upto.gen_upto = (gen == ORDER_OPEN ? c->gen : gen) - 1;
     pthread_mutex_unlock (&c->lock);
+    /* (Its own pages of the generation that may go now.) */
+    pthread_mutex_lock (&c->lock);
+    may = c->gen_done + 1;
+    pthread_mutex_unlock (&c->lock);
     if (order_owned_range (c, &first, &last) &&
-        clean_owned_gen (c, be, first, last, err) == -1)
+        clean_pages_locked (c, be, first, last, may, err) == -1)
       return -1;
     r = clean_pass (c, be, &upto, err);
     if (r == -1)

@@ -108,6 +108,26 @@ cache_drop_slot (struct cache *c, uint32_t s)
   return r;
 }
 
+/* Under c->lock: put old, replaced by succ, on c->sup.  False if there
+ * is no memory for it.
+ */
+bool
+cache_sup_add_locked (struct cache *c, uint32_t old, uint32_t succ)
+{
+  if (c->nsup == c->capsup) {
+    size_t cap = c->capsup ? c->capsup * 2 : 64;
+    struct cache_sup *p = realloc (c->sup, cap * sizeof *p);
+    if (p == NULL)
+      return false;
+    c->sup = p;
+    c->capsup = cap;
+  }
+  c->sup[c->nsup].slot = old;
+  c->sup[c->nsup].succ = succ;
+  c->nsup++;
+  return true;
+}
+
 /* Under nothing: record that old (pinned by the caller) was replaced by
  * succ for page; old stays on disk until succ is durable.  Consumes the
  * caller's pin on old.
@@ -118,20 +138,11 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
   uint8_t hint = 0;
 
   pthread_mutex_lock (&c->lock);
-  if (c->nsup == c->capsup) {
-    size_t cap = c->capsup ? c->capsup * 2 : 64;
-    struct cache_sup *p = realloc (c->sup, cap * sizeof *p);
-    if (p == NULL) {
-      /* Cannot remember it: keep it out of use for good, which is safe. */
-      log_error ("realloc: %m");
-      goto out;
-    }
-    c->sup = p;
-    c->capsup = cap;
+  if (!cache_sup_add_locked (c, old, succ)) {
+    /* Cannot remember it: keep it out of use for good, which is safe. */
+    log_error ("realloc: %m");
+    goto out;
   }
-  c->sup[c->nsup].slot = old;
-  c->sup[c->nsup].succ = succ;
-  c->nsup++;
   /* Older versions waiting for old now wait for succ: old may be
    * unsealed, and it goes when succ is flushed anyway.
    */

@@ -326,7 +326,6 @@ static bool
 retain_older (struct recovery *r, uint32_t s, uint32_t succ)
 {
   struct cache *c = r->c;
-  struct cache_sup *sup = c->sup;
 
   if (c->wbcfg.order != CACHE_ORDER_FLUSH ||
       pt_state (&c->pt, s) != LAYOUT_DIRTY ||
@@ -341,17 +340,12 @@ retain_older (struct recovery *r, uint32_t s, uint32_t succ)
     STATS_ADD (&c->stats, order_broken, 1);
     return false;
   }
-  if (c->nsup == c->capsup) {
-    size_t cap = c->capsup ? c->capsup * 2 : 64;
-    sup = realloc (c->sup, cap * sizeof *sup);
-    if (sup == NULL)
-      return false;
-    c->sup = sup;
-    c->capsup = cap;
+  pthread_mutex_lock (&c->lock);
+  if (!cache_sup_add_locked (c, s, succ)) {
+    pthread_mutex_unlock (&c->lock);
+    return false;
   }
-  c->sup[c->nsup].slot = s;
-  c->sup[c->nsup].succ = succ;
-  c->nsup++;
+  pthread_mutex_unlock (&c->lock);
   pt_set_flags (&c->pt, s, PT_SUPERSEDED | PT_VERIFIED);
   pt_set_epoch (&c->pt, s, 0);
   pt_flags_on (&c->pt, succ, PT_HASPRED);

@@ -55,25 +55,7 @@ int
 cache_clean_pages (struct cache *c, const struct cache_backend *be,
                    uint64_t first, uint64_t last, int *err)
 {
-  for (uint64_t page = first; page <= last; page++) {
-    uint32_t s;
-    int r = 0;
-
-    if (!cache_page_dirty (c, page))
-      continue;
-    s = cache_lookup_pin (c, page);
-    if (s == PT_NONE)
-      continue;
-    pthread_mutex_lock (&c->lock);
-    bool dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY;
-    pthread_mutex_unlock (&c->lock);
-    if (dirty)
-      r = clean_page_locked (c, be, page, s, err);
-    cache_unpin (c, s);
-    if (r == -1)
-      return -1;
-  }
-  return 0;
+  return clean_pages_locked (c, be, first, last, UINT64_MAX, err);
 }
 
 /* The backend does the request, cached copies of its pages are

@@ -212,6 +212,19 @@ ck_pread (void *hd, void *buf, uint32_t count, uint64_t offset, int *err)
   return ck->t.be.pread (ck->t.be.h, buf, count, offset, err);
 }
 
+/* Under ck->lock: the backend as it is now is durable. */
+static void
+checker_durable (struct checker *ck)
+{
+  uint8_t sec[SS];
+
+  for (uint32_t x = 0; x < NSEC; x++) {
+    rambackend_peek (ck->t.rb, sec, SS, (uint64_t) x * SS);
+    ck->durable[x] = sector_hash (sec);
+    ck->pend[x].n = 0;
+  }
+}
+
 /* A crash at this backend write (which never happens): the backend
  * as it is goes to ck->die_path, and the process ends without closing
  * the cache.  Holding ck->lock, so no other backend call gets in (and
@@ -247,13 +260,8 @@ ck_pwrite (void *hd, const void *buf, uint32_t count, uint64_t offset,
       vset_add (&ck->pend[x], sector_hash (sec));
     }
     check_now (ck, "a backend write");
-    if (fua) {
-      for (uint32_t x = 0; x < NSEC; x++) {
-        rambackend_peek (ck->t.rb, sec, SS, (uint64_t) x * SS);
-        ck->durable[x] = sector_hash (sec);
-        ck->pend[x].n = 0;
-      }
-    }
+    if (fua)
+      checker_durable (ck);
   }
   pthread_mutex_unlock (&ck->lock);
   return r;
@@ -263,17 +271,12 @@ static int
 ck_flush (void *hd, int *err)
 {
   struct checker *ck = hd;
-  uint8_t sec[SS];
   int r;
 
   pthread_mutex_lock (&ck->lock);
   r = ck->t.be.flush (ck->t.be.h, err);
   if (r == 0)
-    for (uint32_t x = 0; x < NSEC; x++) {
-      rambackend_peek (ck->t.rb, sec, SS, (uint64_t) x * SS);
-      ck->durable[x] = sector_hash (sec);
-      ck->pend[x].n = 0;
-    }
+    checker_durable (ck);
   pthread_mutex_unlock (&ck->lock);
   return r;
 }
@@ -281,16 +284,11 @@ ck_flush (void *hd, int *err)
 static void
 checker_init (struct checker *ck, struct rambackend *rb, struct history *h)
 {
-  uint8_t sec[SS];
-
   memset (ck, 0, sizeof *ck);
   tbe_init (&ck->t, rb);
   ck->h = h;
   pthread_mutex_init (&ck->lock, NULL);
-  for (uint32_t x = 0; x < NSEC; x++) {
-    rambackend_peek (rb, sec, SS, (uint64_t) x * SS);
-    ck->durable[x] = sector_hash (sec);
-  }
+  checker_durable (ck);
   ck->be.h = ck;
   ck->be.pread = ck_pread;
   ck->be.pwrite = ck_pwrite;

@@ -71,18 +71,17 @@ collect_dirty (struct cache *c, uint64_t **pages_out, uint64_t hot_after,
   for (uint32_t s = 0;
        s < c->nslots && n + *nhot + gen_max_skipped < c->ndirty; s++) {
     uint16_t flags = pt_flags (&c->pt, s);
-    if (pt_state (&c->pt, s) == LAYOUT_DIRTY && (flags & PT_INDEXED) &&
-        !(flags & PT_BAD) && pt_gen (&c->pt, s) > gen_max)
+    if (pt_state (&c->pt, s) != LAYOUT_DIRTY || !(flags & PT_INDEXED) ||
+        (flags & PT_BAD))
+      continue;
+    if (pt_gen (&c->pt, s) > gen_max)
       gen_max_skipped++;        /* a later flush generation: not now */
-    else if (pt_state (&c->pt, s) == LAYOUT_DIRTY && (flags & PT_INDEXED) &&
-             !(flags & PT_BAD)) {
-      if (pt_seq (&c->pt, s) > hot_after ||
-          (!all && c->backoff.n > 0 &&
-           backoff_waits (&c->backoff, pt_page (&c->pt, s), now)))
-        (*nhot)++;
-      else
-        pages[n++] = pt_page (&c->pt, s);
-    }
+    else if (pt_seq (&c->pt, s) > hot_after ||
+             (!all && c->backoff.n > 0 &&
+              backoff_waits (&c->backoff, pt_page (&c->pt, s), now)))
+      (*nhot)++;
+    else
+      pages[n++] = pt_page (&c->pt, s);
   }
   pthread_mutex_unlock (&c->lock);
   qsort (pages, n, sizeof *pages, cmp_u64);
@@ -411,6 +410,20 @@ pass_helper (void *arg)
   return NULL;
 }
 
+/* Under c->lock: retained slot s is retained no more (written back, or
+ * given up): clean in RAM, valid as before, until it is freed.
+ */
+static void
+retained_end_locked (struct cache *c, uint32_t s, const uint8_t *valid)
+{
+  static const uint8_t none[LAYOUT_MAX_SECTORS / 8];
+
+  if (cache_retained (c, s))
+    c->nretained--;
+  pt_set_state (&c->pt, s, LAYOUT_CLEAN);
+  pt_maps_set (&c->pt, s, valid, none);
+}
+
 /* Under nothing: pinned retained slot p->slot was written back and the
  * backend flushed: its version is on the backend now.  A FREE entry
  * makes sure it never comes back (were its dirty entry found after a
@@ -421,15 +434,10 @@ pass_helper (void *arg)
 static void
 retained_done (struct cache *c, const struct clean_page *p)
 {
-  static const uint8_t none[LAYOUT_MAX_SECTORS / 8];
-
   if (cache_write_free_entry (c, p->slot) == -1)
     cache_io_error (c, "writing free entry", p->slot);
   pthread_mutex_lock (&c->lock);
-  if (cache_retained (c, p->slot))
-    c->nretained--;
-  pt_set_state (&c->pt, p->slot, LAYOUT_CLEAN);   /* retained no more */
-  pt_maps_set (&c->pt, p->slot, p->valid, none);
+  retained_end_locked (c, p->slot, p->valid);
   pthread_mutex_unlock (&c->lock);
   STATS_ADD (&c->stats, pages_written_back, 1);
   cache_unpin (c, p->slot);
@@ -473,9 +481,7 @@ retained_lost (struct cache *c, const struct clean_page *p)
              c->path, (unsigned long long) p->page, p->slot);
   STATS_ADD (&c->stats, order_broken, 1);
   pthread_mutex_lock (&c->lock);
-  if (cache_retained (c, p->slot))
-    c->nretained--;
-  pt_set_state (&c->pt, p->slot, LAYOUT_CLEAN);   /* given up */
+  retained_end_locked (c, p->slot, p->valid);
   pthread_mutex_unlock (&c->lock);
   cache_unpin (c, p->slot);
 }
@@ -759,10 +765,7 @@ clean_order_enter (struct cache *c, const struct cache_backend *be,
     waited = true;
     pthread_mutex_lock (&c->lock);
     upto.gen_upto = (gen == ORDER_OPEN ? c->gen : gen) - 1;
-    pthread_mutex_unlock (&c->lock);
-    /* (Its own pages of the generation that may go now.) */
-    pthread_mutex_lock (&c->lock);
-    may = c->gen_done + 1;
+    may = c->gen_done + 1;      /* its own pages of it may go now */
     pthread_mutex_unlock (&c->lock);
     if (order_owned_range (c, &first, &last) &&
         clean_pages_locked (c, be, first, last, may, err) == -1)

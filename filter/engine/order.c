@@ -94,6 +94,16 @@ order_leave (struct cache *c)
   pthread_mutex_unlock (&c->lock);
 }
 
+/* Under c->lock: does slot s hold dirty data still to be written back
+ * (a page's current version, or an older one kept for the order)?
+ */
+static bool
+behind_locked (const struct cache *c, uint32_t s)
+{
+  return pt_state (&c->pt, s) == LAYOUT_DIRTY &&
+    (pt_flags (&c->pt, s) & (PT_INDEXED | PT_SUPERSEDED));
+}
+
 /* Under c->lock: is dirty data of generation g or older still to be
  * written back?  (Bad slots cannot be: they are reported, not waited
  * for.)
@@ -101,12 +111,10 @@ order_leave (struct cache *c)
 bool
 order_gen_pending_locked (const struct cache *c, uint64_t g)
 {
-  for (uint32_t s = 0; s < c->nslots; s++) {
-    uint16_t f = pt_flags (&c->pt, s);
-    if (pt_state (&c->pt, s) == LAYOUT_DIRTY && !(f & PT_BAD) &&
-        (f & (PT_INDEXED | PT_SUPERSEDED)) && pt_gen (&c->pt, s) <= g)
+  for (uint32_t s = 0; s < c->nslots; s++)
+    if (behind_locked (c, s) && !(pt_flags (&c->pt, s) & PT_BAD) &&
+        pt_gen (&c->pt, s) <= g)
       return true;
-  }
   return false;
 }
 
@@ -170,15 +178,12 @@ order_loaded (struct cache *c)
 {
   uint64_t lo = UINT64_MAX, hi = 0;
 
-  for (uint32_t s = 0; s < c->nslots; s++) {
-    uint16_t f = pt_flags (&c->pt, s);
-    if (pt_state (&c->pt, s) == LAYOUT_DIRTY &&
-        (f & (PT_INDEXED | PT_SUPERSEDED))) {
+  for (uint32_t s = 0; s < c->nslots; s++)
+    if (behind_locked (c, s)) {
       uint64_t g = pt_gen (&c->pt, s);
       lo = g < lo ? g : lo;
       hi = g > hi ? g : hi;
     }
-  }
   if (hi + 1 > c->gen)
     c->gen = hi + 1;
   c->pt.gen_ref = c->gen;

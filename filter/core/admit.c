@@ -5,7 +5,7 @@
  * n-miss promotion filter (see admit.h).  O(nstreams) per request for
  * the former (a handful of streams), O(1) per miss for the latter.
  *
- * RAM: admit_seq 24 bytes per stream; admit_nhit 1 byte per counter.
+ * RAM: admit_seq 48 bytes per stream; admit_nhit 1 byte per counter.
  *
  * Locking: none inside; the caller serialises all calls on one object.
  */
@@ -15,9 +15,12 @@
 #include "mix.h"
 
 struct stream {
-  uint64_t end;                  /* end offset of its last request */
-  uint64_t run;                  /* bytes it has run sequentially */
+  uint64_t start, end;           /* the span of its requests */
+  uint64_t run;                  /* bytes of the span it has written */
+  uint64_t holes;                /* bytes of the span skipped by requests
+                                    that overtook others, not yet filled */
   uint64_t last_use;             /* for LRU replacement */
+  uint64_t len;                  /* length of its last request */
 };
 
 struct admit_seq {
@@ -52,19 +55,84 @@ admit_seq_free (struct admit_seq *as)
   free (as);
 }
 
+/* How a request [offset, offset + len) relates to stream t: 0 none,
+ * 1 it starts at the stream's end, 2 a little ahead of it (requests
+ * that overtook each other between the socket and here), 3 a little
+ * behind it (an overtaken one, or a rewrite of what the stream just
+ * wrote).
+ */
+static int
+stream_near (const struct stream *t, uint64_t offset, uint64_t len)
+{
+  const uint64_t slack = ADMIT_SEQ_REORDER * len;
+
+  if (t->last_use == 0)
+    return 0;
+  if (offset == t->end)
+    return 1;
+  if (offset > t->end)
+    return offset - t->end <= slack ? 2 : 0;
+  return t->end - offset <= slack + len ? 3 : 0;
+}
+
+/* Add [offset, offset + len) to stream st (how: stream_near); the
+ * bytes it adds to the run.  A request ahead leaves a hole for the
+ * ones it overtook; one behind counts only as far as it fills a hole
+ * (else it rewrites what the stream wrote already, and adds nothing).
+ */
+static uint64_t
+stream_add (struct stream *st, int how, uint64_t offset, uint64_t len)
+{
+  const uint64_t end = offset + len;
+  uint64_t past = end > st->end ? end - st->end : 0, inside = len - past;
+
+  if (how == 0) {
+    *st = (struct stream) { .start = offset, .end = end, .run = len };
+    return len;
+  }
+  if (how == 2) {
+    st->holes += offset - st->end;
+    past = len;
+    inside = 0;
+  }
+  if (inside > st->holes)
+    inside = st->holes;
+  st->holes -= inside;
+  st->run += past + inside;
+  if (end > st->end)
+    st->end = end;
+  return past + inside;
+}
+
+/* A stream is sequential while at most a quarter of its span is holes:
+ * requests that merely land near each other (random ones in a small
+ * region) leave more.
+ */
+static bool
+stream_dense (const struct stream *st)
+{
+  return st->holes * 4 <= st->end - st->start;
+}
+
 uint64_t
 admit_seq_access (struct admit_seq *as, uint64_t offset, uint64_t len)
 {
   struct stream *st = NULL, *lru = &as->s[0];
-  uint64_t before, admitted;
+  uint64_t before = 0, admitted, added;
+  int how = 0;
 
   as->stats.requests++;
   as->clock++;
-  for (unsigned i = 0; i < as->nstreams; ++i) {
+  /* The stream the request continues; if it is only near some, the
+   * longest of them (a short one may have been started by a request
+   * that came late).
+   */
+  for (unsigned i = 0; i < as->nstreams && how != 1; ++i) {
     struct stream *t = &as->s[i];
-    if (t->last_use && t->end == offset) {
+    int h = stream_near (t, offset, len);
+    if (h && (how == 0 || h == 1 || t->run > st->run)) {
       st = t;
-      break;
+      how = h;
     }
     if (t->last_use < lru->last_use)
       lru = t;
@@ -73,16 +141,15 @@ admit_seq_access (struct admit_seq *as, uint64_t offset, uint64_t len)
     as->stats.sequential++;
     before = st->run;
   }
-  else {
+  else
     st = lru;
-    before = 0;
-    st->run = 0;
-  }
-  st->run = before + len;
-  st->end = offset + len;
+  added = stream_add (st, how, offset, len);
+  st->len = len;
   st->last_use = as->clock;
 
-  if (as->cutoff == 0 || before + len <= as->cutoff)
+  /* (A rewrite is no part of the stream: admitted.) */
+  if (as->cutoff == 0 || before + len <= as->cutoff || added == 0 ||
+      !stream_dense (st))
     admitted = len;
   else if (before >= as->cutoff)
     admitted = 0;
@@ -99,8 +166,10 @@ admit_seq_left (const struct admit_seq *as, uint64_t end)
     return UINT64_MAX;
   for (unsigned i = 0; i < as->nstreams; ++i) {
     const struct stream *t = &as->s[i];
-    if (t->last_use && t->end == end)
-      return t->run >= as->cutoff ? 0 : as->cutoff - t->run;
+    if (t->last_use && t->end >= end &&
+        t->end - end <= ADMIT_SEQ_REORDER * t->len)
+      return !stream_dense (t) ? UINT64_MAX :
+        t->run >= as->cutoff ? 0 : as->cutoff - t->run;
   }
   return UINT64_MAX;
 }

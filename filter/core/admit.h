@@ -5,12 +5,20 @@
  * filters:
  *
  *  - Sequential cutoff (admit_seq): tracks up to nstreams concurrent
- *    sequential streams by the end offset of their last request.  Once a
- *    stream has run sequentially for cutoff bytes, the rest of it
- *    bypasses the cache (misses are served from the backend and not
- *    inserted; hits are still served from the cache).  A request that
- *    continues no stream starts a new one, replacing the least recently
- *    used stream.  Memory: 24 bytes per tracked stream.
+ *    sequential streams by the span of their requests.  A request up
+ *    to ADMIT_SEQ_REORDER times its length ahead of or behind the end
+ *    of that span still belongs to the stream: requests in flight
+ *    together reach the filter in any order.  A stream's run counts
+ *    the bytes of the span it wrote: a request behind the end counts
+ *    only where one ahead of it had left a hole, so rewriting one block
+ *    over and over is never a stream.  A stream with more than a
+ *    quarter of its span in holes (random requests that land near each
+ *    other) is not sequential.  Once a stream has run sequentially for
+ *    cutoff bytes, the rest of it bypasses the cache (misses are served
+ *    from the backend and not inserted; hits are still served from the
+ *    cache).  A request that continues no stream starts a new one,
+ *    replacing the least recently used stream.  Memory: 48 bytes per
+ *    tracked stream.
  *
  *  - Promotion after N misses (admit_nhit): a page is admitted on its
  *    N-th miss within a window; before that a miss leaves it out.  A
@@ -34,6 +42,7 @@
 
 #define ADMIT_SEQ_DEFAULT_CUTOFF  (4u << 20)   /* bytes */
 #define ADMIT_SEQ_DEFAULT_STREAMS 16
+#define ADMIT_SEQ_REORDER         8     /* requests that may overtake */
 #define ADMIT_NHIT_DEFAULT_N      1            /* 1: admit every miss */
 
 struct admit_seq;
@@ -53,9 +62,9 @@ extern void admit_seq_free (struct admit_seq *as);
 extern uint64_t admit_seq_access (struct admit_seq *as, uint64_t offset,
                                   uint64_t len);
 
-/* Bytes a stream whose last request ended at end may still run before
+/* Bytes a stream whose request just ended at end may still run before
  * its cutoff (0 once past it); UINT64_MAX with the filter off or if no
- * tracked stream ends there.
+ * tracked stream ends there (or a little past it, see above).
  */
 extern uint64_t admit_seq_left (const struct admit_seq *as, uint64_t end);
 

@@ -1030,6 +1030,90 @@ test_seq_two_streams (void **state)
   admit_seq_free (as);
 }
 
+/* Requests in flight together reach the filter in any order: a stream
+ * whose requests overtake each other stays one stream and runs past
+ * its cutoff.  Rewriting the same block again and again is no stream.
+ */
+static void
+test_seq_reordered (void **state)
+{
+  const uint64_t K = 1024;
+  struct admit_seq *as = admit_seq_new (64 * K, 4);
+  /* 8 KiB requests, in pairs swapped: 1 0 3 2 5 4 ... */
+  uint64_t admitted = 0;
+
+  assert_non_null (as);
+  for (int i = 0; i < 64; ++i) {
+    uint64_t r = i ^ 1;
+    uint64_t got = admit_seq_access (as, r * 8 * K, 8 * K);
+    if (i >= 24)             /* well past the cutoff */
+      assert_int_equal (got, 0);
+    admitted += got;
+  }
+  assert_true (admitted <= 80 * K);
+  /* Four out of order within a window of four. */
+  admit_seq_free (as);
+  as = admit_seq_new (64 * K, 4);
+  for (int i = 0; i < 64; ++i) {
+    static const int perm[4] = { 2, 0, 3, 1 };
+    uint64_t r = (i & ~3) + perm[i & 3];
+    uint64_t got = admit_seq_access (as, r * 8 * K, 8 * K);
+    if (i >= 24)
+      assert_int_equal (got, 0);
+  }
+  admit_seq_free (as);
+
+  /* 1 MiB requests, each swapped with one of the next 3 (so some are
+   * carried far ahead): one stream, even when a straggler has started
+   * a short one near it.
+   */
+  {
+    enum { N = 512 };
+    static int order[N];
+    uint64_t bypassed = 0;
+
+    srandom (3);
+    for (int i = 0; i < N; ++i)
+      order[i] = i;
+    for (int i = 0; i < N; ++i) {
+      int j = i + random () % 4, t;
+      if (j >= N)
+        j = N - 1;
+      t = order[i];
+      order[i] = order[j];
+      order[j] = t;
+    }
+    as = admit_seq_new (4096 * K, 16);
+    for (int i = 0; i < N; ++i)
+      bypassed += 1024 * K -
+        admit_seq_access (as, order[i] * 1024 * K, 1024 * K);
+    assert_true (bypassed >= (uint64_t) N * 1024 * K / 100 * 90);
+    admit_seq_free (as);
+  }
+
+  /* The same 4 KiB block, 100 times: always admitted. */
+  as = admit_seq_new (8 * K, 4);
+  for (int i = 0; i < 100; ++i)
+    assert_int_equal (admit_seq_access (as, 1000 * K, 4 * K), 4 * K);
+  admit_seq_free (as);
+
+  /* Random 64-96 KiB requests in a 6 MiB region land near each other
+   * all the time, but are no stream: (almost) everything admitted.
+   */
+  as = admit_seq_new (4096 * K, 16);
+  uint64_t total = 0;
+  admitted = 0;
+  srandom (7);
+  for (int i = 0; i < 20000; ++i) {
+    uint64_t n = (64 + random () % 33) * K;
+    uint64_t off = random () % (6144 * K - n) / (4 * K) * (4 * K);
+    admitted += admit_seq_access (as, off, n);
+    total += n;
+  }
+  assert_true (admitted >= total / 100 * 98);
+  admit_seq_free (as);
+}
+
 /*----------------------------------------------------------------------
  * Admission: promotion after N misses.
  */
@@ -1101,6 +1185,7 @@ main (void)
     cmocka_unit_test (test_s3fifo_fill_spares_main),
     cmocka_unit_test (test_s3fifo_random_invariants),
     cmocka_unit_test (test_seq_two_streams),
+    cmocka_unit_test (test_seq_reordered),
     cmocka_unit_test (test_nhit),
   };
 

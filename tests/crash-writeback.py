@@ -45,6 +45,7 @@ import os
 import random
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -52,6 +53,7 @@ import time
 import nbd
 
 MiB = 1024 * 1024
+KiB = 1024
 SECTOR = 512
 
 
@@ -85,6 +87,7 @@ class Server:
         self.sock = os.path.join(wd, "sock")
         self.pidfile = os.path.join(wd, "nbdkit.pid")
         self.stats = os.path.join(wd, "stats.%d" % self.no)
+        self.ctl = os.path.join(wd, "ctl.%d" % self.no)
         self.logname = os.path.join(wd, "nbdkit.%d.log" % self.no)
         self.proc = None
 
@@ -105,6 +108,7 @@ class Server:
              "ssdcache-page-size=%d" % c["page_size"],
              "ssdcache-mode=" + self.mode,
              "ssdcache-stats=" + self.stats,
+             "ssdcache-control=" + self.ctl,
              "ssdcache-writeback-on-exit=" + ("true" if self.on_exit
                                               else "false")]
         if self.args.direct:
@@ -116,7 +120,8 @@ class Server:
                   "ssdcache-writeback-idle=%d" % c["idle"],
                   "ssdcache-writeback-rate=%d" % c["rate"],
                   "ssdcache-writeback-depth=%d" % c["depth"],
-                  "ssdcache-writeback-max-age=%d" % c["max_age"]]
+                  "ssdcache-writeback-max-age=%d" % c["max_age"],
+                  "ssdcache-writeback-seq-cutoff=%d" % c["seq_cutoff"]]
             if c["max_dirty"]:
                 a += ["ssdcache-writeback-max-dirty=%d%%" % c["max_dirty"]]
         return a
@@ -159,6 +164,24 @@ class Server:
     def kill(self):
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+    def get_counter(self, name):
+        """A counter of the running server (its control socket)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as so:
+            so.settimeout(30)
+            so.connect(self.ctl)
+            so.sendall(b"stats\n")
+            out = b""
+            while True:
+                b = so.recv(65536)
+                if not b:
+                    break
+                out += b
+        for line in out.decode().splitlines():
+            k, _, v = line.partition(":")
+            if k.strip() == name:
+                return int(v)
+        raise EnvError("counter %s missing from the control socket" % name)
 
     def stop(self):
         """Clean shutdown; returns the counters of the stats file."""
@@ -432,6 +455,8 @@ class Client:
         self.multi_conn = handles[0].can_multi_conn()
         self.counts = {"write": 0, "fua": 0, "flush": 0, "read": 0}
         self.hot = rng.randrange(0, self.size - args.hot_size + 1, 4096)
+        self.seq_pos = rng.randrange(0, self.size, 64 * KiB)
+        self.seq_around = 0
         self.history = None
 
     # generating
@@ -471,11 +496,24 @@ class Client:
 
     # issuing
 
+    def gen_seq(self):
+        """The next write of the sequential stream, or None."""
+        if self.rng.random() * 100 >= self.cfg.get("seq", 0):
+            return None
+        n = self.rng.choice([64, 128, 256]) * KiB
+        off = self.seq_pos if self.seq_pos + n <= self.size else 0
+        if self.overlaps_inflight(off, n):
+            return None
+        self.seq_pos = off + n
+        return off, n
+
     def issue_write(self, conn, fua=False):
-        while True:
+        r = self.gen_seq()
+        while r is None:
             off, n = self.gen_range()
             if not self.overlaps_inflight(off, n):
-                break
+                r = off, n
+        off, n = r
         op = Op("write", conn)
         op.off, op.n = off, n
         data = self.rng.randbytes(n)
@@ -629,6 +667,7 @@ class Client:
             if self.busy(conn) < depth + 2:
                 self.issue_write(conn)
         in_flight = sum(1 for op in self.inflight if op.kind == "write")
+        self.seq_around = server.get_counter("seq_write_bypassed")
         server.kill()
         return in_flight
 
@@ -713,16 +752,22 @@ def choose_cfg1(rng, prev=None):
         "max_dirty": rng.choice([0, 0, 10, 50]),   # % of the cache
         "max_age": rng.choice([0, 0, 1]),
         "errors": rng.choice([0, 0, 1]),           # error windows
+        # Sequential streams that go around the cache: the cutoff, and
+        # the % of writes that continue the stream.
+        "seq_cutoff": rng.choice([0, 256 * KiB, MiB, 4 * MiB]),
+        "seq": rng.choice([0, 10, 40]),
     }
 
 
 def describe_cfg(cfg):
     return ("page %dK cache %dM flush=%s high=%d low=%d idle=%d rate=%d "
-            "depth=%d max_dirty=%d%% max_age=%d errors=%d" % (
+            "depth=%d max_dirty=%d%% max_age=%d errors=%d seq_cutoff=%d "
+            "seq=%d%%" % (
                 cfg["page_size"] // 1024, cfg["cache_size"] // MiB,
                 cfg["flush"], cfg["high"], cfg["low"], cfg["idle"],
                 cfg["rate"], cfg["depth"], cfg["max_dirty"],
-                cfg["max_age"], cfg["errors"]))
+                cfg["max_age"], cfg["errors"], cfg["seq_cutoff"],
+                cfg["seq"]))
 
 
 def read_all(h, size):
@@ -804,7 +849,7 @@ def run(args):
         os.unlink(args.cache)
     state = State(make_backing(args, rng))
     state.history = History()
-    totals = {"unsealed": 0, "write": 0, "fua": 0, "flush": 0, "read": 0, "inflight": 0,
+    totals = {"unsealed": 0, "seq_around": 0, "write": 0, "fua": 0, "flush": 0, "read": 0, "inflight": 0,
               "restart_wt": 0, "clean_restart": 0, "new_cache": 0}
 
     cfg = choose_cfg(rng, None, args.sabotage)
@@ -838,6 +883,7 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
         for k in ("write", "fua", "flush", "read"):
             totals[k] += client.counts[k]
         totals["inflight"] += in_flight
+        totals["seq_around"] += client.seq_around
 
         if args.sabotage:
             # Self-test: lose the cache at the crash; the check must
@@ -944,13 +990,16 @@ def finish(args, server, state, totals, t_start):
     info("PASS: seed %d, %d iterations in %.1fs: %d writes, %d FUA writes, "
          "%d flushes, %d checked reads, %d writes in flight at kills, %d "
          "restarts in writethrough/writearound, %d clean restarts, %d new "
-         "caches, %d unsealed (unflushed) pages dropped after kills; final "
+         "caches, %d unsealed (unflushed) pages dropped after kills, %d "
+         "sequential writes around the cache before kills; final "
          "stats: pages_written_back=%d evictions=%d cow_copies=%d" % (
              args.seed, args.iterations, time.monotonic() - t_start,
              totals["write"], totals["fua"], totals["flush"], totals["read"],
              totals["inflight"], totals["restart_wt"],
              totals["clean_restart"], totals["new_cache"],
-             totals["unsealed"], stats.get("pages_written_back", -1),
+             totals["unsealed"],
+             totals["seq_around"],
+             stats.get("pages_written_back", -1),
              stats.get("evictions", -1), stats.get("cow_copies", -1)))
 
 
@@ -995,8 +1044,10 @@ def main():
                    help="always use this setting (page_size, cache_size, "
                    "flush, high, low, idle, rate, depth, max_dirty (%% "
                    "of the cache, 0: none), max_age (s), errors (1: "
-                   "windows where half of writeback's writes fail); "
-                   "sizes in bytes): to search one configuration hard")
+                   "windows where half of writeback's writes fail), "
+                   "seq_cutoff, seq (%% of writes that continue a "
+                   "sequential stream); sizes in bytes): to search one "
+                   "configuration hard")
     p.add_argument("--timeout", type=int, default=90,
                    help="fail if no request completes for this long")
     args = p.parse_args()
@@ -1006,7 +1057,7 @@ def main():
         k, _, v = kv.partition("=")
         if k not in ("page_size", "cache_size", "flush", "high", "low",
                      "idle", "rate", "depth", "max_dirty", "max_age",
-                     "errors") or not v:
+                     "errors", "seq_cutoff", "seq") or not v:
             print("crash-writeback: bad --fix %s" % kv, file=sys.stderr)
             return 2
         FIXED[k] = v if k == "flush" else int(v)

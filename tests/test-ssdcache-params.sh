@@ -63,6 +63,9 @@ bad ssdcache-file      ssdcache-file=
 bad ssdcache-reset     "$c" ssdcache-reset=maybe
 bad ssdcache-defer-writes "$c" ssdcache-defer-writes=maybe
 good "$c" ssdcache-defer-writes=false
+bad ssdcache-writeback-seq-cutoff "$c" ssdcache-writeback-seq-cutoff=2G
+bad ssdcache-writeback-seq-cutoff "$c" ssdcache-writeback-seq-cutoff=lots
+good "$c" ssdcache-mode=writeback ssdcache-writeback-seq-cutoff=0
 
 # A cache smaller than one page: page size larger than the cache.
 bad 'ssdcache-\(page-\)\?size' \

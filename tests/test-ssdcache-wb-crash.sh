@@ -6,7 +6,8 @@
 # (or FUA write) or the data of a write issued after it; a clean exit
 # with ssdcache-writeback-on-exit=true must leave the backing file
 # complete.  `make check-crash` runs 1000 iterations.  Then 6 more with
-# the pressure paths forced (dirty cap, backend errors, depth, age).
+# the pressure paths forced (dirty cap, backend errors, depth, age), and
+# 6 with sequential streams going around the cache.
 #
 # First a short self-test: crash-writeback.py --sabotage deletes the
 # cache file at each crash, so flushed data is lost, and the checker
@@ -43,3 +44,19 @@ rm -rf "$tmpdir/sabotage"
           --seed "$((seed + 1))" --fix max_dirty=10 --fix errors=1 \
           --fix depth=8 --fix max_age=1 \
           --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/pressure"
+
+# Sequential streams going around the cache: 40% of the writes continue
+# one, with a cutoff of 256 KiB and a high watermark of 10%.
+"$PYTHON" "$crash" --iterations "${CRASH_WB_SEQ_ITERATIONS:-6}" \
+          --seed "$((seed + 2))" --fix seq=40 --fix seq_cutoff=262144 \
+          --fix high=10 --fix low=0 --fix max_dirty=0 \
+          --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/seq" \
+          > "$tmpdir/seq.log" 2>&1 || {
+    cat "$tmpdir/seq.log"
+    fail "crash-writeback.py failed with sequential streams"
+}
+cat "$tmpdir/seq.log"
+around="$(sed -n 's/.* \([0-9]*\) sequential writes around the cache.*/\1/p' \
+          "$tmpdir/seq.log")"
+[ -n "$around" ] && [ "$around" -gt 0 ] ||
+    fail "no sequential write went around the cache"

@@ -235,6 +235,9 @@ struct cache {
   struct admit_seq *seqcut;      /* sequential cutoff, or NULL (c->lock) */
   struct admit_seq *wseq;        /* writeback: sequential write streams,
                                     or NULL (c->lock; write.c) */
+  uint64_t seq_around_ms;        /* when a write of one last went
+                                    around the cache, 0: never
+                                    (c->lock; write.c) */
   unsigned promote;              /* n-miss promotion: misses needed */
   uint32_t partial_pages;        /* side-table bound */
   struct admit_nhit *nhit;       /* its counters, or NULL (c->lock) */

@@ -60,6 +60,9 @@ struct cache_writeback_config {
   unsigned max_age_s;          /* dirty data older than this is written
                                   back, 0: no limit */
   enum cache_wb_order order;
+  uint64_t seq_cutoff;         /* a sequential write stream past this
+                                  many bytes goes around a cache that
+                                  is behind (write.c), 0: never */
 };
 
 struct cache_config {
@@ -121,6 +124,8 @@ struct cache_config {
 #define CACHE_DEFAULT_WB_IDLE_MS 1000
 #define CACHE_DEFAULT_WB_DEPTH 8
 #define CACHE_MAX_WB_DEPTH 64
+#define CACHE_DEFAULT_WB_SEQ_CUTOFF (4u << 20)
+#define CACHE_SEQ_HOLD_MS 1000   /* write.c: write_seq_around */
 #define CACHE_DEFAULT_SEQ_STREAMS 16
 #define CACHE_DEFAULT_DEFER_WRITES true
 

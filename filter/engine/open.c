@@ -50,7 +50,8 @@ cache_config_defaults (struct cache_config *cfg)
     .wb = { .high_pct = CACHE_DEFAULT_WB_HIGH,
             .low_pct = CACHE_DEFAULT_WB_LOW,
             .idle_ms = CACHE_DEFAULT_WB_IDLE_MS,
-            .depth = CACHE_DEFAULT_WB_DEPTH },
+            .depth = CACHE_DEFAULT_WB_DEPTH,
+            .seq_cutoff = CACHE_DEFAULT_WB_SEQ_CUTOFF },
     .policy = EVICT_DEFAULT,
     .seq_streams = CACHE_DEFAULT_SEQ_STREAMS,
     .promote = ADMIT_NHIT_DEFAULT_N,
@@ -136,10 +137,11 @@ copy_config (struct cache *c, const struct cache_config *cfg)
   c->budget = cfg->budget;
   c->reclaim = cfg->reclaim;
   c->reclaim_opaque = cfg->reclaim_opaque;
-  /* Sequential writes past 4 MiB go around a writeback cache that is
-   * behind (write.c): as bcache's sequential_cutoff.
+  /* Sequential writes past the cutoff go around a writeback cache that
+   * is behind (write.c): as bcache's sequential_cutoff.
    */
-  if ((c->wseq = admit_seq_new (ADMIT_SEQ_DEFAULT_CUTOFF,
+  if (cfg->wb.seq_cutoff &&
+      (c->wseq = admit_seq_new (cfg->wb.seq_cutoff,
                                 ADMIT_SEQ_DEFAULT_STREAMS)) == NULL) {
     log_error ("calloc: %m");
     return -1;

@@ -516,11 +516,36 @@ write_pages (struct cache *c, const struct cache_backend *be,
   return 0;
 }
 
+/* Under c->lock: does this write of a sequential stream go around the
+ * cache?  Past the cutoff, while writeback is behind: caching it would
+ * only write it twice more (cache, then backend).  Once one did, the
+ * streams past their cutoff keep going around until none has come for
+ * CACHE_SEQ_HOLD_MS, even if writeback catches up meanwhile: otherwise
+ * a stream longer than the cache is cached again at every drain and
+ * costs three copies instead of one.  A burst that ends is absorbed
+ * again by the next one (as long as there is room).
+ */
+static bool
+write_seq_around (struct cache *c, uint64_t first, uint64_t n)
+{
+  const uint64_t now = cache_now_ms ();
+
+  if (c->wseq == NULL ||
+      admit_seq_access (c->wseq, first * c->page_size,
+                        n * c->page_size) == n * c->page_size)
+    return false;
+  if (!cache_dirty_pressure (c) &&
+      (c->seq_around_ms == 0 || now - c->seq_around_ms > CACHE_SEQ_HOLD_MS))
+    return false;
+  c->seq_around_ms = now;
+  return true;
+}
+
 /* Writeback, but the cache cannot take this write: with
  * ssdcache-writeback-max-dirty reached, or fewer slots not dirty than
  * the write has pages not cached (a cache full of dirty data; cached
  * pages change in their slots or are copied, page by page), or part of
- * a sequential stream past 4 MiB while writeback is behind.  The write
+ * a sequential stream that goes around (write_seq_around).  The write
  * then goes around the cache as in writearound, in one backend request
  * at the client's own parallelism, instead of page by page: the dirty
  * pages it touches are written back first and every cached copy of its
@@ -540,12 +565,7 @@ write_goes_through (struct cache *c, uint64_t first, uint64_t last)
    * more pages: counting them keeps the cap exact.
    */
   pthread_mutex_lock (&c->lock);
-  /* A sequential stream past 4 MiB while writeback is behind: caching
-   * it would only write it twice more (cache, then backend).
-   */
-  seq = c->wseq && admit_seq_access (c->wseq, first * c->page_size,
-                                     n * c->page_size) < n * c->page_size &&
-    cache_dirty_pressure (c);
+  seq = write_seq_around (c, first, n);
   /* (Older versions kept for the flush order are dirty data the
    * backend lacks too: the cap bounds them with the rest.)
    */

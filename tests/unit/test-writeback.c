@@ -1742,6 +1742,68 @@ test_wb_max_age (void **state)
   free (model);
 }
 
+/* ssdcache-writeback-seq-cutoff: a sequential stream is cached up to
+ * the cutoff and beyond it while writeback keeps up; past the cutoff
+ * with dirty pages at the high watermark it goes around the cache, and
+ * keeps going around after writeback caught up, until no write of a
+ * stream has gone around for CACHE_SEQ_HOLD_MS.
+ */
+static void
+test_wb_seq_around (void **state)
+{
+  const uint64_t size = 64 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
+  struct cache *c;
+  uint8_t *model;
+  uint64_t p = 0;
+  int err = 0;
+
+  cfg.wb.high_pct = 50;
+  cfg.wb.seq_cutoff = 4 * PS;
+  rambackend_init (&rb, size, 47);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+  /* Past the cutoff but writeback is not behind: cached. */
+  for (; p < 8; ++p)
+    mwrite (c, &t.be, model, p * PS, PS, 700 + p);
+  assert_int_equal (cache_dirty_pages (c), 8);
+  assert_int_equal (ST (c, seq_write_bypassed), 0);
+  /* 8 of 16 dirty: at the high watermark, the stream goes around. */
+  for (; p < 10; ++p)
+    mwrite (c, &t.be, model, p * PS, PS, 700 + p);
+  assert_int_equal (cache_dirty_pages (c), 8);
+  assert_int_equal (ST (c, seq_write_bypassed), 2);
+  /* Writeback caught up: the stream still goes around. */
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (cache_dirty_pages (c), 0);
+  mwrite (c, &t.be, model, p * PS, PS, 700 + p);
+  ++p;
+  assert_int_equal (cache_dirty_pages (c), 0);
+  assert_int_equal (ST (c, seq_write_bypassed), 3);
+  backend_check (&rb, model, PS);
+  /* A pause longer than the hold: cached again. */
+  usleep ((CACHE_SEQ_HOLD_MS + 200) * 1000);
+  mwrite (c, &t.be, model, p * PS, PS, 700 + p);
+  ++p;
+  assert_int_equal (cache_dirty_pages (c), 1);
+  assert_int_equal (ST (c, seq_write_bypassed), 3);
+  mread_all_check (c, &t.be, model, size, 8 * PS);
+  /* Cutoff 0: never around, even at the watermark. */
+  cache_close (c);
+  cfg.wb.seq_cutoff = 0;
+  c = open_attach (&cfg, size);
+  for (p = 0; p < 16; ++p)
+    mwrite (c, &t.be, model, p * PS, PS, 800 + p);
+  assert_int_equal (ST (c, seq_write_bypassed), 0);
+  mread_all_check (c, &t.be, model, size, 8 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
 int
 main (void)
 {
@@ -1761,6 +1823,7 @@ main (void)
     T (test_wb_parallel_depth),
     T (test_wb_dirty_cap),
     T (test_wb_max_age),
+    T (test_wb_seq_around),
     T (test_wb_threads_flush_cache),
     T (test_wb_threads_flush_backend),
     T (test_wb_threads_tiny_cache),

@@ -728,8 +728,10 @@ def choose_cfg(rng, prev=None, sabotage=False):
     cfg = choose_cfg1(rng, prev)
     cfg.update(FIXED)
     if sabotage:
-        # Keep dirty data in the cache so that losing it shows.
-        cfg.update(flush="cache", high=100, low=90, idle=0)
+        # Keep dirty data in the cache so that losing it shows: no
+        # early writeback, and no write going around the cache.
+        cfg.update(flush="cache", high=100, low=90, idle=0, max_dirty=0,
+                   max_age=0, seq=0)
     return cfg
 
 

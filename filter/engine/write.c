@@ -528,12 +528,13 @@ write_pages (struct cache *c, const struct cache_backend *be,
 static bool
 write_seq_around (struct cache *c, uint64_t first, uint64_t n)
 {
-  const uint64_t now = cache_now_ms ();
+  uint64_t now;
 
   if (c->wseq == NULL ||
       admit_seq_access (c->wseq, first * c->page_size,
                         n * c->page_size) == n * c->page_size)
     return false;
+  now = cache_now_ms ();
   if (!cache_dirty_pressure (c) &&
       (c->seq_around_ms == 0 || now - c->seq_around_ms > CACHE_SEQ_HOLD_MS))
     return false;

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "admit.h"
 #include "layout.h"
 #include "stats.h"
 
@@ -124,7 +125,7 @@ struct cache_config {
 #define CACHE_DEFAULT_WB_IDLE_MS 1000
 #define CACHE_DEFAULT_WB_DEPTH 8
 #define CACHE_MAX_WB_DEPTH 64
-#define CACHE_DEFAULT_WB_SEQ_CUTOFF (4u << 20)
+#define CACHE_DEFAULT_WB_SEQ_CUTOFF ADMIT_SEQ_DEFAULT_CUTOFF
 #define CACHE_SEQ_HOLD_MS 1000   /* write.c: write_seq_around */
 #define CACHE_DEFAULT_SEQ_STREAMS 16
 #define CACHE_DEFAULT_DEFER_WRITES true

@@ -59,10 +59,15 @@ admit_seq_free (struct admit_seq *as)
  * 1 it starts at the stream's end, 2 a little ahead of it (requests
  * that overtook each other between the socket and here), 3 a little
  * behind it (an overtaken one, or a rewrite of what the stream just
- * wrote).
+ * wrote).  Behind a stream that has had no request for a while it is
+ * neither: an overtaken request comes within a few of its stream's
+ * latest, and the stream of a last pass over the same blocks must not
+ * take in (as rewrites, admitted) the requests of the pass now
+ * reaching its end.
  */
 static int
-stream_near (const struct stream *t, uint64_t offset, uint64_t len)
+stream_near (const struct admit_seq *as, const struct stream *t,
+             uint64_t offset, uint64_t len)
 {
   const uint64_t slack = ADMIT_SEQ_REORDER * len;
 
@@ -72,6 +77,8 @@ stream_near (const struct stream *t, uint64_t offset, uint64_t len)
     return 1;
   if (offset > t->end)
     return offset - t->end <= slack ? 2 : 0;
+  if (as->clock - t->last_use > ADMIT_SEQ_REORDER * as->nstreams)
+    return 0;
   return t->end - offset <= slack + len ? 3 : 0;
 }
 
@@ -129,7 +136,7 @@ admit_seq_access (struct admit_seq *as, uint64_t offset, uint64_t len)
    */
   for (unsigned i = 0; i < as->nstreams && how != 1; ++i) {
     struct stream *t = &as->s[i];
-    int h = stream_near (t, offset, len);
+    int h = stream_near (as, t, offset, len);
     if (h && (how == 0 || h == 1 || t->run > st->run)) {
       st = t;
       how = h;

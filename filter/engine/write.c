@@ -516,6 +516,19 @@ write_pages (struct cache *c, const struct cache_backend *be,
   return 0;
 }
 
+/* Under c->lock: does a page of [first, first + n) hold dirty data? */
+static bool
+write_any_dirty (struct cache *c, uint64_t first, uint64_t n)
+{
+  for (uint64_t p = first; p < first + n; p++) {
+    uint32_t s = pagetable_lookup (&c->pt, p);
+
+    if (s != PT_NONE && pt_state (&c->pt, s) == LAYOUT_DIRTY)
+      return true;
+  }
+  return false;
+}
+
 /* Under c->lock: does this write of a sequential stream go around the
  * cache?  Past the cutoff, while writeback is behind: caching it would
  * only write it twice more (cache, then backend).  Once one did, the
@@ -523,7 +536,10 @@ write_pages (struct cache *c, const struct cache_backend *be,
  * CACHE_SEQ_HOLD_MS, even if writeback catches up meanwhile: otherwise
  * a stream longer than the cache is cached again at every drain and
  * costs three copies instead of one.  A burst that ends is absorbed
- * again by the next one (as long as there is room).
+ * again by the next one (as long as there is room).  A write over
+ * dirty pages stays in the cache all the same: around it, their dirty
+ * data would have to be written back (and the backend flushed) first,
+ * page by page, while in the cache it is simply rewritten.
  */
 static bool
 write_seq_around (struct cache *c, uint64_t first, uint64_t n)
@@ -539,7 +555,7 @@ write_seq_around (struct cache *c, uint64_t first, uint64_t n)
       (c->seq_around_ms == 0 || now - c->seq_around_ms > CACHE_SEQ_HOLD_MS))
     return false;
   c->seq_around_ms = now;
-  return true;
+  return !write_any_dirty (c, first, n);
 }
 
 /* Writeback, but the cache cannot take this write: with
@@ -560,7 +576,7 @@ write_goes_through (struct cache *c, uint64_t first, uint64_t last)
 {
   const uint64_t n = last - first + 1;
   uint64_t uncached = 0;
-  bool cap, full, seq;
+  bool cap, full, seq, pressure;
 
   /* Writes in flight have promised to dirty at most c->dirty_promised
    * more pages: counting them keeps the cap exact.
@@ -576,6 +592,7 @@ write_goes_through (struct cache *c, uint64_t first, uint64_t last)
     for (uint64_t p = first; p <= last; p++)
       uncached += pagetable_lookup (&c->pt, p) == PT_NONE;
   full = c->nslots - c->ndirty < uncached;
+  pressure = cache_dirty_pressure (c);
   if (!cap && !full && !seq)
     c->dirty_promised += n;
   pthread_mutex_unlock (&c->lock);
@@ -589,7 +606,7 @@ write_goes_through (struct cache *c, uint64_t first, uint64_t last)
     STATS_ADD (&c->stats, seq_write_bypassed, 1);
   atomic_store (&c->backend_unflushed, true);
   atomic_store (&c->last_around_ms, cache_now_ms ());
-  if (c->hooks.wb_kick)
+  if (c->hooks.wb_kick && (cap || full || pressure))
     c->hooks.wb_kick (c);
   return true;
 }

@@ -1784,12 +1784,31 @@ test_wb_seq_around (void **state)
   assert_int_equal (cache_dirty_pages (c), 0);
   assert_int_equal (ST (c, seq_write_bypassed), 3);
   backend_check (&rb, model, PS);
+  /* Page 20 is dirty (a write of no stream); when the stream gets
+   * there it writes page 20 in the cache, not around it: around, the
+   * dirty data would be written back and the backend flushed first.
+   */
+  mwrite (c, &t.be, model, 20 * PS + 512, 1024, 650);
+  assert_int_equal (cache_dirty_pages (c), 1);
+  {
+    const uint64_t flushes = t.flushes, around = ST (c, seq_write_bypassed);
+
+    for (; p <= 21; ++p)
+      mwrite (c, &t.be, model, p * PS, PS, 700 + p);
+    assert_int_equal (ST (c, seq_write_bypassed), around + (21 - 11));
+    assert_int_equal (cache_dirty_pages (c), 1);
+    assert_int_equal (ST (c, pages_written_back), 8);
+    assert_int_equal (t.flushes, flushes);
+  }
+  mread_all_check (c, &t.be, model, size, 8 * PS);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
   /* A pause longer than the hold: cached again. */
   usleep ((CACHE_SEQ_HOLD_MS + 200) * 1000);
   mwrite (c, &t.be, model, p * PS, PS, 700 + p);
   ++p;
   assert_int_equal (cache_dirty_pages (c), 1);
-  assert_int_equal (ST (c, seq_write_bypassed), 3);
+  assert_int_equal (ST (c, seq_write_bypassed), 13);
   mread_all_check (c, &t.be, model, size, 8 * PS);
   /* Cutoff 0: never around, even at the watermark. */
   cache_close (c);
@@ -1799,6 +1818,59 @@ test_wb_seq_around (void **state)
     mwrite (c, &t.be, model, p * PS, PS, 800 + p);
   assert_int_equal (ST (c, seq_write_bypassed), 0);
   mread_all_check (c, &t.be, model, size, 8 * PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
+/* A stream that goes around because of the hold (writeback is not
+ * behind) does not wake writeback: nobody needs a slot, and every pass
+ * costs a backend flush.  Dirty data below the watermarks stays.
+ */
+static void
+test_wb_seq_around_quiet (void **state)
+{
+  const uint64_t size = 64 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
+  struct cache *c;
+  uint8_t *model;
+  uint64_t p = 0, back, flushes, around;
+  int err = 0;
+
+  cfg.wb.high_pct = 50;
+  cfg.wb.seq_cutoff = 4 * PS;
+  rambackend_init (&rb, size, 48);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  c = open_attach (&cfg, size);
+  assert_int_equal (writeback_start (c, &t.be), 0);
+  /* The stream reaches the watermark and goes around; drained. */
+  for (; p < 10; ++p)
+    mwrite (c, &t.be, model, p * PS, PS, 900 + p);
+  assert_true (ST (c, seq_write_bypassed) > 0);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  /* (Those writes did wake it: let it see that and go back to sleep,
+   * within the second the stream keeps going around.)
+   */
+  usleep (250 * 1000);
+  /* One dirty page of no stream, then the stream goes on around. */
+  mwrite (c, &t.be, model, 40 * PS, 512, 950);
+  back = ST (c, pages_written_back);
+  flushes = t.flushes;
+  around = ST (c, seq_write_bypassed);
+  for (; p < 16; ++p)
+    mwrite (c, &t.be, model, p * PS, PS, 900 + p);
+  assert_int_equal (ST (c, seq_write_bypassed), around + 6);
+  usleep (400 * 1000);          /* four polls of the thread */
+  assert_int_equal (cache_dirty_pages (c), 1);
+  assert_int_equal (ST (c, pages_written_back), back);
+  assert_int_equal (t.flushes, flushes);
+  mread_all_check (c, &t.be, model, size, 8 * PS);
+  writeback_stop (c);
+  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
   cache_close (c);
   rambackend_free (&rb);
   free (model);
@@ -1824,6 +1896,7 @@ main (void)
     T (test_wb_dirty_cap),
     T (test_wb_max_age),
     T (test_wb_seq_around),
+    T (test_wb_seq_around_quiet),
     T (test_wb_threads_flush_cache),
     T (test_wb_threads_flush_backend),
     T (test_wb_threads_tiny_cache),

@@ -410,6 +410,20 @@ pass_helper (void *arg)
   return NULL;
 }
 
+/* Are versions kept for the flush order waiting (under c->lock; the
+ * answer is a hint: writers may add one at once)?
+ */
+static bool
+retained_any (struct cache *c)
+{
+  bool any;
+
+  pthread_mutex_lock (&c->lock);
+  any = c->nretained > 0;
+  pthread_mutex_unlock (&c->lock);
+  return any;
+}
+
 /* Under c->lock: retained slot s is retained no more (written back, or
  * given up): clean in RAM, valid as before, until it is freed.
  */
@@ -628,7 +642,7 @@ gen_pass (struct cache *c, const struct cache_backend *be,
     *err = ENOMEM;
     goto out;
   }
-  if (ps.n == 0 && nhot > 0 && c->nretained == 0) {
+  if (ps.n == 0 && nhot > 0 && !retained_any (c)) {
     ret = 2;
     goto out;
   }
@@ -643,7 +657,7 @@ gen_pass (struct cache *c, const struct cache_backend *be,
     *err = ENOMEM;
     goto out;
   }
-  if (c->nretained > 0)         /* (read without the lock: a hint) */
+  if (retained_any (c))
     write_retained (&ps, buf);
   pass_run (&ps, buf);
   ret = !pass_finish (c, be, &ps, o, err) ? -1 : ps.skipped ? 1 : 0;

@@ -407,6 +407,8 @@ extern bool cache_settle (struct cache *c, uint32_t s);
 extern int cache_write_free_entry (struct cache *c, uint32_t s);
 extern bool cache_degraded (const struct cache *c);
 extern bool cache_page_dirty (struct cache *c, uint64_t page);
+/* The same, under c->lock. */
+extern bool cache_page_dirty_locked (const struct cache *c, uint64_t page);
 /* be: the backend to check clean data against on first use when
  * c->verify (NULL: no such check).
  */

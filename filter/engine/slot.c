@@ -168,14 +168,20 @@ cache_io_error (struct cache *c, const char *what, uint32_t s)
 }
 
 bool
+cache_page_dirty_locked (const struct cache *c, uint64_t page)
+{
+  uint32_t s = pagetable_lookup (&c->pt, page);
+
+  return s != PT_NONE && pt_state (&c->pt, s) == LAYOUT_DIRTY;
+}
+
+bool
 cache_page_dirty (struct cache *c, uint64_t page)
 {
-  uint32_t s;
   bool r;
 
   pthread_mutex_lock (&c->lock);
-  s = pagetable_lookup (&c->pt, page);
-  r = s != PT_NONE && pt_state (&c->pt, s) == LAYOUT_DIRTY;
+  r = cache_page_dirty_locked (c, page);
   pthread_mutex_unlock (&c->lock);
   return r;
 }

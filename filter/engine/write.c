@@ -520,12 +520,9 @@ write_pages (struct cache *c, const struct cache_backend *be,
 static bool
 write_any_dirty (struct cache *c, uint64_t first, uint64_t n)
 {
-  for (uint64_t p = first; p < first + n; p++) {
-    uint32_t s = pagetable_lookup (&c->pt, p);
-
-    if (s != PT_NONE && pt_state (&c->pt, s) == LAYOUT_DIRTY)
+  for (uint64_t p = first; p < first + n; p++)
+    if (cache_page_dirty_locked (c, p))
       return true;
-  }
   return false;
 }
 

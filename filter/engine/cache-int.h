@@ -70,7 +70,8 @@
  *  (3) Held shared by a rewrite in place from its copy-on-write
  *      decision to the end of its data writes; a client flush takes it
  *      exclusively, with no I/O, to wait for rewrites that decided
- *      before the flush began.
+ *      before the flush began, and moves the epoch under it (so that
+ *      their entries are of the epoch the flush seals).
  *  (4) Held while the queue is written out; the writers of a slot that
  *      has queued writes wait for it (defer_wait_slot).
  *  (5) Held across one block's pread and pwrite; nothing nests in it.

@@ -299,6 +299,15 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, bool closes_gen,
   uint64_t e;
   int r = 0;
 
+  /* A client sync: rewrites in place that decided (cache_must_cow)
+   * before flushing_epoch moves end first.  They would tear what the
+   * fdatasync covers; and, finishing after the epoch moved, their
+   * entries would be of the next epoch: one that unsealed a slot whose
+   * older data this sync covers would escape its sealing, and a crash
+   * would drop that data with the unsealed slot.
+   */
+  if (client)
+    pthread_rwlock_wrlock (&c->inplace);
   pthread_mutex_lock (&c->lock);
   e = c->epoch++;
   if (client && e > c->flushing_epoch)
@@ -311,19 +320,12 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, bool closes_gen,
     else
       c->syncs_head = &node;
     c->syncs_tail = &node;
+    /* A client's FLUSH: what it covers is one flush generation. */
+    if (closes_gen)
+      order_close_gen_locked (c);
   }
   pthread_mutex_unlock (&c->lock);
   if (client) {
-    /* Rewrites in place that decided before flushing_epoch moved must
-     * end before the fdatasync, or they could tear what it covers.
-     */
-    pthread_rwlock_wrlock (&c->inplace);
-    if (closes_gen) {
-      /* A client's FLUSH: what it covers is one flush generation. */
-      pthread_mutex_lock (&c->lock);
-      order_close_gen_locked (c);
-      pthread_mutex_unlock (&c->lock);
-    }
     pthread_rwlock_unlock (&c->inplace);
     /* In writethrough, clean pages rewritten since the last flush are
      * unsealed too (write.c: write_through_first): sealing them

@@ -31,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <pthread.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -1090,6 +1092,119 @@ test_wb_unsealed_crash (void **state)
   free (unseal_child_model);
 }
 
+/* A gate in this process's writes: armed, the next write of one page-
+ * table entry (LAYOUT_ENTRY_SIZE bytes: the engine's own pwrite calls
+ * resolve to this one) waits until the gate opens.
+ */
+static atomic_int gate_armed, gate_held, gate_open;
+
+ssize_t
+pwrite (int fd, const void *buf, size_t count, off_t off)
+{
+  if (count == LAYOUT_ENTRY_SIZE && atomic_exchange (&gate_armed, 0)) {
+    atomic_store (&gate_held, 1);
+    while (!atomic_load (&gate_open))
+      usleep (1000);
+  }
+  return syscall (SYS_pwrite64, fd, buf, count, off);
+}
+
+struct gate_op {
+  struct cache *c;
+  const struct cache_backend *be;
+  int r;
+};
+
+static void *
+gate_rewrite (void *arg)
+{
+  struct gate_op *op = arg;
+
+  mwrite (op->c, op->be, NULL, 3 * PS + 512, 1024, 42);
+  return NULL;
+}
+
+static void *
+gate_flush (void *arg)
+{
+  struct gate_op *op = arg;
+  int err;
+
+  op->r = cache_flush (op->c, op->be, &err);
+  return NULL;
+}
+
+/* Child: page 3 written whole (W1, sealed), then a rewrite of part of
+ * it (W2) that unseals the slot in place is held in its entry write
+ * while a client flush begins; the flush (which covers W1) waits for
+ * it, and ends; crash.
+ */
+static int
+flush_race_body (struct cache *c, const struct cache_backend *be)
+{
+  struct gate_op rw = { .c = c, .be = be }, fl = { .c = c, .be = be };
+  pthread_t a, b;
+
+  mwrite (c, be, NULL, 3 * PS, PS, 41);
+  atomic_store (&gate_armed, 1);
+  if (pthread_create (&a, NULL, gate_rewrite, &rw) != 0)
+    return 2;
+  for (int i = 0; !atomic_load (&gate_held); i++) {
+    if (i == 5000)
+      return 3;                 /* the rewrite never wrote an entry */
+    usleep (1000);
+  }
+  if (pthread_create (&b, NULL, gate_flush, &fl) != 0)
+    return 4;
+  usleep (300 * 1000);          /* the flush waits for the rewrite */
+  atomic_store (&gate_open, 1);
+  pthread_join (a, NULL);
+  pthread_join (b, NULL);
+  return fl.r == 0 ? 0 : 5;
+}
+
+static void
+flush_race_child (const struct cache_config *cfg, uint64_t size)
+{
+  crash_in_child (cfg, size, 12, flush_race_body);
+}
+
+/* A flush that begins while a rewrite in place that unseals a slot is
+ * under way covers the slot's older data (W1): it must seal the slot
+ * (and so W2 with it), never leave it unsealed for a crash to drop
+ * with W1 in it (the flushed write would be lost: the page would read
+ * as the backend had it).
+ */
+static void
+test_wb_flush_during_unseal (void **state)
+{
+  const uint64_t size = 8 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
+  struct cache *c;
+  uint8_t *model, buf[PS];
+
+  cfg.direct = false;           /* the gate counts on one entry write */
+  rambackend_init (&rb, size, 12);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  child_keep[0] = model;
+  child_keep[1] = rb.data;
+  flush_race_child (&cfg, size);
+
+  fill_pattern (buf, PS, 41);
+  memcpy (model + 3 * PS, buf, PS);
+  fill_pattern (buf, 1024, 42);
+  memcpy (model + 3 * PS + 512, buf, 1024);
+  c = open_attach (&cfg, size);
+  assert_int_equal (ST (c, unsealed_dropped), 0);
+  mread_all_check (c, &t.be, model, size, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
 /* The same crash, but the flushed version that recovery falls back to
  * (page 2's sealed slot) has damaged data: its dirty data is lost, and
  * said so (DIRTY DATA LOST, dirty_dropped), not taken for a failing
@@ -1740,6 +1855,7 @@ main (void)
     T (test_wb_two_versions_torn_newer),
     T (test_wb_written_back_successor),
     T (test_wb_unsealed_crash),
+    T (test_wb_flush_during_unseal),
     T (test_wb_unsealed_crash_older_damaged),
     T (test_wb_unsealed_crash_backend_newer),
     T (test_rec_intact),

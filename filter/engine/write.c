@@ -266,6 +266,24 @@ write_page_simple (struct cache *c, const struct cache_backend *be,
   return write_fresh (c, be, page, src, off, n, kind, err);
 }
 
+/* Drop page's cached copy if it is clean (the page is range locked). */
+static void
+write_drop_clean (struct cache *c, uint64_t page)
+{
+  uint32_t s = cache_lookup_pin (c, page);
+  bool clean;
+
+  if (s == PT_NONE)
+    return;
+  pthread_mutex_lock (&c->lock);
+  clean = pt_state (&c->pt, s) == LAYOUT_CLEAN;
+  pthread_mutex_unlock (&c->lock);
+  if (clean)
+    cache_drop_slot (c, s);
+  else
+    cache_unpin (c, s);
+}
+
 /* Put bytes [off, off+n) of page (from src) into the cache as kind.
  * W_CLEAN: the backend already has them; a page not cached is only
  * added when written whole.  The page is range locked by the caller.
@@ -316,9 +334,13 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
     free (tmp);
     if (r == 1) {
       /* No slot for the new version: it goes to the backend, and the
-       * cached version, now older than the backend's, must go.
+       * cached version, older then, must go: a clean one before the
+       * backend gets the write (if the process died in between, it
+       * would come back older than the backend), a dirty one after (it
+       * may hold flushed data the backend lacks until then).
        */
       uint32_t old;
+      write_drop_clean (c, page);
       if (kind == W_DIRTY &&
           write_around (c, be, src, n, page * c->page_size, err) == -1)
         return -1;

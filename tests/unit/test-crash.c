@@ -1205,6 +1205,91 @@ test_wb_flush_during_unseal (void **state)
   free (model);
 }
 
+/* A backend that dies (the whole process: a crash) right after one
+ * write at die_at has reached it.
+ */
+static struct cache_backend die_inner;
+static _Atomic int64_t die_at = -1;
+
+static int
+die_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
+            bool fua, int *err)
+{
+  int r = die_inner.pwrite (h, buf, count, offset, fua, err);
+
+  if (r == 0 && (int64_t) offset == atomic_load (&die_at))
+    _exit (0);
+  return r;
+}
+
+/* Child: page 3 flushed (v1, slot S1), copied (v2, S2: S1 stays on
+ * disk) and written back: S2 is clean and must be copied to change.
+ * Pages 5 and 6 dirty take the other slots, so a whole-page write of
+ * page 3 (v3) finds no slot for its copy and goes to the backend; the
+ * process dies as soon as the backend has it.
+ */
+static int
+around_crash_body (struct cache *c, const struct cache_backend *be)
+{
+  struct cache_backend dying = *be;
+  int err;
+
+  die_inner = *be;
+  dying.pwrite = die_pwrite;
+  mwrite (c, be, NULL, 3 * PS, PS, 51);
+  if (cache_flush (c, be, &err) != 0)
+    return 2;
+  mwrite (c, be, NULL, 3 * PS, PS, 52);
+  if (cache_writeback_all (c, be, &err) != 0)
+    return 3;
+  mwrite (c, be, NULL, 5 * PS, PS, 53);
+  mwrite (c, be, NULL, 6 * PS, PS, 54);
+  if (ST (c, cow_copies) != 1 || cache_dirty_pages (c) != 2)
+    return 4;
+  atomic_store (&die_at, 3 * PS);
+  mwrite (c, &dying, NULL, 3 * PS, PS, 55);
+  return 5;                     /* not reached: the write went around */
+}
+
+/* The page's cached copy (S2, clean) is older than the backend once
+ * the write reached it: it must be gone from the cache file before,
+ * or recovery would serve v2 where the backend has v3.
+ */
+static void
+test_wb_crash_after_write_around (void **state)
+{
+  const uint64_t size = 8 * PS;
+  struct rambackend rb;
+  struct tbe t;
+  struct cache_config cfg = fixture_writeback_config (4 * PS, PS);
+  struct cache *c;
+  uint8_t *model, buf[PS];
+
+  rambackend_init (&rb, size, 13);
+  tbe_init (&t, &rb);
+  model = model_new (&rb);
+  child_keep[0] = model;
+  child_keep[1] = rb.data;
+  crash_in_child (&cfg, size, 13, around_crash_body);
+
+  /* The backend as the child left it: v3 at page 3. */
+  fill_pattern (buf, PS, 55);
+  rambackend_poke (&rb, buf, PS, 3 * PS);
+  memcpy (model + 3 * PS, buf, PS);
+  fill_pattern (buf, PS, 53);
+  memcpy (model + 5 * PS, buf, PS);
+  fill_pattern (buf, PS, 54);
+  memcpy (model + 6 * PS, buf, PS);
+  c = open_attach (&cfg, size);
+  /* Page 3 first: reading the others would evict a stale copy. */
+  mread_check (c, &t.be, model, 3 * PS, PS);
+  mread_all_check (c, &t.be, model, size, PS);
+  assert_int_equal (cache_dirty_pages (c), 2);
+  cache_close (c);
+  rambackend_free (&rb);
+  free (model);
+}
+
 /* The same crash, but the flushed version that recovery falls back to
  * (page 2's sealed slot) has damaged data: its dirty data is lost, and
  * said so (DIRTY DATA LOST, dirty_dropped), not taken for a failing
@@ -1856,6 +1941,7 @@ main (void)
     T (test_wb_written_back_successor),
     T (test_wb_unsealed_crash),
     T (test_wb_flush_during_unseal),
+    T (test_wb_crash_after_write_around),
     T (test_wb_unsealed_crash_older_damaged),
     T (test_wb_unsealed_crash_backend_newer),
     T (test_rec_intact),

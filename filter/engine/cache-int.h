@@ -539,7 +539,9 @@ extern int clean_page_locked (struct cache *c,
 /* Write back, from the caller's thread, the dirty pages in [first,
  * last] (range locked by the caller) whose data is of flush generation
  * gen_max or older (UINT64_MAX: all), so that the backend alone is
- * current for them.  Returns 0 or -1 (*err): a page that cannot be
+ * current for them: written, the backend flushed (once for up to
+ * CLEAN_GROUP_BYTES of them; in the flush order once per page), then
+ * marked clean.  Returns 0 or -1 (*err): a page that cannot be
  * written back (bad data, backend error) stays dirty.
  */
 extern int clean_pages_locked (struct cache *c,

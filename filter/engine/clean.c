@@ -11,7 +11,9 @@
  * tells).  A group the backend fails stays dirty and only its run
  * waits (core/backoff.h) while the rest of the pass goes on.  The
  * writeback thread (bg/writeback.c) decides when and how much; a
- * writer that needs a slot cleans one page itself (clean_page_locked).
+ * writer that needs a slot cleans one page itself (clean_page_locked),
+ * and one that goes around the cache the dirty pages of its range
+ * (clean_pages_locked: one backend flush for up to CLEAN_GROUP_BYTES).
  *
  * Locking: c->clean_lock makes passes run one at a time (held across
  * the pass's I/O; only passes take it); a pass's workers share its
@@ -157,29 +159,32 @@ write_group (struct cache *c, const struct cache_backend *be,
 
 /* Page page of a group, into g and its data into buf: pinned and read
  * if it is still dirty with data of flush generation gen_max or older
- * (g->slot), else g->slot = PT_NONE.
+ * (g->slot), else g->slot = PT_NONE.  Returns -1 if it is that dirty
+ * but its data cannot be read (bad, or the read failed): lost to the
+ * backend.
  */
-static void
+static int
 load_page (struct cache *c, const struct cache_backend *be, uint64_t page,
            uint64_t gen_max, struct clean_page *g, uint8_t *buf)
 {
   uint32_t s = cache_lookup_pin (c, page);
-  bool dirty;
+  bool dirty, bad;
 
   g->page = page;
   g->slot = PT_NONE;
   if (s == PT_NONE)
-    return;
+    return 0;
   pthread_mutex_lock (&c->lock);
   dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY &&
-    !(pt_flags (&c->pt, s) & PT_BAD) && pt_gen (&c->pt, s) <= gen_max;
+    pt_gen (&c->pt, s) <= gen_max;
+  bad = pt_flags (&c->pt, s) & PT_BAD;
   pthread_mutex_unlock (&c->lock);
-  if (!dirty) {
+  if (!dirty || bad) {
     cache_unpin (c, s);
-    return;
+    return dirty ? -1 : 0;
   }
   if (cache_read_verified (c, be, s, buf) == -1)
-    return;                     /* marked bad, pin consumed */
+    return -1;                  /* marked bad, pin consumed */
   pthread_mutex_lock (&c->lock);
   g->slot = s;
   g->seq = pt_seq (&c->pt, s);
@@ -189,6 +194,7 @@ load_page (struct cache *c, const struct cache_backend *be, uint64_t page,
   /* Marking it clean will seal it: its checksum, from this data. */
   if (g->unsealed)
     g->crc = cache_page_crc (c, buf, g->valid);
+  return 0;
 }
 
 /* Lock the range of the group starting at pages[i] (at most max pages,
@@ -225,17 +231,50 @@ keep_rate (struct cache *c, uint64_t bytes, uint64_t start_ms)
     cache_sleep_ms (want_ms - took);
 }
 
-/* After the backend flush: mark page p clean in the cache (its cleaned
- * sectors: a page changed meanwhile keeps them dirty), unless a client
- * holds it now.  Consumes p's pin.
+/* After the backend flush, page p range locked: mark its cleaned
+ * sectors clean in the cache (a page changed meanwhile keeps them
+ * dirty: its sequence number tells, unless held: range locked since it
+ * was read, its data cannot have changed).  Returns 1, 0 if the page
+ * changed (nothing done), or -1 if its entry could not be written
+ * (clean in RAM, and the backend has it: the cache file could not be
+ * told).
+ */
+static int
+clean_commit (struct cache *c, const struct clean_page *p, bool held)
+{
+  struct pt_slot upd;
+  bool same;
+
+  pthread_mutex_lock (&c->lock);
+  pagetable_get (&c->pt, p->slot, &upd);
+  same = pagetable_lookup (&c->pt, p->page) == p->slot &&
+    (held || upd.seq == p->seq);
+  pthread_mutex_unlock (&c->lock);
+  if (!same)
+    return 0;
+  for (unsigned b = 0; b < sizeof upd.dirty; b++)
+    upd.dirty[b] &= ~p->dirty[b];
+  if (p->unsealed) {
+    upd.data_crc = p->crc;
+    upd.flags &= ~PT_UNSEALED;
+  }
+  upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
+  STATS_ADD (&c->stats, pages_written_back, 1);
+  if (cache_commit_entry (c, p->slot, &upd) == -1) {
+    cache_io_error (c, "writing entry", p->slot);
+    cache_stale_add (c, p->slot, p->page, true);
+    return -1;
+  }
+  return 1;
+}
+
+/* After the backend flush: mark page p clean (clean_commit), unless a
+ * client holds it now.  Consumes p's pin.
  */
 static void
 mark_clean (struct cache *c, const struct clean_page *p,
             const struct clean_opts *o)
 {
-  struct pt_slot upd;
-  bool same;
-
   if (rangelock_try_acquire (&c->ranges, p->page, p->page) == -1) {
     /* A client is changing it (maybe waiting for us to make room):
      * leave it dirty, it will be written again.
@@ -243,26 +282,8 @@ mark_clean (struct cache *c, const struct clean_page *p,
     cache_unpin (c, p->slot);
     return;
   }
-  pthread_mutex_lock (&c->lock);
-  pagetable_get (&c->pt, p->slot, &upd);
-  same = pagetable_lookup (&c->pt, p->page) == p->slot && upd.seq == p->seq;
-  pthread_mutex_unlock (&c->lock);
-  if (same) {
-    for (unsigned b = 0; b < sizeof upd.dirty; b++)
-      upd.dirty[b] &= ~p->dirty[b];
-    if (p->unsealed) {
-      upd.data_crc = p->crc;
-      upd.flags &= ~PT_UNSEALED;
-    }
-    upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
-    if (cache_commit_entry (c, p->slot, &upd) == -1) {
-      cache_io_error (c, "writing entry", p->slot);
-      cache_stale_add (c, p->slot, p->page, true);
-    }
-    STATS_ADD (&c->stats, pages_written_back, 1);
-    if (o->cleaned)
-      o->cleaned (o->opaque, p->page);
-  }
+  if (clean_commit (c, p, false) != 0 && o->cleaned)
+    o->cleaned (o->opaque, p->page);
   rangelock_release (&c->ranges, p->page, p->page);
   cache_unpin (c, p->slot);
 }
@@ -723,11 +744,102 @@ clean_pass (struct cache *c, const struct cache_backend *be,
   return gen_pass (c, be, o, UINT64_MAX, err);
 }
 
+/* The dirty pages among n adjacent ones from first (data of flush
+ * generation gen_max or older), range locked by the caller: read them
+ * (g, buf: n of each), write them to the backend, one backend flush,
+ * then mark them clean.  A page that cannot be written back stays
+ * dirty.  Returns 0 or -1 (*err).
+ */
+static int
+clean_chunk_now (struct cache *c, const struct cache_backend *be,
+                 uint64_t first, size_t n, uint64_t gen_max,
+                 struct clean_page *g, uint8_t *buf, int *err)
+{
+  uint64_t bytes = 0;
+  bool lost = false, failed = false;
+  int r = 0;
+
+  for (size_t k = 0; k < n; k++)
+    if (load_page (c, be, first + k, gen_max, &g[k],
+                   buf + k * c->page_size) == -1)
+      lost = true;
+  if (lost) {
+    *err = EIO;
+    failed = true;
+  }
+  else if (write_group (c, be, g, n, buf, &bytes, err) == -1 ||
+           (bytes > 0 && be->flush && be->flush (be->h, err) == -1)) {
+    STATS_ADD (&c->stats, writeback_errors, 1);
+    failed = true;
+  }
+  for (size_t k = 0; k < n; k++) {
+    if (g[k].slot == PT_NONE)
+      continue;
+    if (!failed)
+      switch (clean_commit (c, &g[k], true)) {
+      case -1:                  /* (on a failing device: expected) */
+        if (cache_degraded (c))
+          break;
+        /* fallthrough */
+      case 0:                   /* not reached: the page is held */
+        *err = EIO;
+        r = -1;
+      }
+    cache_unpin (c, g[k].slot);
+  }
+  if (!failed)
+    STATS_ADD (&c->stats, bytes_written_back, bytes);
+  return failed ? -1 : r;
+}
+
+/* Without the flush order: the dirty pages of [first, last] (range
+ * locked by the caller) are written back in chunks of at most
+ * CLEAN_GROUP_BYTES, each chunk with one backend flush, not one per
+ * page (a write of 1 MiB around the cache over 16 dirty pages would
+ * wait for 16 flushes).
+ */
+static int
+clean_range_now (struct cache *c, const struct cache_backend *be,
+                 uint64_t first, uint64_t last, uint64_t gen_max, int *err)
+{
+  size_t max = CLEAN_GROUP_BYTES / c->page_size;
+  struct clean_page *g = NULL;
+  uint8_t *buf = NULL;
+  int r = 0;
+
+  if (max == 0)
+    max = 1;
+  for (uint64_t page = first; page <= last && r == 0; page++) {
+    size_t n;
+
+    if (!cache_page_dirty (c, page))
+      continue;
+    if (g == NULL) {
+      g = malloc (max * sizeof *g);
+      buf = malloc (max * c->page_size);
+      if (g == NULL || buf == NULL) {
+        *err = ENOMEM;
+        r = -1;
+        break;
+      }
+    }
+    n = last - page + 1 < max ? last - page + 1 : max;
+    r = clean_chunk_now (c, be, page, n, gen_max, g, buf, err);
+    page += n - 1;
+  }
+  free (g);
+  free (buf);
+  return r;
+}
+
 int
 clean_pages_locked (struct cache *c, const struct cache_backend *be,
                     uint64_t first, uint64_t last, uint64_t gen_max,
                     int *err)
 {
+  if (!cache_ordered (c))
+    return clean_range_now (c, be, first, last, gen_max, err);
+  /* In the flush order each page waits for its own generation's turn. */
   for (uint64_t page = first; page <= last; page++) {
     uint32_t s;
     bool now;
@@ -810,80 +922,22 @@ cache_writeback_all (struct cache *c, const struct cache_backend *be,
   return -1;
 }
 
-/* clean_page_locked, once the flush order allows it; buf: a page. */
-static int
-clean_page_now (struct cache *c, const struct cache_backend *be,
-                uint64_t page, uint32_t s, uint8_t *buf, int *err)
-{
-  struct clean_page g = { .page = page, .slot = s };
-  struct pt_slot upd;
-  uint64_t bytes = 0;
-
-  pthread_mutex_lock (&c->lock);
-  pt_pin (&c->pt, s);           /* read_verified consumes one on error */
-  pthread_mutex_unlock (&c->lock);
-  if (cache_read_verified (c, be, s, buf) == -1) {
-    *err = EIO;
-    return -1;
-  }
-  cache_unpin (c, s);
-  pthread_mutex_lock (&c->lock);
-  pagetable_get (&c->pt, s, &upd);
-  pthread_mutex_unlock (&c->lock);
-  memcpy (g.valid, upd.valid, sizeof g.valid);
-  memcpy (g.dirty, upd.dirty, sizeof g.dirty);
-  if (upd.flags & PT_UNSEALED) {
-    upd.data_crc = cache_page_crc (c, buf, upd.valid);
-    upd.flags &= ~PT_UNSEALED;
-  }
-
-  if (write_group (c, be, &g, 1, buf, &bytes, err) == -1 ||
-      (be->flush && be->flush (be->h, err) == -1)) {
-    STATS_ADD (&c->stats, writeback_errors, 1);
-    return -1;
-  }
-  memset (upd.dirty, 0, sizeof upd.dirty);
-  upd.state = LAYOUT_CLEAN;
-  if (cache_commit_entry (c, s, &upd) == -1) {
-    /* The page is clean in RAM and the backend has it; only the cache
-     * file could not be told.  On a failing device that is expected.
-     */
-    cache_io_error (c, "writing entry", s);
-    cache_stale_add (c, s, page, true);
-    if (!cache_degraded (c)) {
-      *err = EIO;
-      return -1;
-    }
-  }
-  STATS_ADD (&c->stats, pages_written_back, 1);
-  STATS_ADD (&c->stats, bytes_written_back, bytes);
-  return 0;
-}
-
 int
 clean_page_locked (struct cache *c, const struct cache_backend *be,
                    uint64_t page, uint32_t s, int *err)
 {
-  uint8_t *buf = malloc (c->page_size);
   uint64_t gen;
   int r, ordered;
 
-  if (buf == NULL) {
-    *err = ENOMEM;
-    return -1;
-  }
   pthread_mutex_lock (&c->lock);
   gen = pt_gen (&c->pt, s);
   pthread_mutex_unlock (&c->lock);
   ordered = clean_order_enter (c, be, gen, err);
-  if (ordered == -1) {
-    free (buf);
+  if (ordered == -1)
     return -1;
-  }
-  r = clean_page_now (c, be, page, s, buf, err);
+  r = clean_range_now (c, be, page, page, UINT64_MAX, err);
   if (ordered)
     order_leave (c);
-  free (buf);
   return r;
 }
 

@@ -577,6 +577,24 @@ write_seq_around (struct cache *c, uint64_t first, uint64_t n)
   return !write_any_dirty (c, first, n);
 }
 
+/* Under c->lock: how many dirty pages may the write of n pages from
+ * first add?  In offset order a page already dirty adds none (changed
+ * in its slot, or copied and the old slot freed), so that rewriting
+ * dirty data at ssdcache-writeback-max-dirty stays in the cache; in the
+ * flush order a rewrite may keep the older version too: every page.
+ */
+static uint64_t
+write_dirty_adds (struct cache *c, uint64_t first, uint64_t n)
+{
+  uint64_t adds = 0;
+
+  if (c->max_dirty == 0 || c->wbcfg.order == CACHE_ORDER_FLUSH)
+    return n;
+  for (uint64_t p = first; p < first + n; p++)
+    adds += !cache_page_dirty_locked (c, p);
+  return adds;
+}
+
 /* Writeback, but the cache cannot take this write: with
  * ssdcache-writeback-max-dirty reached, or fewer slots not dirty than
  * the write has pages not cached (a cache full of dirty data; cached
@@ -588,13 +606,15 @@ write_seq_around (struct cache *c, uint64_t first, uint64_t n)
  * pages is dropped (write_backend_first), so nothing older can come
  * back over it, not even after a crash (a copy updated in place, as
  * writethrough does, could: its older flushed dirty version may still
- * be on disk).  Writeback is woken.
+ * be on disk).  Writeback is woken.  *promised: the pages the write
+ * may dirty, added to c->dirty_promised (the caller takes them off).
  */
 static bool
-write_goes_through (struct cache *c, uint64_t first, uint64_t last)
+write_goes_through (struct cache *c, uint64_t first, uint64_t last,
+                    uint64_t *promised)
 {
   const uint64_t n = last - first + 1;
-  uint64_t uncached = 0;
+  uint64_t uncached = 0, adds;
   bool cap, full, seq, pressure;
 
   /* Writes in flight have promised to dirty at most c->dirty_promised
@@ -602,18 +622,19 @@ write_goes_through (struct cache *c, uint64_t first, uint64_t last)
    */
   pthread_mutex_lock (&c->lock);
   seq = write_seq_around (c, first, n);
+  adds = write_dirty_adds (c, first, n);
   /* (Older versions kept for the flush order are dirty data the
    * backend lacks too: the cap bounds them with the rest.)
    */
   cap = c->max_dirty > 0 &&
-    c->ndirty + c->nretained + c->dirty_promised + n > c->max_dirty;
+    c->ndirty + c->nretained + c->dirty_promised + adds > c->max_dirty;
   if (c->nslots - c->ndirty < n)
     for (uint64_t p = first; p <= last; p++)
       uncached += pagetable_lookup (&c->pt, p) == PT_NONE;
   full = c->nslots - c->ndirty < uncached;
   pressure = cache_dirty_pressure (c);
-  if (!cap && !full && !seq)
-    c->dirty_promised += n;
+  *promised = !cap && !full && !seq ? adds : 0;
+  c->dirty_promised += *promised;
   pthread_mutex_unlock (&c->lock);
   if (!cap && !full && !seq)
     return false;
@@ -660,10 +681,11 @@ cache_write (struct cache *c, const struct cache_backend *be,
    * writes that saw the old one.
    */
   mode = c->mode;
-  if (mode == LAYOUT_MODE_WRITEBACK && write_goes_through (c, first, last))
+  promised = 0;
+  if (mode == LAYOUT_MODE_WRITEBACK &&
+      write_goes_through (c, first, last, &promised))
     mode = LAYOUT_MODE_WRITEAROUND;       /* this write only */
   writeback = mode == LAYOUT_MODE_WRITEBACK;
-  promised = writeback ? last - first + 1 : 0;
   if (!writeback &&
       write_backend_first (c, be, mode, buf, count, offset, fua, first,
                            last, err) == -1)

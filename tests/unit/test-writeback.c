@@ -1666,10 +1666,11 @@ test_wb_parallel_depth (void **state)
   }
 }
 
-/* ssdcache-writeback-max-dirty: at the cap a write goes through as in
- * writethrough and makes no new dirty data; a page it touches that is
- * dirty is written back first, so its older dirty data can never be
- * written back over the newer write.
+/* ssdcache-writeback-max-dirty: at the cap a write that would add
+ * dirty pages goes through as in writethrough and makes no new dirty
+ * data; a page it touches that is dirty is written back first, so its
+ * older dirty data can never be written back over the newer write.  A
+ * write that only changes dirty pages adds none and stays in the cache.
  */
 static void
 test_wb_dirty_cap (void **state)
@@ -1692,12 +1693,38 @@ test_wb_dirty_cap (void **state)
   assert_int_equal (cache_dirty_pages (c), 2);
   assert_int_equal (ST (c, dirty_cap_writes), 0);
   mwrite (c, &t.be, model, 8 * PS + 100, 200, 3);  /* at the cap */
-  mwrite (c, &t.be, model, 100, 300, 4);           /* B over A */
+  assert_int_equal (ST (c, dirty_cap_writes), 1);
+  {
+    const uint64_t writes = rb.writes, flushes = t.flushes;
+
+    mwrite (c, &t.be, model, 4 * PS + 512, 1024, 8); /* dirty only */
+    assert_int_equal (ST (c, dirty_cap_writes), 1);
+    assert_int_equal (rb.writes, writes);
+    assert_int_equal (t.flushes, flushes);
+  }
+  mwrite (c, &t.be, model, 100, PS + 300, 4);      /* B over A, and more */
   assert_int_equal (ST (c, dirty_cap_writes), 2);
   assert_true (cache_dirty_pages (c) <= 2);
   mread_all_check (c, &t.be, model, size, 3 * PS);
   /* Page 0 was written back before B went to the backend. */
   assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  backend_check (&rb, model, PS);
+  mread_all_check (c, &t.be, model, size, 5 * PS);
+  /* A write at the cap over several dirty pages: they are written back
+   * together, with one backend flush before the write, not one each.
+   */
+  mwrite (c, &t.be, model, 10 * PS + 512, 1024, 5);
+  mwrite (c, &t.be, model, 12 * PS, PS, 6);
+  assert_int_equal (cache_dirty_pages (c), 2);
+  {
+    const uint64_t flushes = t.flushes, back = ST (c, pages_written_back);
+
+    mwrite (c, &t.be, model, 10 * PS + 100, 4 * PS - 200, 7);
+    assert_int_equal (t.flushes, flushes + 1);
+    assert_int_equal (ST (c, pages_written_back), back + 2);
+    assert_int_equal (ST (c, dirty_cap_writes), 3);
+  }
+  assert_int_equal (cache_dirty_pages (c), 0);
   backend_check (&rb, model, PS);
   mread_all_check (c, &t.be, model, size, 5 * PS);
   cache_close (c);

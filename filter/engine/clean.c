@@ -809,6 +809,8 @@ clean_range_now (struct cache *c, const struct cache_backend *be,
 
   if (max == 0)
     max = 1;
+  if (max > last - first + 1)
+    max = last - first + 1;     /* one page, for clean_page_locked */
   for (uint64_t page = first; page <= last && r == 0; page++) {
     size_t n;
 

@@ -743,3 +743,40 @@ fs_teardown ()
     [ -z "$errexit" ] || set -e
     return 0
 }
+
+# -- bounds: nothing may wait forever (design invariant 12) ---------------
+
+# dump_stacks PID: every thread's stack of process PID (gdb), to stderr.
+dump_stacks ()
+{
+    echo "$0: stacks of pid $1:" >&2
+    if command -v gdb >/dev/null 2>&1; then
+        timeout 60 gdb -batch -p "$1" -ex 'thread apply all bt' 2>&1 |
+            grep -v '^\[New LWP' >&2 || true
+    else
+        echo "(gdb is not installed)" >&2
+    fi
+}
+
+# bounded SECS CMD ARGS...: run CMD; if it has not ended after SECS
+# seconds, dump the stacks of every nbdkit this test started, kill CMD
+# and fail the test ("hung").  Otherwise CMD's exit status.
+bounded ()
+{
+    local secs="$1" status=0 p
+    shift
+    timeout -k 5 "$secs" "$@" || status=$?
+    if [ $status -eq 124 ] || [ $status -eq 137 ]; then
+        for p in "${!_live_pids[@]}"; do
+            dump_stacks "$p"
+        done
+        fail "hung: not done after $secs s: $*"
+    fi
+    return $status
+}
+
+# ctl SOCKET COMMAND...: "ssdcache ctl SOCKET COMMAND", bounded (60 s).
+ctl_bounded ()
+{
+    bounded 60 "$SSDCACHE_TOOL" ctl "$@"
+}

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: page range locks.
  *
- * Owns the array of held ranges; rl->lock protects it and is held only
- * while scanning/updating it.  See rangelock.h.
+ * Owns the arrays of held and waiting ranges; rl->lock protects them
+ * and is held only while scanning/updating them.  See rangelock.h.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -13,9 +13,9 @@
 int
 rangelock_init (struct rangelock *rl)
 {
-  rl->held = NULL;
-  rl->n = rl->cap = 0;
-  rl->barriers = 0;
+  rl->held = rl->waiting = NULL;
+  rl->n = rl->cap = rl->nwait = rl->capwait = 0;
+  rl->next_ticket = 1;
   if (pthread_mutex_init (&rl->lock, NULL) != 0)
     return -1;
   if (pthread_cond_init (&rl->cond, NULL) != 0) {
@@ -29,49 +29,85 @@ void
 rangelock_destroy (struct rangelock *rl)
 {
   free (rl->held);
-  rl->held = NULL;
+  free (rl->waiting);
+  rl->held = rl->waiting = NULL;
   pthread_cond_destroy (&rl->cond);
   pthread_mutex_destroy (&rl->lock);
 }
 
+/* Does an entry of a[0..n) overlap [lo, hi] (with a ticket below
+ * before)?
+ */
 static bool
-overlaps (const struct rangelock *rl, uint64_t lo, uint64_t hi)
+overlaps (const struct rangelock_range *a, size_t n, uint64_t lo,
+          uint64_t hi, uint64_t before)
 {
-  for (size_t i = 0; i < rl->n; i++)
-    if (rl->held[i].lo <= hi && lo <= rl->held[i].hi)
+  for (size_t i = 0; i < n; i++)
+    if (a[i].lo <= hi && lo <= a[i].hi && a[i].ticket < before)
       return true;
   return false;
 }
 
-/* Under rl->lock. */
+/* Under rl->lock: append [lo, hi] to *a (of *n, room for *cap). */
 static int
-hold (struct rangelock *rl, uint64_t lo, uint64_t hi)
+push (struct rangelock_range **a, size_t *n, size_t *cap, uint64_t lo,
+      uint64_t hi, uint64_t ticket)
 {
-  if (rl->n == rl->cap) {
-    size_t cap = rl->cap ? rl->cap * 2 : 16;
-    struct rangelock_range *h = realloc (rl->held, cap * sizeof *h);
-    if (h == NULL) {
+  if (*n == *cap) {
+    size_t c = *cap ? *cap * 2 : 16;
+    struct rangelock_range *p = realloc (*a, c * sizeof *p);
+    if (p == NULL) {
       errno = ENOMEM;
       return -1;
     }
-    rl->held = h;
-    rl->cap = cap;
+    *a = p;
+    *cap = c;
   }
-  rl->held[rl->n].lo = lo;
-  rl->held[rl->n].hi = hi;
-  rl->n++;
+  (*a)[*n] = (struct rangelock_range) { .lo = lo, .hi = hi,
+                                        .ticket = ticket };
+  (*n)++;
   return 0;
+}
+
+/* Under rl->lock: remove the entry of a[0..*n) that matches. */
+static void
+drop (struct rangelock_range *a, size_t *n, uint64_t lo, uint64_t hi,
+      uint64_t ticket, bool any_ticket)
+{
+  for (size_t i = 0; i < *n; i++)
+    if (a[i].lo == lo && a[i].hi == hi &&
+        (any_ticket || a[i].ticket == ticket)) {
+      a[i] = a[*n - 1];
+      (*n)--;
+      return;
+    }
+}
+
+static int
+hold (struct rangelock *rl, uint64_t lo, uint64_t hi)
+{
+  return push (&rl->held, &rl->n, &rl->cap, lo, hi, rl->next_ticket++);
 }
 
 int
 rangelock_acquire (struct rangelock *rl, uint64_t lo, uint64_t hi)
 {
+  uint64_t me;
   int r;
 
   pthread_mutex_lock (&rl->lock);
-  while (rl->barriers > 0 || overlaps (rl, lo, hi))
+  me = rl->next_ticket++;
+  if (push (&rl->waiting, &rl->nwait, &rl->capwait, lo, hi, me) == -1) {
+    pthread_mutex_unlock (&rl->lock);
+    return -1;
+  }
+  while (overlaps (rl->held, rl->n, lo, hi, UINT64_MAX) ||
+         overlaps (rl->waiting, rl->nwait, lo, hi, me))
     pthread_cond_wait (&rl->cond, &rl->lock);
+  drop (rl->waiting, &rl->nwait, lo, hi, me, false);
   r = hold (rl, lo, hi);
+  if (r == -1)                   /* younger waiters may go now */
+    pthread_cond_broadcast (&rl->cond);
   pthread_mutex_unlock (&rl->lock);
   return r;
 }
@@ -82,7 +118,7 @@ rangelock_try_acquire (struct rangelock *rl, uint64_t lo, uint64_t hi)
   int r = -1;
 
   pthread_mutex_lock (&rl->lock);
-  if (rl->barriers == 0 && !overlaps (rl, lo, hi))
+  if (!overlaps (rl->held, rl->n, lo, hi, UINT64_MAX))
     r = hold (rl, lo, hi);
   else
     errno = EBUSY;
@@ -94,13 +130,7 @@ void
 rangelock_release (struct rangelock *rl, uint64_t lo, uint64_t hi)
 {
   pthread_mutex_lock (&rl->lock);
-  for (size_t i = 0; i < rl->n; i++) {
-    if (rl->held[i].lo == lo && rl->held[i].hi == hi) {
-      rl->held[i] = rl->held[rl->n - 1];
-      rl->n--;
-      break;
-    }
-  }
+  drop (rl->held, &rl->n, lo, hi, 0, true);
   pthread_cond_broadcast (&rl->cond);
   pthread_mutex_unlock (&rl->lock);
 }
@@ -108,11 +138,11 @@ rangelock_release (struct rangelock *rl, uint64_t lo, uint64_t hi)
 void
 rangelock_barrier (struct rangelock *rl)
 {
+  uint64_t mark;
+
   pthread_mutex_lock (&rl->lock);
-  rl->barriers++;
-  while (rl->n > 0)
+  mark = rl->next_ticket++;
+  while (overlaps (rl->held, rl->n, 0, UINT64_MAX, mark))
     pthread_cond_wait (&rl->cond, &rl->lock);
-  rl->barriers--;
-  pthread_cond_broadcast (&rl->cond);
   pthread_mutex_unlock (&rl->lock);
 }

@@ -7,8 +7,15 @@
  * lock ordering to get wrong.  Cache hits do not take range locks;
  * they pin slots instead (engine/slot.c).
  *
- * Locking: rl->lock protects rl->held; it is held only to scan and
- * update the small array of held ranges, never across I/O.  Waiters
+ * Blocking acquires are served in arrival order among those that
+ * overlap (an acquire never overtakes an older waiter of an overlapping
+ * range), so a page rewritten without pause cannot starve a request
+ * that waits for it.  Try-acquires only look at the held ranges: a
+ * background pass never waits for a waiter (the waiter may itself wait
+ * for a holder that waits for the pass).
+ *
+ * Locking: rl->lock protects rl->held and rl->waiting; it is held only
+ * to scan and update these small arrays, never across I/O.  Waiters
  * sleep on rl->cond.
  */
 #ifndef SSDCACHE_RANGELOCK_H
@@ -20,6 +27,7 @@
 
 struct rangelock_range {
   uint64_t lo, hi;
+  uint64_t ticket;               /* held: when taken; waiting: arrival */
 };
 
 struct rangelock {
@@ -27,22 +35,33 @@ struct rangelock {
   pthread_cond_t cond;
   struct rangelock_range *held;
   size_t n, cap;
-  unsigned barriers;             /* rangelock_barrier calls waiting */
+  struct rangelock_range *waiting;
+  size_t nwait, capwait;
+  uint64_t next_ticket;
 };
 
 extern int rangelock_init (struct rangelock *rl);
 extern void rangelock_destroy (struct rangelock *rl);
-/* Block until [lo, hi] overlaps no held range, then hold it. */
+
+/* Block until [lo, hi] overlaps no held range and no older waiter's,
+ * then hold it.
+ */
 extern int rangelock_acquire (struct rangelock *rl, uint64_t lo, uint64_t hi);
-/* Hold [lo, hi] if that can be done without waiting: 0, or -1 (busy
- * or no memory).
+
+/* Hold [lo, hi] if no held range overlaps it: 0, or -1 (busy or no
+ * memory).  Never waits.
  */
 extern int rangelock_try_acquire (struct rangelock *rl, uint64_t lo,
                                   uint64_t hi);
+
 extern void rangelock_release (struct rangelock *rl, uint64_t lo, uint64_t hi);
-/* Wait until no range is held, holding back new ones meanwhile (they
- * wait, and try_acquire fails): every holder that came before has
- * released.  Holds nothing when it returns.
+
+/* Wait until every range held when it was called has been released.
+ * Ranges taken meanwhile neither wait for it nor are waited for: a
+ * holder that waits on a background pass, which try-locks other
+ * ranges, can still end.  (engine/slot.c: cache_set_mode stores the
+ * new mode first, so that a request that takes its range later sees
+ * it.)  Holds nothing.
  */
 extern void rangelock_barrier (struct rangelock *rl);
 

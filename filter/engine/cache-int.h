@@ -58,9 +58,11 @@
  *      their range across its backend and cache-file I/O; that is what
  *      serialises writers of one page.  Read hits take no range lock:
  *      they pin the slot (pins are under c->lock).  Background code
- *      (cleaning, eviction in can_take) only try-locks ranges.  A mode
- *      switch (cache_set_mode) waits on a barrier that holds new ranges
- *      back until every range taken before it is released.
+ *      (cleaning, eviction in can_take) only try-locks ranges.
+ *      Blocking acquires of overlapping ranges are served in arrival
+ *      order.  A mode switch (cache_set_mode) waits on a barrier until
+ *      every range taken before it is released; it holds nothing back
+ *      (a holder may be waiting for a pass whose try-locks must work).
  *  (2) Held across a pass's backend writes; only passes take it.  The
  *      pass's workers (ssdcache-writeback-depth threads) take groups
  *      under ps->lock, which nests a range try-lock (rl->lock) only.

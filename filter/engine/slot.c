@@ -565,7 +565,8 @@ cache_set_mode (struct cache *c, enum layout_mode mode)
 {
   c->mode = mode;
   /* Every write reads the mode under its pages' range lock: a barrier
-   * waits for those that saw the old mode.
+   * waits for those that took theirs before the new mode was stored
+   * (and only for them: see rangelock.h).
    */
   rangelock_barrier (&c->ranges);
 }

@@ -427,6 +427,13 @@ extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
                              uint64_t page);
 extern bool cache_sup_add_locked (struct cache *c, uint32_t old,
                                   uint32_t succ);
+/* c->inplace held shared by the calling thread (epoch.c), from a
+ * decision to rewrite a slot in place to the end of its writes.  While
+ * it is held, nothing may sync the cache file as a client (settle or
+ * drop a slot): that takes c->inplace exclusively.
+ */
+extern void cache_inplace_enter (struct cache *c);
+extern void cache_inplace_leave (struct cache *c);
 /* Free the superseded slots that may go now (epoch.c). */
 extern void cache_free_superseded (struct cache *c);
 /* Who stores a page read from the backend (cache_fill_slot). */
@@ -484,6 +491,12 @@ enum patch_result {
   PATCH_NOT_UNSEALED = 3,        /* a W_CLEAN rewrite of a cached slot
                                     could not be made unsealed: nothing
                                     changed */
+  PATCH_TORN = 4,                /* W_CLEAN, failed after its data write
+                                    began (*err set): the slot may be
+                                    torn and the backend has the page.
+                                    The pin stays: the caller drops the
+                                    slot (cache_drop_slot) once it no
+                                    longer holds c->inplace */
 };
 /* Apply bytes [off, off+n) of page (from src) to slot s in place: s is
  * pinned, or fresh: newly allocated and empty, not indexed.  Only the

@@ -25,6 +25,26 @@
 static int sync_epoch (struct cache *c, bool client, bool seal_wait,
                        bool closes_gen, int *err);
 
+/* How many times the calling thread holds c->inplace shared (of any
+ * cache).  A client sync takes it exclusively: from a thread that
+ * holds it, that would wait for itself forever.
+ */
+static __thread unsigned inplace_held;
+
+void
+cache_inplace_enter (struct cache *c)
+{
+  pthread_rwlock_rdlock (&c->inplace);
+  inplace_held++;
+}
+
+void
+cache_inplace_leave (struct cache *c)
+{
+  inplace_held--;
+  pthread_rwlock_unlock (&c->inplace);
+}
+
 /* Does slot s still need settling?  Another client sync may have taken
  * s's predecessors off c->sup and be freeing them now: its end is
  * waited for first.
@@ -306,6 +326,13 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, bool closes_gen,
    * older data this sync covers would escape its sealing, and a crash
    * would drop that data with the unsealed slot.
    */
+  if (client && inplace_held > 0) {
+    /* A bug: refuse rather than hang (the caller's request fails). */
+    log_error ("cache file %s: internal error: a client sync from a "
+               "thread that holds c->inplace", c->path);
+    *err = EDEADLK;
+    return -1;
+  }
   if (client)
     pthread_rwlock_wrlock (&c->inplace);
   pthread_mutex_lock (&c->lock);

@@ -41,12 +41,12 @@ fill_target (struct cache *c, uint32_t s, bool dirty, enum fill_kind kind,
 
   *cow = *inplace = false;
   if (s != PT_NONE) {
-    pthread_rwlock_rdlock (&c->inplace);
+    cache_inplace_enter (c);
     pthread_mutex_lock (&c->lock);
     *cow = cache_must_cow (c, s);
     pthread_mutex_unlock (&c->lock);
     if (*cow)
-      pthread_rwlock_unlock (&c->inplace);
+      cache_inplace_leave (c);
     else {
       *inplace = true;
       return s;
@@ -144,7 +144,7 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
   if (!reserved) {
     STATS_ADD (&c->stats, partial_maps_full, 1);
     if (inplace)
-      pthread_rwlock_unlock (&c->inplace);
+      cache_inplace_leave (c);
     fill_fail (c, s, target, dirty != NULL, false);
     STATS_ADD (&c->stats, bypassed, 1);
     return 1;
@@ -170,13 +170,13 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
     goto fail;
   }
   if (inplace)
-    pthread_rwlock_unlock (&c->inplace);
+    cache_inplace_leave (c);
   fill_done (c, page, s, target, &upd, cow, kind);
   return 0;
 
  fail:
   if (inplace)
-    pthread_rwlock_unlock (&c->inplace);
+    cache_inplace_leave (c);
   fill_fail (c, s, target, dirty != NULL, true);
   return -1;
 }

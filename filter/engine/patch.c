@@ -416,10 +416,13 @@ patch_done (struct patch *p)
   }
 }
 
-/* Not done (r): give back the reservation, the pin or the fresh slot;
- * a W_CLEAN slot whose data may be torn goes (the backend has it).
+/* Not done (r): give back the reservation, the pin or the fresh slot.
+ * A W_CLEAN slot whose data may be torn must go (the backend has it),
+ * but dropping it settles, which a thread holding c->inplace may not
+ * do: its pin stays for the caller (PATCH_TORN).  Returns r, or
+ * PATCH_TORN.
  */
-static void
+static enum patch_result
 patch_release (struct patch *p, enum patch_result r)
 {
   struct cache *c = p->c;
@@ -430,16 +433,17 @@ patch_release (struct patch *p, enum patch_result r)
     pthread_mutex_unlock (&c->lock);
   }
   if (r == PATCH_OK)
-    return;
+    return r;
   if (p->fresh) {
     pthread_mutex_lock (&c->lock);
     pagetable_put_free (&c->pt, p->s);
     pthread_mutex_unlock (&c->lock);
   }
   else if (r == PATCH_ERROR && p->wrote && p->kind == W_CLEAN)
-    cache_drop_slot (c, p->s);  /* may be torn: the backend has it */
+    return PATCH_TORN;
   else
     cache_unpin (c, p->s);
+  return r;
 }
 
 /* Write the span to the slot by the strategy that fits. */
@@ -490,7 +494,7 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
   }
   patch_done (p);
  out:
-  patch_release (p, r);
+  r = patch_release (p, r);
   free (p->old_heap);
   free (p->span_heap);
   return r;

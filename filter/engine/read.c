@@ -167,13 +167,13 @@ fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
   bool cow;
   int r;
 
-  pthread_rwlock_rdlock (&c->inplace);
+  cache_inplace_enter (c);
   pthread_mutex_lock (&c->lock);
   pagetable_get (&c->pt, s, &snap);
   cow = cache_must_cow (c, s);
   pthread_mutex_unlock (&c->lock);
   if (cow) {
-    pthread_rwlock_unlock (&c->inplace);
+    cache_inplace_leave (c);
     /* The copy needs the whole page (the caller read only [a, b)). */
     if (cache_read_verified (c, be, s, buf) == -1) {
       *err = EIO;
@@ -206,7 +206,7 @@ fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
   }
   r = cache_patch_slot (c, be, page, s, false, buf + lo, lo, hi - lo,
                         W_FILL, err);
-  pthread_rwlock_unlock (&c->inplace);
+  cache_inplace_leave (c);
   if (r == PATCH_NO_MAPS) {
     /* The valid sectors would not be one run and the side table is
      * full: round out to the whole page instead (one more backend read
@@ -225,7 +225,7 @@ fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
   return r == -1 && *err == EIO ? 0 : r;   /* the answer is in buf */
  out:
   cache_unpin (c, s);
-  pthread_rwlock_unlock (&c->inplace);
+  cache_inplace_leave (c);
   return r;
 }
 

@@ -26,6 +26,28 @@ static int write_fresh (struct cache *c, const struct cache_backend *be,
                         uint64_t page, const uint8_t *src, uint32_t off,
                         uint32_t n, enum wkind kind, int *err);
 
+/* Rewrite pinned slot s in place (its page is range locked, and it
+ * need not be copied: see cache_must_cow), holding c->inplace across
+ * the writes.  A slot left torn is dropped once c->inplace is given
+ * back (PATCH_TORN).  Returns as cache_patch_slot; consumes the pin.
+ */
+static int
+patch_in_place (struct cache *c, const struct cache_backend *be,
+                uint64_t page, uint32_t s, const uint8_t *src, uint32_t off,
+                uint32_t n, enum wkind kind, int *err)
+{
+  int r;
+
+  cache_inplace_enter (c);
+  r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
+  cache_inplace_leave (c);
+  if (r == PATCH_TORN) {
+    cache_drop_slot (c, s);
+    r = PATCH_ERROR;
+  }
+  return r;
+}
+
 /* No room for a copy: write page back ourselves (pinned slot s); then
  * it is clean and may be changed in place.  Consumes the pin.
  */
@@ -34,8 +56,6 @@ cow_in_place (struct cache *c, const struct cache_backend *be,
               uint64_t page, uint32_t s, const uint8_t *src, uint32_t off,
               uint32_t n, enum wkind kind, int *err)
 {
-  int r;
-
   if (clean_page_locked (c, be, page, s, err) == -1) {
     cache_unpin (c, s);
     return -1;
@@ -51,10 +71,7 @@ cow_in_place (struct cache *c, const struct cache_backend *be,
     *err = EIO;
     return -1;
   }
-  pthread_rwlock_rdlock (&c->inplace);
-  r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
-  pthread_rwlock_unlock (&c->inplace);
-  return r;
+  return patch_in_place (c, be, page, s, src, off, n, kind, err);
 }
 
 /* Store the new version of the page (buf, whole, with the maps of upd)
@@ -367,17 +384,21 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
     return write_fresh (c, be, page, src, off, n, kind, err);
   }
   /* Decide and rewrite in place under c->inplace (see cache-int.h). */
-  pthread_rwlock_rdlock (&c->inplace);
+  cache_inplace_enter (c);
   pthread_mutex_lock (&c->lock);
   cow = cache_must_cow (c, s);
   pthread_mutex_unlock (&c->lock);
   if (cow) {
-    pthread_rwlock_unlock (&c->inplace);
+    cache_inplace_leave (c);
     r = cow_slot (c, be, page, s, src, off, n, kind, err);
   }
   else {
     r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
-    pthread_rwlock_unlock (&c->inplace);
+    cache_inplace_leave (c);
+    if (r == PATCH_TORN) {
+      cache_drop_slot (c, s);
+      r = PATCH_ERROR;
+    }
   }
   if (r == PATCH_NO_MAPS)
     r = write_page_simple (c, be, page, src, off, n, kind, err);
@@ -419,9 +440,7 @@ write_through_first (struct cache *c, const struct cache_backend *be,
     STATS_ADD (&c->stats, writes_not_cached, 1);
     return;
   }
-  pthread_rwlock_rdlock (&c->inplace);
-  r = cache_patch_slot (c, be, page, s, false, src, off, n, W_CLEAN, &err);
-  pthread_rwlock_unlock (&c->inplace);
+  r = patch_in_place (c, be, page, s, src, off, n, W_CLEAN, &err);
   if (r != PATCH_OK) {
     /* Not unsealed (not verified since start, bad, or no memory), maps
      * that do not fit, or an error: the cached copy goes.

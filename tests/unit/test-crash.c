@@ -1205,6 +1205,34 @@ test_wb_flush_during_unseal (void **state)
   free (model);
 }
 
+/* (Internal, cache-int.h.) */
+extern void cache_inplace_enter (struct cache *c);
+extern void cache_inplace_leave (struct cache *c);
+
+/* A client sync takes c->inplace exclusively: asked for by a thread
+ * that holds it shared (a rewrite in place that drops its slot, which
+ * settles it), it would wait for itself forever (issue 27, item 1).
+ * It must fail at once instead, and work again once the hold ends.
+ */
+static void
+test_sync_under_inplace (void **state)
+{
+  struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
+  struct rambackend rb;
+  struct cache *c;
+  int err = 0;
+
+  rambackend_init (&rb, 8 * PS, 13);
+  c = open_attach (&cfg, rb.size);
+  cache_inplace_enter (c);
+  assert_int_equal (cache_sync (c, &err), -1);
+  assert_int_equal (err, EDEADLK);
+  cache_inplace_leave (c);
+  assert_int_equal (cache_sync (c, &err), 0);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
 /* A backend that dies (the whole process: a crash) right after one
  * write at die_at has reached it.
  */
@@ -1941,6 +1969,7 @@ main (void)
     T (test_wb_written_back_successor),
     T (test_wb_unsealed_crash),
     T (test_wb_flush_during_unseal),
+    T (test_sync_under_inplace),
     T (test_wb_crash_after_write_around),
     T (test_wb_unsealed_crash_older_damaged),
     T (test_wb_unsealed_crash_backend_newer),

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# nbdkit-ssdcache-filter: a cache-file write that fails in the middle of
+# a rewrite in place neither hangs nor loses the write (issue 27,
+# item 1).
+#
+# An LD_PRELOAD shim fails 8 KiB writes to the cache file with ENOSPC
+# (a sparse cache file on a full file system): the entry that unseals
+# a cached page is written, its data is not.  The slot may then be
+# torn and must be dropped; dropping it settles its older versions,
+# which syncs the cache file as a client flush does, and that must not
+# wait for the rewrite's own hold on c->inplace.  The write, a flush
+# and a read after it must all end, with the data right.
+source "$(dirname "$0")/functions.sh"
+set -e -x
+
+requires "$PYTHON" -c 'import nbd'
+requires nbdsh --version
+shim="$(shim_path faultio)"
+
+sock="$tmpdir/sock"
+pid="$tmpdir/pid"
+ctl="$tmpdir/ctl.sock"
+img="$tmpdir/disk.img"
+cache="$tmpdir/c"
+trigger="$tmpdir/trigger"
+
+nbd () { bounded 60 nbdsh -u "$(sock_uri "$sock")" -c "$1"; }
+
+random_file "$img" $((1024 * 1024))
+cp "$img" "$tmpdir/model.img"
+export LD_PRELOAD="$shim" FAULTIO_PATH="$cache" FAULTIO_TRIGGER="$trigger"
+export FAULTIO_SIZES=8192 FAULTIO_ERRNO=28 FAULTIO_OPS=w
+start_ssdcache -P "$pid" -U "$sock" file "$img" \
+    ssdcache-file="$cache" ssdcache-size=4M ssdcache-page-size=64K \
+    ssdcache-mode=writeback ssdcache-writeback-idle=0 \
+    ssdcache-writeback-high=100 ssdcache-control="$ctl" \
+    ssdcache-stats="$tmpdir/stats"
+unset LD_PRELOAD
+# A durable dirty page, then a copy of it (copy on write).
+nbd 'h.pwrite(b"\x01" * 65536, 65536); h.flush()'
+nbd 'h.pwrite(b"\x02" * 4096, 65536)'
+ctl_bounded "$ctl" mode writethrough
+# Rewrites of the cached clean page in place, the second failing.
+nbd 'h.pwrite(b"\x03" * 4096, 65536 + 4096)'
+touch "$trigger"
+nbd 'h.pwrite(b"\x04" * 8192, 65536 + 16384); h.flush()'
+rm "$trigger"
+nbd '
+want = bytearray(b"\x01" * 65536)
+want[0:4096] = b"\x02" * 4096
+want[4096:8192] = b"\x03" * 4096
+want[16384:24576] = b"\x04" * 8192
+got = h.pread(65536, 65536)
+assert got == bytes(want), "export: %r" % sorted(set(got))
+h.flush()
+'
+stop_nbdkit "$pid"
+cat "$tmpdir/stats"
+[ "$(stat_get "$tmpdir/stats" cache_errors)" -gt 0 ] ||
+    fail "the failing cache write was not reached"
+"$PYTHON" - "$img" <<'PY' || fail "the backing file lost a write"
+import sys
+data = open(sys.argv[1], "rb").read()
+want = bytearray(b"\x01" * 65536)
+want[0:4096] = b"\x02" * 4096
+want[4096:8192] = b"\x03" * 4096
+want[16384:24576] = b"\x04" * 8192
+assert data[65536:131072] == bytes(want), sorted(set(data[65536:131072]))
+PY

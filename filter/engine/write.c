@@ -405,6 +405,29 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
   return r;
 }
 
+/* May pinned slot s (its page range locked) be rewritten in place
+ * now?  If it must be copied only because an older version of its page
+ * is still on disk, that version is freed first (cache_settle).  False:
+ * it must not (the caller drops it).
+ */
+static bool
+write_settled (struct cache *c, uint32_t s)
+{
+  bool cow;
+
+  pthread_mutex_lock (&c->lock);
+  cow = cache_must_cow (c, s);
+  pthread_mutex_unlock (&c->lock);
+  if (!cow)
+    return true;
+  if (!cache_settle (c, s))
+    return false;
+  pthread_mutex_lock (&c->lock);
+  cow = cache_must_cow (c, s);
+  pthread_mutex_unlock (&c->lock);
+  return !cow;
+}
+
 /* Writethrough, before the backend gets the write: bring the cached
  * copy of page (if any) up to date with bytes [off, off+n), in a way a
  * crash undoes.  The slot is rewritten unsealed (its entry on disk says
@@ -438,6 +461,15 @@ write_through_first (struct cache *c, const struct cache_backend *be,
   if (!any) {
     cache_unpin (c, s);
     STATS_ADD (&c->stats, writes_not_cached, 1);
+    return;
+  }
+  /* A slot whose older version is still on disk is not rewritten in
+   * place (cache_must_cow): were it dropped by a crash as unsealed,
+   * recovery would serve that older version, and write its dirty data
+   * back over the backend's newer data.  Its predecessor goes first.
+   */
+  if (!write_settled (c, s)) {
+    cache_drop_slot (c, s);
     return;
   }
   r = patch_in_place (c, be, page, s, src, off, n, W_CLEAN, &err);

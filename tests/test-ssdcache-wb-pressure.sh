@@ -88,35 +88,44 @@ start_ssdcache -P "$tmpdir/pid" -U "$sock" sh "$tmpdir/plugin.sh" \
     ssdcache-writeback-idle=50 ssdcache-writeback-depth=16 \
     ssdcache-control="$tmpdir/ctl.sock"
 touch "$trigger"
-export DONE="$tmpdir/done"
 # The client stays connected while writeback works: the sh plugin asks
-# for the export name, so this export's threads use its connections
-# (a last close would write back once and stop them).
+# for the export name, so this export's threads (and its control
+# socket) use its connections (a last close would write back once and
+# stop them).  It says on one fifo when its writes are done and waits
+# on another for the end.
+mkfifo "$tmpdir/written" "$tmpdir/done"
+WRITTEN="$tmpdir/written" DONE="$tmpdir/done" \
 nbdsh -u "$(sock_uri "$sock")" -c '
-import os, time
+import os
 for p in range(16):                       # pages 0-3 fail, 4-15 do not
     h.pwrite(bytes([p + 1]) * 65536, p * 65536)
-while os.path.exists(os.environ["DONE"]) is False:
-    time.sleep(0.1)
+open(os.environ["WRITTEN"], "w").write("written\n")
+open(os.environ["DONE"]).read()
 ' &
 client=$!
-for i in $(seq 100); do
-    [ "$(ctl status | field dirty_pages)" -le 4 ] && break
-    sleep 0.1
-done
+cleanup_fn kill $client
+read -r _ < "$tmpdir/written"
+# wait_status FIELD OP VALUE: until "ctl status" says FIELD OP VALUE
+# (-eq, -le, ...), at most 60 s.
+wait_status ()
+{
+    local i v
+    for (( i = 0; i < 600; i++ )); do
+        v="$(ctl status | field "$1")"
+        [ -n "$v" ] && [ "$v" "$2" "$3" ] && return 0
+        sleep 0.1
+    done
+    fail "backoff: $1 never became $2 $3 (last: $v)"
+}
+wait_status dirty_pages -eq 4
 ctl stats > "$tmpdir/st"
 [ "$(field dirty_pages < "$tmpdir/st")" -eq 4 ] ||
     fail "backoff: expected the 4 failing pages dirty, the rest written back"
 [ "$(field writeback_errors < "$tmpdir/st")" -gt 0 ] ||
     fail "backoff: no writeback error was counted"
 rm "$trigger"
-for i in $(seq 100); do
-    [ "$(ctl status | field dirty_pages)" -eq 0 ] && break
-    sleep 0.1
-done
-[ "$(ctl status | field dirty_pages)" -eq 0 ] ||
-    fail "backoff: the failed pages were not written back after the errors"
-touch "$DONE"
+wait_status dirty_pages -eq 0
+echo > "$tmpdir/done"
 wait $client
 stop_nbdkit "$tmpdir/pid"
 "$PYTHON" -c '

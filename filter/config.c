@@ -39,6 +39,8 @@ struct config config = {
   .promote = ADMIT_NHIT_DEFAULT_N,
   .ra_mode = READAHEAD_AUTO,
   .ra_max = READAHEAD_DEFAULT_MAX,
+  .exports = CONFIG_EXPORTS_AUTO,
+  .exports_max = CONFIG_EXPORTS_MAX_DEFAULT,
 };
 
 /* The identity is a list of "key=value\n" lines, hashed twice. */
@@ -283,7 +285,8 @@ static const struct choice warm_modes[] = {
   { "off", false }, { "all", true }, { NULL, 0 }
 };
 static const struct choice export_modes[] = {
-  { "each", CONFIG_EXPORTS_EACH }, { "one", CONFIG_EXPORTS_ONE }, { NULL }
+  { "auto", CONFIG_EXPORTS_AUTO }, { "each", CONFIG_EXPORTS_EACH },
+  { "one", CONFIG_EXPORTS_ONE }, { NULL }
 };
 
 static const struct choice verify_modes[] = {
@@ -376,7 +379,10 @@ static const struct param params[] = {
     .choices = warm_modes, .bad = "%s: expected off or all, not '%s'" },
   { "ssdcache-warm-rate", parse_size, .u64 = &config.warm_rate },
   { "ssdcache-exports", parse_choice, .uint = &config.exports,
-    .choices = export_modes, .bad = "%s: expected each or one, not '%s'" },
+    .choices = export_modes,
+    .bad = "%s: expected auto, each or one, not '%s'" },
+  { "ssdcache-exports-max", parse_unsigned, .uint = &config.exports_max,
+    .lo = 1, .hi = 4096, .bad = "%s: from 1 to 4096, not %s" },
 };
 
 int

@@ -43,6 +43,7 @@ struct config {
   uint64_t ra_window;          /* ssdcache-readahead=SIZE */
   uint64_t ra_max;             /* ssdcache-readahead-max */
   unsigned exports;            /* ssdcache-exports: enum config_exports */
+  unsigned exports_max;        /* ssdcache-exports-max: caches open */
   bool warm;                   /* ssdcache-warm=all */
   uint64_t warm_rate;          /* ssdcache-warm-rate, bytes/s (0: none) */
   uint64_t digest[2];          /* backend identity, after config_finish */
@@ -50,9 +51,14 @@ struct config {
 };
 
 enum config_exports {
-  CONFIG_EXPORTS_EACH = 0,     /* one cache per export name (default) */
-  CONFIG_EXPORTS_ONE = 1,      /* every name shares the "" cache */
+  CONFIG_EXPORTS_AUTO = 0,     /* one cache for every name if the plugin
+                                  opens without a connection (it cannot
+                                  tell names apart), else one per name
+                                  (the default) */
+  CONFIG_EXPORTS_EACH = 1,     /* one cache per export name */
+  CONFIG_EXPORTS_ONE = 2,      /* every name shares the "" cache */
 };
+#define CONFIG_EXPORTS_MAX_DEFAULT 16
 
 extern struct config config;
 

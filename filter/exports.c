@@ -3,6 +3,7 @@
  * this file owns and its locks.
  */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,13 @@ struct lender {
   enum lend_role role;
   bool writable;
   unsigned inflight;             /* requests of e's threads on it */
+  /* Taken around every call on next, by the connection's own requests
+   * and by e's threads alike, when the plugin serialises requests: one
+   * call at a time on the context (own_turn), or on the whole plugin
+   * (global_turn).  NULL: the plugin takes parallel requests.
+   */
+  pthread_mutex_t *turn;
+  pthread_mutex_t own_turn;
   struct lender *link;
 };
 
@@ -43,14 +51,37 @@ struct lent {                    /* the h of a lent backend */
   bool write;
 };
 
+/* An export in the table is opened (its cache file locked, its
+ * superblock read) by the first exports_get of its name, and closed
+ * when the last reference goes and it has no dirty data (it gives back
+ * its threads and its fd), unless pinned.  A closed export whose file
+ * still holds cached pages is parked: it stays in the table, its pages
+ * still counted in the shared budget (they are on disk), until it is
+ * opened again (warm) or another export needs the room: its file is
+ * then removed (exports_reclaim).  While an export is opening, closing
+ * or being removed, others asking for its name wait (exports_cond):
+ * two first connections never open one file twice.
+ */
+enum export_state {
+  EXPORT_OPENING, EXPORT_OPEN, EXPORT_CLOSING,  /* counted in nexports */
+  EXPORT_PARKED, EXPORT_REMOVING,
+};
+
 struct export {
   char *name;
   struct config_export x;
   struct cache *cache;
+  enum export_state state;       /* under exports_lock */
+  unsigned refs;                 /* under exports_lock: handles, the
+                                    control socket, a reclaim */
+  bool pinned;                   /* never closed before exit */
   bool fixed;                    /* attached at start, contexts of its own */
   bool no_readahead;             /* fixed, without a readahead context */
   bool ra_started;               /* under bg_lock */
-  bool failed;                   /* could not be attached: refused */
+  bool failed;                   /* could not be attached: refused until
+                                    closed (and opened again) */
+  uint64_t parked_bytes;         /* parked: what its file holds, counted
+                                    in the budget (exports_lock) */
   pthread_mutex_t bg_lock;
   bool attached;                 /* under bg_lock (read unlocked once set) */
   unsigned nconns;               /* under bg_lock */
@@ -62,15 +93,43 @@ struct export {
 
 static pthread_mutex_t exports_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t lender_back = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t exports_cond = PTHREAD_COND_INITIALIZER;
 static struct export *exports, **exports_tail = &exports;
+static unsigned nexports;        /* under exports_lock: caches open */
+static unsigned exports_max = UINT_MAX;
 static struct budget budget;
 static bool have_budget;
+static enum { TURNS_NONE, TURNS_CONTEXT, TURNS_GLOBAL } turns;
+static pthread_mutex_t global_turn = PTHREAD_MUTEX_INITIALIZER;
 
 void
-exports_init (uint64_t budget_bytes)
+exports_init (uint64_t budget_bytes, int thread_model, unsigned max)
 {
   have_budget = budget_bytes > 0;
   budget_init (&budget, budget_bytes);
+  exports_max = max;
+  /* A plugin that serialises requests on a handle (ssh, curl) must not
+   * see two calls on one context at once; one that serialises all
+   * requests, two calls at once at all.  nbdkit does that for client
+   * requests, not for the calls of the filter's own threads.
+   */
+  turns = thread_model >= NBDKIT_THREAD_MODEL_PARALLEL ? TURNS_NONE
+    : thread_model == NBDKIT_THREAD_MODEL_SERIALIZE_REQUESTS ? TURNS_CONTEXT
+    : TURNS_GLOBAL;
+}
+
+void
+export_turn_take (struct lender *l)
+{
+  if (l && l->turn)
+    pthread_mutex_lock (l->turn);
+}
+
+void
+export_turn_give (struct lender *l)
+{
+  if (l && l->turn)
+    pthread_mutex_unlock (l->turn);
 }
 
 struct cache *
@@ -159,7 +218,12 @@ static int
 req_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
 {
   struct export_req *r = h;
-  return next_pread (r->next, r->cache, buf, count, offset, err);
+  int ret;
+
+  export_turn_take (r->lender);
+  ret = next_pread (r->next, r->cache, buf, count, offset, err);
+  export_turn_give (r->lender);
+  return ret;
 }
 
 static int
@@ -167,14 +231,24 @@ req_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
             bool fua, int *err)
 {
   struct export_req *r = h;
-  return next_pwrite (r->next, r->cache, buf, count, offset, fua, err);
+  int ret;
+
+  export_turn_take (r->lender);
+  ret = next_pwrite (r->next, r->cache, buf, count, offset, fua, err);
+  export_turn_give (r->lender);
+  return ret;
 }
 
 static int
 req_flush (void *h, int *err)
 {
   struct export_req *r = h;
-  return next_flush (r->next, r->cache, err);
+  int ret;
+
+  export_turn_take (r->lender);
+  ret = next_flush (r->next, r->cache, err);
+  export_turn_give (r->lender);
+  return ret;
 }
 
 struct cache_backend
@@ -238,7 +312,9 @@ lent_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
 
   if (l == NULL)
     return -1;
+  export_turn_take (l);
   r = next_pread (l->next, t->e->cache, buf, count, offset, err);
+  export_turn_give (l);
   give_back (l);
   return r;
 }
@@ -253,7 +329,9 @@ lent_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
 
   if (l == NULL)
     return -1;
+  export_turn_take (l);
   r = next_pwrite (l->next, t->e->cache, buf, count, offset, fua, err);
+  export_turn_give (l);
   give_back (l);
   return r;
 }
@@ -267,7 +345,9 @@ lent_flush (void *h, int *err)
 
   if (l == NULL)
     return -1;
+  export_turn_take (l);
   r = next_flush (l->next, t->e->cache, err);
+  export_turn_give (l);
   give_back (l);
   return r;
 }
@@ -293,11 +373,21 @@ lend (struct export *e, nbdkit_next *next, enum lend_role role, bool writable)
   l->next = next;
   l->role = role;
   l->writable = writable;
+  pthread_mutex_init (&l->own_turn, NULL);
+  l->turn = turns == TURNS_CONTEXT ? &l->own_turn
+    : turns == TURNS_GLOBAL ? &global_turn : NULL;
   pthread_mutex_lock (&exports_lock);
   l->link = e->lenders;
   e->lenders = l;
   pthread_mutex_unlock (&exports_lock);
   return l;
+}
+
+static void
+lender_free (struct lender *l)
+{
+  pthread_mutex_destroy (&l->own_turn);
+  free (l);
 }
 
 /* Take l back once no thread's request is on it. */
@@ -313,7 +403,7 @@ unlend (struct export *e, struct lender *l)
   while (l->inflight > 0)
     pthread_cond_wait (&lender_back, &exports_lock);
   pthread_mutex_unlock (&exports_lock);
-  free (l);
+  lender_free (l);
 }
 
 /*----------------------------------------------------------------------
@@ -322,27 +412,64 @@ unlend (struct export *e, struct lender *l)
 
 #define RECLAIM_TRIES 8
 
+static void export_put_many (struct export **e, unsigned n);
+static void unlink_locked (struct export *e);
+static void export_free (struct export *e);
+
+/* The space of a parked export, its cache file removed (the oldest
+ * parked first).  True if some was given back.
+ */
+static bool
+remove_parked (void)
+{
+  struct export *e;
+
+  pthread_mutex_lock (&exports_lock);
+  for (e = exports; e && e->state != EXPORT_PARKED; e = e->link)
+    ;
+  if (e)
+    e->state = EXPORT_REMOVING;
+  pthread_mutex_unlock (&exports_lock);
+  if (e == NULL)
+    return false;
+  if (cache_remove_file (e->x.file) == -1)
+    nbdkit_debug ("ssdcache: export '%s': cannot remove %s: %m", e->name,
+                  e->x.file);
+  else
+    edebug ("export '%s': parked cache file %s removed for room", e->name,
+            e->x.file);
+  pthread_mutex_lock (&exports_lock);
+  budget_give (&budget, e->parked_bytes);
+  unlink_locked (e);
+  pthread_mutex_unlock (&exports_lock);
+  export_free (e);
+  return true;
+}
+
 static bool
 exports_reclaim (struct cache *c, void *opaque)
 {
   struct export *self = opaque, *cand[RECLAIM_TRIES];
   unsigned n = 0;
   uint64_t now = cache_now_ms ();
+  bool given = false;
 
   pthread_mutex_lock (&exports_lock);
   for (struct export *e = exports; e && n < RECLAIM_TRIES; e = e->link) {
     uint64_t last;
-    if (e == self || !e->attached || e->failed)
+    if (e == self || e->state != EXPORT_OPEN || !e->attached || e->failed)
       continue;
     last = cache_last_io_ms (e->cache);
-    if (now > last && now - last >= EXPORTS_IDLE_MS)
+    if (now > last && now - last >= EXPORTS_IDLE_MS) {
+      e->refs++;                 /* not closed under us */
       cand[n++] = e;
+    }
   }
   pthread_mutex_unlock (&exports_lock);
-  for (unsigned i = 0; i < n; i++)
-    if (cache_give_slot (cand[i]->cache))
-      return true;
-  return false;
+  for (unsigned i = 0; i < n && !given; i++)
+    given = cache_give_slot (cand[i]->cache);
+  export_put_many (cand, n);
+  return given || remove_parked ();
 }
 
 /*----------------------------------------------------------------------
@@ -395,11 +522,11 @@ export_free (struct export *e)
   free (e);
 }
 
+/* A new export called name, not opened yet. */
 static struct export *
 export_new (const char *name)
 {
   struct export *e = calloc (1, sizeof *e);
-  struct cache_config cfg;
 
   if (e == NULL || (e->name = strdup (name)) == NULL) {
     nbdkit_error ("calloc: %m");
@@ -409,18 +536,26 @@ export_new (const char *name)
   pthread_mutex_init (&e->bg_lock, NULL);
   e->lent_read = (struct lent) { .e = e, .write = false };
   e->lent_write = (struct lent) { .e = e, .write = true };
-  if (config_export (name, &e->x) == -1)
-    goto err;
+  return e;
+}
+
+/* Open e's cache file (locked, its superblock read).  Returns 0 or -1
+ * (logged).
+ */
+static int
+export_open (struct export *e)
+{
+  struct cache_config cfg;
+
+  if (e->x.file == NULL && config_export (e->name, &e->x) == -1)
+    return -1;
   export_cache_config (e, &cfg);
   e->cache = cache_open (&cfg);
   if (e->cache == NULL)
-    goto err;
-  edebug ("export '%s': cache file %s (%s)", name, e->x.file, e->x.id_text);
-  return e;
-
- err:
-  export_free (e);
-  return NULL;
+    return -1;
+  edebug ("export '%s': cache file %s (%s)", e->name, e->x.file,
+          e->x.id_text);
+  return 0;
 }
 
 /* Under exports_lock. */
@@ -435,31 +570,157 @@ find_locked (const char *name)
   return e;
 }
 
+/* Under exports_lock: does e have a cache open (or about to)? */
+static bool
+counted (const struct export *e)
+{
+  return e->state == EXPORT_OPENING || e->state == EXPORT_OPEN ||
+    e->state == EXPORT_CLOSING;
+}
+
+/* Under exports_lock: take e out of the table. */
+static void
+unlink_locked (struct export *e)
+{
+  for (struct export **p = &exports; *p; p = &(*p)->link)
+    if (*p == e) {
+      *p = e->link;
+      if (exports_tail == &e->link)
+        exports_tail = p;
+      break;
+    }
+  if (counted (e))
+    nexports--;
+  pthread_cond_broadcast (&exports_cond);
+}
+
 struct export *
 exports_get (const char *name)
 {
   struct export *e, *o;
 
   pthread_mutex_lock (&exports_lock);
-  e = find_locked (name);
-  pthread_mutex_unlock (&exports_lock);
-  if (e)
-    return e;
-  /* Opening reads the cache file: not under exports_lock.  Two first
-   * connections of one export race here; the cache file's lock lets
-   * only one open it, and the loser finds the winner's.
+  /* Another connection may be opening or closing this name's cache:
+   * its file is locked until then.
    */
-  e = export_new (name);
-  pthread_mutex_lock (&exports_lock);
-  o = find_locked (name);
-  if (o == NULL && e) {
+  while ((o = find_locked (name)) != NULL && o->state != EXPORT_OPEN &&
+         o->state != EXPORT_PARKED)
+    pthread_cond_wait (&exports_cond, &exports_lock);
+  if (o && o->state == EXPORT_OPEN) {
+    o->refs++;
+    pthread_mutex_unlock (&exports_lock);
+    return o;
+  }
+  if (nexports >= exports_max) {
+    pthread_mutex_unlock (&exports_lock);
+    nbdkit_error ("ssdcache: export '%s' refused: %u exports have a cache "
+                  "open already (ssdcache-exports-max=%u)", name,
+                  nexports, exports_max);
+    return NULL;
+  }
+  if (o) {
+    /* Parked: its pages count again when its page table loads. */
+    e = o;
+    budget_give (&budget, e->parked_bytes);
+    e->parked_bytes = 0;
+  }
+  else if ((e = export_new (name)) != NULL) {
     *exports_tail = e;
     exports_tail = &e->link;
   }
+  if (e == NULL) {
+    pthread_mutex_unlock (&exports_lock);
+    return NULL;
+  }
+  e->state = EXPORT_OPENING;
+  e->refs = 1;
+  nexports++;
   pthread_mutex_unlock (&exports_lock);
-  if (o && e)
+
+  /* Opening reads the cache file: not under exports_lock. */
+  if (export_open (e) == -1) {
+    pthread_mutex_lock (&exports_lock);
+    unlink_locked (e);
+    pthread_mutex_unlock (&exports_lock);
     export_free (e);
-  return o ? o : e;
+    return NULL;
+  }
+  pthread_mutex_lock (&exports_lock);
+  e->state = EXPORT_OPEN;
+  pthread_cond_broadcast (&exports_cond);
+  pthread_mutex_unlock (&exports_lock);
+  return e;
+}
+
+void
+export_hold (struct export *e, bool pin)
+{
+  pthread_mutex_lock (&exports_lock);
+  e->refs++;
+  e->pinned |= pin;
+  pthread_mutex_unlock (&exports_lock);
+}
+
+static void export_close (struct export *e);
+
+/* Under exports_lock, the last reference of e gone: may it close now?
+ * Not while it holds dirty data (it would have to be written back on a
+ * context nobody lends any more): it stays, counted against
+ * ssdcache-exports-max, until a connection comes back.
+ */
+static bool
+closable_locked (const struct export *e)
+{
+  return e->refs == 0 && !e->pinned && e->state == EXPORT_OPEN &&
+    (!e->attached || e->failed || cache_dirty_pages (e->cache) == 0);
+}
+
+static void
+export_put_many (struct export **es, unsigned n)
+{
+  for (unsigned i = 0; i < n; i++) {
+    struct export *e = es[i];
+    bool close;
+
+    uint64_t held = 0;
+
+    pthread_mutex_lock (&exports_lock);
+    e->refs--;
+    close = closable_locked (e);
+    if (close)
+      e->state = EXPORT_CLOSING;
+    pthread_mutex_unlock (&exports_lock);
+    if (!close)
+      continue;
+    edebug ("export '%s': no client left: its cache is closed", e->name);
+    if (have_budget && e->attached && !e->failed)
+      held = cache_held_bytes (e->cache);
+    export_close (e);
+    pthread_mutex_lock (&exports_lock);
+    if (held > 0) {
+      /* Its pages stay on disk: still counted, until it opens again or
+       * another export needs the room (remove_parked).
+       */
+      budget_charge (&budget, held);
+      e->parked_bytes = held;
+      e->state = EXPORT_PARKED;
+      e->attached = e->failed = false;
+      nexports--;
+      pthread_cond_broadcast (&exports_cond);
+      pthread_mutex_unlock (&exports_lock);
+      continue;
+    }
+    unlink_locked (e);
+    pthread_mutex_unlock (&exports_lock);
+    export_free (e);
+  }
+}
+
+void
+export_put (struct export *e)
+{
+  if (e)
+    export_put_many (&e, 1);
 }
 
 /* Under e->bg_lock: the first attach of e with the backend size. */
@@ -473,7 +734,18 @@ attach (struct export *e, int64_t size)
                   "(see the error logged before)", e->name);
     return -1;
   }
-  if (size == -1 || cache_attach (e->cache, size) == -1) {
+  if (size == -1) {
+    /* The plugin could not tell (a transient error of a remote
+     * backend): this connection fails, the next one asks again.
+     */
+    nbdkit_error ("ssdcache: export '%s': the plugin did not give its "
+                  "size: the connection is refused", e->name);
+    return -1;
+  }
+  if (cache_attach (e->cache, size) == -1) {
+    /* Half attached: refused until closed and opened again (when no
+     * connection is left), unless it is the fixed one.
+     */
     e->failed = true;
     return -1;
   }
@@ -562,6 +834,29 @@ export_start_fixed (struct export *e, nbdkit_next *wb, nbdkit_next *ra)
   return r;
 }
 
+/* Ask next everything nbdkit asks a context once and keeps (the
+ * handshake's questions), before it is lent: the connection's thread
+ * asks them itself after .prepare, without taking the context's turn,
+ * and must then find the answers kept rather than call the plugin
+ * beside a thread's request.
+ */
+static void
+prime_context (nbdkit_next *next)
+{
+  uint32_t minimum, preferred, maximum;
+
+  next->can_flush (next);
+  next->is_rotational (next);
+  next->can_trim (next);
+  next->can_zero (next);
+  next->can_fast_zero (next);
+  next->can_extents (next);
+  next->can_fua (next);
+  next->can_multi_conn (next);
+  next->can_cache (next);
+  next->block_size (next, &minimum, &preferred, &maximum);
+}
+
 struct lender *
 export_connect (struct export *e, nbdkit_next *next, bool readonly)
 {
@@ -579,6 +874,8 @@ export_connect (struct export *e, nbdkit_next *next, bool readonly)
     goto out;
   }
   writable = !readonly && next->can_write (next) == 1;
+  if (turns != TURNS_NONE)
+    prime_context (next);
   l = lend (e, next, LEND_CONN, writable);
   if (l == NULL)
     goto out;
@@ -695,16 +992,20 @@ fixed_exit (struct export *e)
     e->lenders = l->link;
     l->next->finalize (l->next);
     nbdkit_next_context_close (l->next);
-    free (l);
+    lender_free (l);
   }
 }
 
-/* At exit, once every export's threads are stopped (exports_cleanup). */
+/* Close e's cache (at exit, once every export's threads are stopped,
+ * or when its last reference went): the last counters, the file.
+ */
 static void
 export_close (struct export *e)
 {
   struct cache *c = e->cache;
 
+  if (c == NULL)
+    return;                     /* parked: closed already */
   if (e->attached) {
     if (e->fixed)
       fixed_exit (e);
@@ -718,13 +1019,15 @@ export_close (struct export *e)
       metrics_write_file (c, e->x.stats_file, config.stats_format, 0);
   }
   else if (cache_file_untouched (c) && unlink (e->x.file) == 0)
-    /* Opened at start for the default export, which nobody used (a
-     * plugin with no such export, as file dir=): leave nothing behind.
-     * Unlinked while still locked.
+    /* Opened for an export nobody used (the default export of a
+     * plugin with no such export, as file dir=, or a connection that
+     * failed): leave nothing behind.  Unlinked while still locked.
      */
     edebug ("export '%s': unused, cache file %s removed", e->name,
             e->x.file);
-  export_free (e);
+  cache_close (c);
+  e->cache = NULL;
+  e->metrics = NULL;
 }
 
 void
@@ -744,6 +1047,8 @@ exports_cleanup (void)
   while (e) {
     struct export *next = e->link;
     export_close (e);
+    export_free (e);
     e = next;
   }
+  nexports = 0;
 }

@@ -19,13 +19,24 @@
  * clean slot from an export that has been idle (EXPORTS_IDLE_MS), and
  * otherwise evicts one of its own.  Dirty slots are never taken.
  *
+ * An export whose last client left gives its cache back (file, fd,
+ * counters) unless it holds dirty data; at most ssdcache-exports-max
+ * are open at once.  A plugin whose requests are serialised (ssh,
+ * curl) sees one call at a time on each context: the connections and
+ * the threads that borrow their contexts take turns (l->turn).
+ *
  * Locking (the engine's locks are in engine/cache-int.h):
- *   exports_lock   mutex  the table, each export's lenders and their
- *                         in-flight counts; never held across I/O;
- *                         no engine lock is taken under it
+ *   exports_lock   mutex  the table, each export's state and references,
+ *                         its lenders and their in-flight counts; never
+ *                         held across I/O; no engine lock is taken
+ *                         under it; conds lender_back, exports_cond
  *   e->bg_lock     mutex  attaching e, its connection count, starting
  *                         and stopping its threads; held across the
  *                         attach and the writeback at the last close
+ *   l->turn        mutex  one call at a time on a lender's context
+ *                         (serialising plugins); held across that one
+ *                         backend call and nothing else, nothing is
+ *                         taken under it
  *   order: e->bg_lock -> exports_lock
  */
 #ifndef SSDCACHE_EXPORTS_H
@@ -47,14 +58,32 @@ struct lender;
 extern int ssdcache_debug_exports;
 
 /* Before the first export: the space budget shared by all, or 0 for
- * none (ssdcache-exports=one: a single cache of its own size).
+ * none (a single cache of its own size); the server's thread model
+ * (.get_ready's: a plugin that serialises requests gets one call at a
+ * time on each context, or on all of them, from the filter's threads
+ * and the connections together: export_turn_take); how many exports
+ * may have a cache open at once (ssdcache-exports-max).
  */
-extern void exports_init (uint64_t budget_bytes);
+extern void exports_init (uint64_t budget_bytes, int thread_model,
+                          unsigned max);
 
 /* The export called name, opened (its cache file locked and its
- * superblock read) on first use; NULL on error (logged).
+ * superblock read) on first use, with a reference for the caller
+ * (export_put).  NULL on error, or when max exports are open already
+ * (logged): nothing is created then.
  */
 extern struct export *exports_get (const char *name);
+/* Another reference to e; pin: e is never closed before exit (the
+ * default export attached at start, the one the control socket
+ * steers).
+ */
+extern void export_hold (struct export *e, bool pin);
+/* Give a reference back.  With the last, an export that is not pinned
+ * and holds no dirty data is closed: its file, fd and counters go (its
+ * threads went with its last connection); the next exports_get of its
+ * name opens it again, warm.
+ */
+extern void export_put (struct export *e);
 
 extern struct cache *export_cache (const struct export *e);
 /* Attached at start with contexts of its own (export_attach_fixed). */
@@ -93,7 +122,15 @@ extern void export_disconnect (struct export *e, struct lender *l);
 struct export_req {
   nbdkit_next *next;
   struct cache *cache;
+  struct lender *lender;         /* next's, for its turn (or NULL) */
 };
+
+/* Around a call on the context of lender l (a connection's) made
+ * outside export_backend: one call at a time when the plugin
+ * serialises requests (exports_init).  l may be NULL.
+ */
+extern void export_turn_take (struct lender *l);
+extern void export_turn_give (struct lender *l);
 extern struct cache_backend export_backend (struct export_req *ctx);
 
 /* A backend whose requests go to one of e's lenders (write: a writable

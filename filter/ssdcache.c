@@ -148,10 +148,26 @@ ssdcache_get_ready (int thread_model)
                   "ssdcache-writeback-depth=1");
     config.wb.depth = 1;
   }
-  exports_init (config.exports == CONFIG_EXPORTS_EACH
-                ? (config.size ? config.size : CACHE_DEFAULT_SIZE) : 0);
+  exports_init (config.exports != CONFIG_EXPORTS_ONE
+                ? (config.size ? config.size : CACHE_DEFAULT_SIZE) : 0,
+                thread_model, config.exports_max);
   default_export = exports_get ("");
   return default_export ? 0 : -1;
+}
+
+/* Does every export name get the default export's cache?  With
+ * ssdcache-exports=auto, when the plugin opens without a client
+ * connection (plugin_shared): it cannot tell names apart, so two
+ * names are one disk, and two caches of it would each serve their own
+ * stale data.
+ */
+static bool plugin_shared;
+
+static bool
+one_cache (void)
+{
+  return config.exports == CONFIG_EXPORTS_ONE ||
+    (config.exports == CONFIG_EXPORTS_AUTO && plugin_shared);
 }
 
 static void
@@ -262,7 +278,12 @@ static int
 ssdcache_after_fork (nbdkit_backend *backend)
 {
   the_backend = backend;
-  if (!probe_shared (backend))
+  plugin_shared = probe_shared (backend);
+  /* (Either way the default export stays open until exit: its file was
+   * opened and locked before nbdkit forked, and the parent process may
+   * keep its lock.)
+   */
+  if (!plugin_shared)
     return 0;                   /* attached by connections */
   if (attach_backend (backend) == 0) {
     start_control (default_export);
@@ -360,6 +381,7 @@ start_control (struct export *e)
   pthread_mutex_lock (&control_lock);
   if (config.control && control == NULL && control_export == NULL) {
     control_export = e;
+    export_hold (e, true);      /* steered until exit */
     control = control_start (export_cache (e), config.control, &control_ops);
   }
   pthread_mutex_unlock (&control_lock);
@@ -387,13 +409,16 @@ ssdcache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
   }
   if (next (nxdata, readonly, exportname) == -1)
     return NULL;
-  e = config.exports == CONFIG_EXPORTS_ONE ? default_export
-    : exports_get (exportname);
-  if (e == NULL)
+  if (one_cache ()) {
+    e = default_export;
+    export_hold (e, false);
+  }
+  else if ((e = exports_get (exportname)) == NULL)
     return NULL;
   h = calloc (1, sizeof *h);
   if (h == NULL) {
     nbdkit_error ("calloc: %m");
+    export_put (e);
     return NULL;
   }
   h->e = e;
@@ -406,6 +431,7 @@ ssdcache_close (void *handle)
   struct handle *h = handle;
 
   prefetch_conn_free (h->pc);
+  export_put (h->e);
   free (h);
 }
 
@@ -437,8 +463,10 @@ ssdcache_finalize (nbdkit_next *next, void *handle)
 }
 
 #define CACHE_OF(handle) export_cache (((struct handle *) (handle))->e)
+#define LENDER_OF(handle) (((struct handle *) (handle))->lender)
 #define REQ(next, handle) \
-  struct export_req req = { .next = next, .cache = CACHE_OF (handle) }; \
+  struct export_req req = { .next = next, .cache = CACHE_OF (handle), \
+                            .lender = LENDER_OF (handle) }; \
   struct cache_backend be = export_backend (&req)
 
 static int
@@ -468,6 +496,7 @@ ssdcache_pwrite (nbdkit_next *next, void *handle, const void *buf,
 struct zt_ctx {
   nbdkit_next *next;
   struct cache *cache;
+  struct lender *lender;
   uint32_t flags;
   bool is_zero;
 };
@@ -477,9 +506,13 @@ do_zero_trim (void *opaque, uint32_t count, uint64_t offset, int *err)
 {
   struct zt_ctx *z = opaque;
   uint32_t flags = z->flags & ~NBDKIT_FLAG_FUA;   /* FUA: done by cache */
+  int r;
 
-  if ((z->is_zero ? z->next->zero (z->next, count, offset, flags, err)
-       : z->next->trim (z->next, count, offset, flags, err)) == -1) {
+  export_turn_take (z->lender);
+  r = z->is_zero ? z->next->zero (z->next, count, offset, flags, err)
+    : z->next->trim (z->next, count, offset, flags, err);
+  export_turn_give (z->lender);
+  if (r == -1) {
     STATS_ADD (cache_stats (z->cache), backend_errors, 1);
     return -1;
   }
@@ -491,7 +524,8 @@ zero_trim (nbdkit_next *next, void *handle, bool is_zero, uint32_t count,
            uint64_t offset, uint32_t flags, int *err)
 {
   REQ (next, handle);
-  struct zt_ctx z = { .next = next, .cache = req.cache, .flags = flags,
+  struct zt_ctx z = { .next = next, .cache = req.cache,
+                      .lender = req.lender, .flags = flags,
                       .is_zero = is_zero };
   return cache_zero_trim (req.cache, &be, is_zero, do_zero_trim, &z, count,
                           offset, (flags & NBDKIT_FLAG_FUA) != 0, err);
@@ -518,6 +552,10 @@ ssdcache_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
   return cache_flush (req.cache, &be, err);
 }
 
+static int extents_of (nbdkit_next *next, struct cache *cache,
+                       uint32_t count, uint64_t offset, uint32_t flags,
+                       struct nbdkit_extents *extents, int *err);
+
 /* Writeback: pages holding dirty data are data, whatever the backend
  * says about its (stale) copy of them.
  */
@@ -527,6 +565,20 @@ ssdcache_extents (nbdkit_next *next, void *handle, uint32_t count,
                   struct nbdkit_extents *extents, int *err)
 {
   struct cache *cache = CACHE_OF (handle);
+  struct lender *l = LENDER_OF (handle);
+  int r;
+
+  export_turn_take (l);
+  r = extents_of (next, cache, count, offset, flags, extents, err);
+  export_turn_give (l);
+  return r;
+}
+
+static int
+extents_of (nbdkit_next *next, struct cache *cache, uint32_t count,
+            uint64_t offset, uint32_t flags, struct nbdkit_extents *extents,
+            int *err)
+{
   const uint64_t end = offset + count;
   uint64_t pos = offset;
 

@@ -780,3 +780,173 @@ ctl_bounded ()
 {
     bounded 60 "$SSDCACHE_TOOL" ctl "$@"
 }
+
+# -- an SSH server of the test's own ------------------------------------
+
+# start_sshd: an OpenSSH server (a child of the test, stopped at exit)
+# on a free loopback port, with its own host key, user key and
+# authorized_keys in $tmpdir/ssh.  Skips the test (77) where sshd
+# cannot run.  Sets $ssh_port and $sshdir.
+start_sshd ()
+{
+    local attempt i log="$tmpdir/sshd.log"
+    requires test -x /usr/sbin/sshd
+    requires command -v ssh-keygen
+    sshdir="$tmpdir/ssh"
+    mkdir -m 0700 "$sshdir"
+    ssh-keygen -q -t ed25519 -N '' -C ssdcache-test-host -f "$sshdir/host_key"
+    ssh-keygen -q -t ed25519 -N '' -C ssdcache-test-user -f "$sshdir/user_key"
+    cp "$sshdir/user_key.pub" "$sshdir/authorized_keys"
+    # As root, sshd insists on its privilege separation directory (on a
+    # systemd host the sshd service creates it): the standard one.
+    if [ "$(id -u)" -eq 0 ] && [ ! -d /run/sshd ]; then
+        mkdir -p -m 0755 /run/sshd || {
+            echo "$0: test skipped: cannot create /run/sshd for sshd"; exit 77; }
+    fi
+    _sshd_pid=
+    cleanup_fn _stop_sshd
+    # The free port found may be taken before sshd binds it: retry.
+    for (( attempt = 0; attempt < 5; attempt++ )); do
+        ssh_port="$("$PYTHON" -c 'import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')"
+        _sshd_config > "$sshdir/sshd_config"
+        if ! /usr/sbin/sshd -t -f "$sshdir/sshd_config" 2> "$log"; then
+            echo "$0: test skipped: sshd refuses its configuration: $(cat "$log")"
+            exit 77
+        fi
+        /usr/sbin/sshd -D -e -f "$sshdir/sshd_config" 2> "$log" &
+        _sshd_pid=$!
+        for (( i = 0; i < 100; i++ )); do
+            grep -q "Server listening on 127.0.0.1 port $ssh_port" "$log" && break
+            kill -0 "$_sshd_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        grep -q "Server listening on 127.0.0.1 port $ssh_port" "$log" && break
+        cat "$log"
+        _stop_sshd
+    done
+    [ -n "$_sshd_pid" ] || {
+        echo "$0: test skipped: sshd could not be started on loopback: $(cat "$log")"
+        exit 77
+    }
+    echo "[127.0.0.1]:$ssh_port $(cut -d' ' -f1,2 "$sshdir/host_key.pub")" \
+         > "$sshdir/known_hosts"
+}
+
+_sshd_config ()
+{
+    cat <<END_OF_CONFIG
+Port $ssh_port
+ListenAddress 127.0.0.1
+HostKey $sshdir/host_key
+PidFile $sshdir/sshd.pid
+AuthorizedKeysFile $sshdir/authorized_keys
+StrictModes no
+UsePAM no
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+AllowTcpForwarding no
+X11Forwarding no
+PrintMotd no
+MaxSessions 64
+MaxStartups 64
+Subsystem sftp internal-sftp
+END_OF_CONFIG
+}
+
+_stop_sshd ()
+{
+    if [ -n "${_sshd_pid:-}" ]; then
+        kill -TERM "$_sshd_pid" 2>/dev/null
+        wait "$_sshd_pid" 2>/dev/null
+        _sshd_pid=
+    fi
+}
+
+# ssh_plugin_args IMAGE: the array ssh_args: nbdkit's ssh plugin
+# reading IMAGE through start_sshd's server (config= : no ssh client
+# configuration of the user or the system is read).
+ssh_plugin_args ()
+{
+    ssh_args=( ssh host=127.0.0.1 port="$ssh_port" user="$(id -un)"
+               path="$1" identity="$sshdir/user_key"
+               known-hosts="$sshdir/known_hosts" config= timeout=20 )
+}
+
+# -- an HTTP server of the test's own -----------------------------------
+
+# start_httpd DIR FILE: lighttpd (a child of the test, stopped at exit)
+# serving DIR on a free loopback port; ready once a Range request for
+# FILE (a name in DIR) gets exactly its bytes.  Skips the test (77)
+# where lighttpd cannot run.  Sets $http_port.
+start_httpd ()
+{
+    local www="$1" probe="$2" attempt i log="$tmpdir/lighttpd.log"
+    requires test -x /usr/sbin/lighttpd
+    _httpd_pid=
+    cleanup_fn _stop_httpd
+    for (( attempt = 0; attempt < 5; attempt++ )); do
+        http_port="$("$PYTHON" -c 'import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')"
+        cat > "$tmpdir/lighttpd.conf" <<END_OF_CONFIG
+server.document-root = "$www"
+server.port = $http_port
+server.bind = "127.0.0.1"
+server.pid-file = "$tmpdir/lighttpd.pid"
+server.errorlog = "$log"
+END_OF_CONFIG
+        if ! /usr/sbin/lighttpd -tt -f "$tmpdir/lighttpd.conf" > "$tmpdir/lt.err" 2>&1; then
+            echo "$0: test skipped: lighttpd refuses its configuration: $(cat "$tmpdir/lt.err")"
+            exit 77
+        fi
+        /usr/sbin/lighttpd -D -f "$tmpdir/lighttpd.conf" 2>> "$log" &
+        _httpd_pid=$!
+        for (( i = 0; i < 100; i++ )); do
+            _range_ok "http://127.0.0.1:$http_port/$probe" "$www/$probe" && break
+            kill -0 "$_httpd_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        _range_ok "http://127.0.0.1:$http_port/$probe" "$www/$probe" && break
+        cat "$log" || :
+        _stop_httpd
+    done
+    [ -n "$_httpd_pid" ] || {
+        echo "$0: test skipped: lighttpd could not be started on loopback"
+        exit 77
+    }
+}
+
+# _range_ok URL FILE: a Range request gets "206 Partial Content" and
+# exactly the bytes of FILE asked for.
+_range_ok ()
+{
+    "$PYTHON" - "$1" "$2" <<'END_OF_PYTHON'
+import sys, urllib.request
+req = urllib.request.Request(sys.argv[1], headers={"Range": "bytes=1000-1999"})
+try:
+    with urllib.request.urlopen(req, timeout=5) as r:
+        body = r.read()
+        status = r.status
+except OSError:
+    sys.exit(1)
+with open(sys.argv[2], "rb") as f:
+    f.seek(1000)
+    want = f.read(1000)
+sys.exit(0 if status == 206 and body == want else 1)
+END_OF_PYTHON
+}
+
+_stop_httpd ()
+{
+    if [ -n "${_httpd_pid:-}" ]; then
+        kill -TERM "$_httpd_pid" 2>/dev/null
+        wait "$_httpd_pid" 2>/dev/null
+        _httpd_pid=
+    fi
+}

@@ -21,7 +21,6 @@ requires "$PYTHON" -c 'import nbd'
 requires nbdcopy --version
 requires nbdkit curl --version
 requires nbdkit --filter=stats null --version
-requires test -x /usr/sbin/lighttpd
 
 # -- a lighttpd of our own ------------------------------------------------
 
@@ -31,75 +30,10 @@ size=$((8 * 1024 * 1024))
 random_file "$www/disk.img" $size
 random_file "$www/other.img" $size
 
-free_port ()
-{
-    "$PYTHON" -c 'import socket
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])'
-}
+start_httpd "$www" disk.img
 
-# range_ok URL: a Range request gets "206 Partial Content" and exactly
-# the bytes asked for.
-range_ok ()
-{
-    "$PYTHON" - "$1" "$www/disk.img" <<'EOF'
-import sys, urllib.request
-req = urllib.request.Request(sys.argv[1], headers={"Range": "bytes=1000-1999"})
-with urllib.request.urlopen(req, timeout=5) as r:
-    body = r.read()
-    status = r.status
-with open(sys.argv[2], "rb") as f:
-    f.seek(1000)
-    want = f.read(1000)
-sys.exit(0 if status == 206 and body == want else 1)
-EOF
-}
-
-httpd_pid=
-httpd_log="$tmpdir/lighttpd.log"
-stop_httpd ()
-{
-    if [ -n "$httpd_pid" ]; then
-        kill -TERM "$httpd_pid" 2>/dev/null
-        wait "$httpd_pid" 2>/dev/null
-        httpd_pid=
-    fi
-}
-cleanup_fn stop_httpd
-
-for (( attempt = 0; attempt < 5; attempt++ )); do
-    port="$(free_port)"
-    cat > "$tmpdir/lighttpd.conf" <<EOF
-server.document-root = "$www"
-server.port = $port
-server.bind = "127.0.0.1"
-server.pid-file = "$tmpdir/lighttpd.pid"
-server.errorlog = "$httpd_log"
-EOF
-    if ! /usr/sbin/lighttpd -tt -f "$tmpdir/lighttpd.conf" > "$tmpdir/lt.err" 2>&1; then
-        cat "$tmpdir/lt.err"
-        echo "$0: test skipped: lighttpd refuses its configuration: $(cat "$tmpdir/lt.err")"
-        exit 77
-    fi
-    /usr/sbin/lighttpd -D -f "$tmpdir/lighttpd.conf" 2>> "$httpd_log" &
-    httpd_pid=$!
-    for (( i = 0; i < 100; i++ )); do
-        range_ok "http://127.0.0.1:$port/disk.img" && break
-        kill -0 "$httpd_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    range_ok "http://127.0.0.1:$port/disk.img" && break
-    cat "$httpd_log" || :
-    stop_httpd
-done
-[ -n "$httpd_pid" ] || {
-    echo "$0: test skipped: lighttpd could not be started on loopback"
-    exit 77
-}
-
-url="http://127.0.0.1:$port/disk.img"
-other_url="http://127.0.0.1:$port/other.img"
+url="http://127.0.0.1:$http_port/disk.img"
+other_url="http://127.0.0.1:$http_port/other.img"
 cache="$tmpdir/http.ssdcache"
 stats="$tmpdir/ssdcache.stats"
 bstats="$tmpdir/backend.stats"

@@ -135,9 +135,11 @@ done
 
 # -- 4. one budget, shared ----------------------------------------------
 
-# c.img (8M) is read first and fills the whole 4M budget, then idles;
-# a.img (4M) is then read twice.  Its second read must hit as often as
-# with a 4M cache of its own.
+# c.img (8M) is read first and fills the whole 4M budget, then idles
+# (its client stays connected, so its cache stays open); a.img (4M) is
+# then read twice.  Its second read must hit as often as with a 4M
+# cache of its own.  (An export whose last client left is parked
+# instead: test-ssdcache-exports-limit.sh.)
 hits_of_a ()
 {
     local stats="$1"
@@ -148,11 +150,24 @@ rm -f "$cache" "$cache".* "$tmpdir/st".*
 start_ssdcache -P "$tmpdir/s.pid" -U "$tmpdir/s.sock" file dir="$dir" \
     ssdcache-file="$cache" ssdcache-size=4M ssdcache-readahead=off \
     ssdcache-stats="$tmpdir/st" -D ssdcache.exports=1
-nbdcopy --no-extents "$(uri_of c.img "$tmpdir/s.sock")" "$tmpdir/copy"
-sleep 1.5
+mkfifo "$tmpdir/c-read" "$tmpdir/c-end"
+READ="$tmpdir/c-read" END="$tmpdir/c-end" \
+nbdsh -u "$(uri_of c.img "$tmpdir/s.sock")" -c '
+import os
+for off in range(0, h.get_size(), 1 << 20):
+    h.pread(1 << 20, off)
+open(os.environ["READ"], "w").write("read\n")
+open(os.environ["END"]).read()
+' &
+holder=$!
+cleanup_fn kill $holder
+read -r _ < "$tmpdir/c-read"
+sleep 1.5                       # c.img idle (EXPORTS_IDLE_MS)
 nbdcopy --no-extents "$(uri_of a.img "$tmpdir/s.sock")" "$tmpdir/copy"
 nbdcopy --no-extents "$(uri_of a.img "$tmpdir/s.sock")" "$tmpdir/copy"
 cmp "$dir/a.img" "$tmpdir/copy" || fail "a.img read wrong (budget)"
+echo > "$tmpdir/c-end"
+wait $holder
 stop_nbdkit "$tmpdir/s.pid"
 shared="$(hits_of_a "$tmpdir/st")"
 cfile="$(grep -l '^export: c.img$' "$tmpdir/st".*)"

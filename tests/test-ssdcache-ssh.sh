@@ -28,96 +28,13 @@ requires nbdkit --filter=stats null --version
 requires test -x /usr/sbin/sshd
 requires command -v ssh-keygen
 
-# -- an sshd of our own -------------------------------------------------
-
-sshdir="$tmpdir/ssh"
-mkdir -m 0700 "$sshdir"
-ssh-keygen -q -t ed25519 -N '' -C ssdcache-test-host -f "$sshdir/host_key"
-ssh-keygen -q -t ed25519 -N '' -C ssdcache-test-user -f "$sshdir/user_key"
-cp "$sshdir/user_key.pub" "$sshdir/authorized_keys"
-user="$(id -un)"
-
-# As root, sshd insists on its privilege separation directory (on a
-# systemd host it is created by the sshd service, which is not running
-# here).  It is the standard Debian directory: create it if missing.
-if [ "$(id -u)" -eq 0 ] && [ ! -d /run/sshd ]; then
-    mkdir -p -m 0755 /run/sshd ||
-        { echo "$0: test skipped: cannot create /run/sshd for sshd"; exit 77; }
-fi
-
-free_port ()
-{
-    "$PYTHON" -c 'import socket
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])'
-}
-
-sshd_pid=
-sshd_log="$tmpdir/sshd.log"
-stop_sshd ()
-{
-    if [ -n "$sshd_pid" ]; then
-        kill -TERM "$sshd_pid" 2>/dev/null
-        wait "$sshd_pid" 2>/dev/null
-        sshd_pid=
-    fi
-}
-cleanup_fn stop_sshd
-
-# The free port found may be taken by someone else before sshd binds
-# it: try a few ports.
-for (( attempt = 0; attempt < 5; attempt++ )); do
-    port="$(free_port)"
-    cat > "$sshdir/sshd_config" <<EOF
-Port $port
-ListenAddress 127.0.0.1
-HostKey $sshdir/host_key
-PidFile $sshdir/sshd.pid
-AuthorizedKeysFile $sshdir/authorized_keys
-StrictModes no
-UsePAM no
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-AllowTcpForwarding no
-X11Forwarding no
-PrintMotd no
-Subsystem sftp internal-sftp
-EOF
-    if ! /usr/sbin/sshd -t -f "$sshdir/sshd_config" 2> "$sshd_log"; then
-        cat "$sshd_log"
-        echo "$0: test skipped: sshd refuses its configuration: $(cat "$sshd_log")"
-        exit 77
-    fi
-    /usr/sbin/sshd -D -e -f "$sshdir/sshd_config" 2> "$sshd_log" &
-    sshd_pid=$!
-    for (( i = 0; i < 100; i++ )); do
-        grep -q "Server listening on 127.0.0.1 port $port" "$sshd_log" && break
-        kill -0 "$sshd_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    grep -q "Server listening on 127.0.0.1 port $port" "$sshd_log" && break
-    cat "$sshd_log"
-    stop_sshd
-done
-[ -n "$sshd_pid" ] || {
-    echo "$0: test skipped: sshd could not be started on loopback: $(cat "$sshd_log")"
-    exit 77
-}
-echo "[127.0.0.1]:$port $(cut -d' ' -f1,2 "$sshdir/host_key.pub")" \
-     > "$sshdir/known_hosts"
+start_sshd
 
 img="$tmpdir/disk.img"
 size=$((8 * 1024 * 1024))
 random_file "$img" $size
 
-# The ssh plugin reading $img through our sshd.  config= : read no
-# ssh client configuration of the user or the system.
-ssh_args=( ssh host=127.0.0.1 port="$port" user="$user" path="$img"
-           identity="$sshdir/user_key" known-hosts="$sshdir/known_hosts"
-           config= timeout=20 )
+ssh_plugin_args "$img"
 
 # Plain nbdkit ssh works, or the set-up is broken (not a filter bug).
 nbdkit -U - "${ssh_args[@]}" --run 'nbdinfo --size "$uri"' > "$tmpdir/size" ||
@@ -243,4 +160,4 @@ with open(os.environ["IMG"], "rb") as f:
 assert h.pread(len(data), off) == data
 '
 stop_nbdkit "$pid"
-cat "$sshd_log"
+cat "$tmpdir/sshd.log"

@@ -226,6 +226,14 @@ extern uint64_t cache_drop_clean (struct cache *c, uint64_t offset,
  * only.  Returns true if a slot went.
  */
 extern bool cache_give_slot (struct cache *c);
+/* Bytes of slots the cache holds off its free list (what it counts in
+ * a shared budget).
+ */
+extern uint64_t cache_held_bytes (struct cache *c);
+/* Remove a closed cache's file, unless a process holds it.  Returns 0
+ * or -1 (errno).
+ */
+extern int cache_remove_file (const char *path);
 /* Slots that may be taken without evicting anything. */
 extern uint64_t cache_free_slots (struct cache *c);
 /* Warm-up: read the pages of [offset, offset+len) that are not cached

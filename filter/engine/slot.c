@@ -489,6 +489,23 @@ cache_give_slot (struct cache *c)
 }
 
 uint64_t
+cache_held_bytes (struct cache *c)
+{
+  uint64_t n;
+
+  pthread_mutex_lock (&c->lock);
+  n = (uint64_t) (c->pt.nslots - c->pt.nfree) * c->page_size;
+  pthread_mutex_unlock (&c->lock);
+  return n;
+}
+
+int
+cache_remove_file (const char *path)
+{
+  return pool_remove_file (path);
+}
+
+uint64_t
 cache_free_slots (struct cache *c)
 {
   uint64_t n;

@@ -853,6 +853,24 @@ pool_sync (struct pool *p)
   return fdatasync (p->fd);
 }
 
+int
+pool_remove_file (const char *path)
+{
+  int fd = open (path, O_RDWR | O_NOFOLLOW | O_CLOEXEC), r = -1;
+  struct stat st;
+
+  if (fd == -1)
+    return -1;
+  if (flock (fd, LOCK_EX | LOCK_NB) == 0 && fstat (fd, &st) == 0) {
+    if (S_ISREG (st.st_mode))
+      r = unlink (path);
+    else
+      errno = EINVAL;
+  }
+  close (fd);                   /* (drops the lock) */
+  return r;
+}
+
 void
 pool_punch_slot (struct pool *p, uint32_t slot)
 {

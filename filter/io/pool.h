@@ -70,6 +70,11 @@ struct pool {
  * the file.  Returns 0 or -1.
  */
 extern int pool_open (struct pool *p, const char *path, bool direct);
+/* Remove the cache file at path, if it is a regular file that no
+ * process holds (its lock taken first, without waiting).  Returns 0,
+ * or -1 (left as it is; errno).
+ */
+extern int pool_remove_file (const char *path);
 
 /* pool_open for the default cache file, which the filter named in a
  * directory of the user's own (config.c): it is never reached through

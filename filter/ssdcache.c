@@ -131,11 +131,36 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "ssdcache-exports=each|one  A cache per export name (each, the\n" \
   "                           default) or one for all names."
 
+/* nbdkit 1.44 passes the next layer's thread model. */
+#if NBDKIT_VERSION_MAJOR > 1 || NBDKIT_VERSION_MINOR >= 44
+static int
+ssdcache_thread_model (int next_thread_model)
+#else
 static int
 ssdcache_thread_model (void)
+#endif
 {
   return NBDKIT_THREAD_MODEL_PARALLEL;
 }
+
+/* nbdkit --filter=ssdcache null --dump-plugin (nbdkit 1.36 and later
+ * call it for filters).
+ */
+#if NBDKIT_VERSION_MAJOR > 1 || NBDKIT_VERSION_MINOR >= 36
+#define HAVE_DUMP_PLUGIN 1
+static void
+ssdcache_dump_plugin (void)
+{
+  char *dir = config_default_dir ();
+
+  printf ("ssdcache_version=%s\n", PACKAGE_VERSION);
+  printf ("ssdcache_page_size_min=%u\n", (unsigned) LAYOUT_MIN_PAGE);
+  printf ("ssdcache_page_size_max=%u\n", (unsigned) LAYOUT_MAX_PAGE);
+  printf ("ssdcache_page_size_default=%u\n", (unsigned) CACHE_DEFAULT_PAGE);
+  printf ("ssdcache_default_dir=%s\n", dir ? dir : "");
+  free (dir);
+}
+#endif
 
 static int
 ssdcache_get_ready (int thread_model)
@@ -598,6 +623,9 @@ static struct nbdkit_filter filter = {
   .config_complete   = ssdcache_config_complete,
   .config_help       = ssdcache_config_help,
   .thread_model      = ssdcache_thread_model,
+#ifdef HAVE_DUMP_PLUGIN
+  .dump_plugin       = ssdcache_dump_plugin,
+#endif
   .get_ready         = ssdcache_get_ready,
   .after_fork        = ssdcache_after_fork,
   .cleanup           = ssdcache_cleanup,

@@ -53,6 +53,7 @@ struct handle {
   struct export *e;
   struct lender *lender;         /* from .prepare to .finalize */
   struct prefetch_conn *pc;      /* its readahead state, or NULL */
+  bool mc_fua;                   /* see ssdcache_can_multi_conn */
 };
 
 /* Set when the cache could not be attached in a captive nbdkit (see
@@ -461,10 +462,52 @@ ssdcache_finalize (nbdkit_next *next, void *handle)
   return 0;
 }
 
+/* A connection that was promised multi-conn over a plugin that does
+ * not offer it (ssdcache_can_multi_conn) sends whatever goes from it
+ * to the plugin with FUA: a FLUSH on another connection reaches the
+ * plugin through that other connection only.
+ */
+struct fua_backend {
+  struct cache_backend inner;
+};
+
+static int
+fua_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
+{
+  const struct cache_backend *b = &((struct fua_backend *) h)->inner;
+  return b->pread (b->h, buf, count, offset, err);
+}
+
+static int
+fua_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
+            bool fua, int *err)
+{
+  const struct cache_backend *b = &((struct fua_backend *) h)->inner;
+  return b->pwrite (b->h, buf, count, offset, true, err);
+}
+
+static int
+fua_flush (void *h, int *err)
+{
+  const struct cache_backend *b = &((struct fua_backend *) h)->inner;
+  return b->flush (b->h, err);
+}
+
+static struct cache_backend
+conn_backend (void *handle, struct fua_backend *fb)
+{
+  struct cache_backend be = { .h = fb, .pread = fua_pread,
+                              .pwrite = fua_pwrite,
+                              .flush = fb->inner.flush ? fua_flush : NULL };
+
+  return ((struct handle *) handle)->mc_fua ? be : fb->inner;
+}
+
 #define CACHE_OF(handle) export_cache (((struct handle *) (handle))->e)
 #define REQ(next, handle) \
   struct export_req req = { .next = next, .cache = CACHE_OF (handle) }; \
-  struct cache_backend be = export_backend (&req)
+  struct fua_backend fb_ = { .inner = export_backend (&req) }; \
+  struct cache_backend be = conn_backend (handle, &fb_)
 
 static int
 ssdcache_can_cache (nbdkit_next *next, void *handle)
@@ -495,6 +538,7 @@ struct zt_ctx {
   struct cache *cache;
   uint32_t flags;
   bool is_zero;
+  bool mc_fua;                  /* the connection's mc_fua */
 };
 
 static int
@@ -502,9 +546,19 @@ do_zero_trim (void *opaque, uint32_t count, uint64_t offset, int *err)
 {
   struct zt_ctx *z = opaque;
   uint32_t flags = z->flags & ~NBDKIT_FLAG_FUA;   /* FUA: done by cache */
+  int fua = z->mc_fua ? z->next->can_fua (z->next) : NBDKIT_FUA_NONE;
 
+  if (fua == -1) {
+    *err = EIO;
+    return -1;
+  }
+  if (fua != NBDKIT_FUA_NONE)
+    flags |= NBDKIT_FLAG_FUA;
   if ((z->is_zero ? z->next->zero (z->next, count, offset, flags, err)
-       : z->next->trim (z->next, count, offset, flags, err)) == -1) {
+       : z->next->trim (z->next, count, offset, flags, err)) == -1 ||
+      (z->mc_fua && fua == NBDKIT_FUA_NONE &&
+       z->next->can_flush (z->next) == 1 &&
+       z->next->flush (z->next, 0, err) == -1)) {
     STATS_ADD (cache_stats (z->cache), backend_errors, 1);
     return -1;
   }
@@ -517,7 +571,8 @@ zero_trim (nbdkit_next *next, void *handle, bool is_zero, uint32_t count,
 {
   REQ (next, handle);
   struct zt_ctx z = { .next = next, .cache = req.cache, .flags = flags,
-                      .is_zero = is_zero };
+                      .is_zero = is_zero,
+                      .mc_fua = ((struct handle *) handle)->mc_fua };
   return cache_zero_trim (req.cache, &be, is_zero, do_zero_trim, &z, count,
                           offset, (flags & NBDKIT_FLAG_FUA) != 0, err);
 }
@@ -607,6 +662,71 @@ ssdcache_can_flush (nbdkit_next *next, void *handle)
   return next->can_flush (next);
 }
 
+/* Like nbdkit's cache and cow filters: requests of at least a cache
+ * page are preferred (smaller writes make partial pages), within the
+ * plugin's maximum.
+ */
+static int
+ssdcache_block_size (nbdkit_next *next, void *handle, uint32_t *minimum,
+                     uint32_t *preferred, uint32_t *maximum)
+{
+  uint32_t page = cache_page_size (CACHE_OF (handle));
+
+  if (next->block_size (next, minimum, preferred, maximum) == -1)
+    return -1;
+  if (*minimum == 0) {          /* the plugin sets no constraint */
+    *minimum = 1;
+    *preferred = page;
+    *maximum = 0xffffffff;
+  }
+  else if (*maximum >= page && *preferred < page)
+    *preferred = page;
+  return 0;
+}
+
+/* Multi-conn: a FLUSH on one connection covers the writes completed on
+ * every connection.
+ *
+ * Where the plugin says so, that holds in every mode: the cache file
+ * is one per export, synced by any connection's FLUSH, and whatever
+ * went to the plugin is covered by the plugin's own promise.
+ *
+ * Otherwise only in writeback mode (either ssdcache-flush): writes stay
+ * in the cache, and the writeback thread flushes the plugin before a
+ * page it wrote back counts as clean.  What a connection sends to the
+ * plugin itself (zeroes and trims, writes that find the cache full,
+ * everything once the cache device failed, and every write after a
+ * run-time switch to writethrough or writearound) is covered by no
+ * other connection's flush: a connection told yes sends all of it with
+ * FUA, for as long as it lives (mc_fua).  Told in writethrough or
+ * writearound mode, it gets the plugin's no.
+ */
+static int
+ssdcache_can_multi_conn (nbdkit_next *next, void *handle)
+{
+  struct handle *h = handle;
+  int r = next->can_multi_conn (next);
+
+  if (r != 0)
+    return r;
+  if (cache_mode (CACHE_OF (handle)) != LAYOUT_MODE_WRITEBACK)
+    return 0;
+  h->mc_fua = true;
+  return 1;
+}
+
+/* Reads are served from the cache device: rotational or not as it is
+ * (sysfs).  Without a device to ask (tmpfs...), or once the cache
+ * device failed, the plugin's answer.
+ */
+static int
+ssdcache_is_rotational (nbdkit_next *next, void *handle)
+{
+  int r = cache_rotational (CACHE_OF (handle));
+
+  return r >= 0 ? r : next->is_rotational (next);
+}
+
 static int
 ssdcache_cache (nbdkit_next *next, void *handle, uint32_t count,
                 uint64_t offset, uint32_t flags, int *err)
@@ -636,6 +756,9 @@ static struct nbdkit_filter filter = {
   .can_cache         = ssdcache_can_cache,
   .can_fua           = ssdcache_can_fua,
   .can_flush         = ssdcache_can_flush,
+  .can_multi_conn    = ssdcache_can_multi_conn,
+  .block_size        = ssdcache_block_size,
+  .is_rotational     = ssdcache_is_rotational,
   .extents           = ssdcache_extents,
   .pread             = ssdcache_pread,
   .pwrite            = ssdcache_pwrite,

@@ -21,7 +21,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <time.h>
 #include <unistd.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
 #include <nbdkit-filter.h>
@@ -212,15 +215,26 @@ open_context (nbdkit_backend *backend, int readonly)
  * died, or the plugin asked for an export name; true otherwise (a
  * plugin that fails for another reason fails again in the parent, with
  * its error shown, as it always did).
+ *
+ * The child may also hang: a plugin that serves its requests from
+ * threads started in its .after_fork (nbdkit 1.42's curl plugin) waits
+ * forever for threads the child does not have.  A plugin that asks for
+ * an export name does so at once: after PROBE_MS the child is killed,
+ * and the plugin is taken as one that asks nothing.
  */
+#define PROBE_MS 2000
+
 static bool
 probe_shared (nbdkit_backend *backend)
 {
   int fds[2], status;
-  char out[4096];
+  char out[4096], drain[512];
   size_t n = 0;
   ssize_t r;
   pid_t pid;
+  struct pollfd pfd;
+  struct timespec t0, t;
+  bool hung = false;
 
   if (pipe (fds) == -1)
     return true;
@@ -232,21 +246,52 @@ probe_shared (nbdkit_backend *backend)
   }
   if (pid == 0) {
     nbdkit_next *next;
+    prctl (PR_SET_PDEATHSIG, SIGKILL);
     dup2 (fds[1], 2);
     close (fds[0]);
     next = open_context (backend, 1);
     _exit (next ? 0 : 1);
   }
   close (fds[1]);
-  while (n < sizeof out - 1 &&
-         ((r = read (fds[0], out + n, sizeof out - 1 - n)) > 0 ||
-          (r == -1 && errno == EINTR)))
-    if (r > 0)
+  pfd.fd = fds[0];
+  pfd.events = POLLIN;
+  clock_gettime (CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    long ms;
+
+    clock_gettime (CLOCK_MONOTONIC, &t);
+    ms = PROBE_MS - ((t.tv_sec - t0.tv_sec) * 1000 +
+                     (t.tv_nsec - t0.tv_nsec) / 1000000);
+    if (ms <= 0 || (r = poll (&pfd, 1, ms)) == 0) {
+      hung = true;
+      break;
+    }
+    if (r == -1) {
+      if (errno == EINTR)
+        continue;
+      break;
+    }
+    if (n < sizeof out - 1)
+      r = read (fds[0], out + n, sizeof out - 1 - n);
+    else
+      r = read (fds[0], drain, sizeof drain);
+    if (r > 0 && n < sizeof out - 1)
       n += r;
+    else if (r == 0 || (r == -1 && errno != EINTR))
+      break;                    /* the child is done */
+  }
   out[n] = '\0';
   close (fds[0]);
+  if (hung)
+    kill (pid, SIGKILL);
   while (waitpid (pid, &status, 0) == -1 && errno == EINTR)
     ;
+  if (hung && !strstr (out, "no connection in this thread")) {
+    if (ssdcache_debug_exports)
+      nbdkit_debug ("ssdcache: the plugin's open did not end in %d ms in "
+                    "the probe: taken as asking for no export", PROBE_MS);
+    return true;
+  }
   if (WIFSIGNALED (status) || strstr (out, "no connection in this thread")) {
     if (ssdcache_debug_exports)
       nbdkit_debug ("ssdcache: the plugin needs a client connection "

@@ -15,7 +15,7 @@
 #    lines; with an older nbdkit it must still work.
 # (Multi-conn: test-ssdcache-multiconn.sh.)
 source "$(dirname "$0")/functions.sh"
-set -e -x
+set -e -u -x
 
 requires nbdinfo --version
 requires nbdkit --filter=blocksize-policy null --version

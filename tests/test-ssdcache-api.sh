@@ -5,7 +5,7 @@
 # this nbdkit version: scripts/check-nbdkit-api, which also takes other
 # versions' headers).
 source "$(dirname "$0")/functions.sh"
-set -e -x
+set -e -u -x
 
 requires gcc --version
 requires pkg-config --exists nbdkit

@@ -21,7 +21,7 @@
 # 3. writethrough and writearound over that plugin: no multi-conn; over
 #    the file plugin alone (which offers it): multi-conn in every mode.
 source "$(dirname "$0")/functions.sh"
-set -e -x
+set -e -u -x
 
 requires "$PYTHON" -c 'import nbd'
 requires nbdinfo --version

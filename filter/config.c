@@ -543,6 +543,12 @@ default_dir (void)
   return r == -1 ? NULL : dir;
 }
 
+char *
+config_default_dir (void)
+{
+  return default_dir ();
+}
+
 int
 config_finish (void)
 {

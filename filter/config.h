@@ -92,4 +92,9 @@ extern int config_finish (void);
 
 extern void config_free (void);
 
+/* The default cache directory (see the man page), malloc'd; NULL with
+ * errno set when out of memory.
+ */
+extern char *config_default_dir (void);
+
 #endif /* SSDCACHE_CONFIG_H */

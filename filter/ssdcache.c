@@ -21,7 +21,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <time.h>
 #include <unistd.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
 #include <nbdkit-filter.h>
@@ -53,6 +56,7 @@ struct handle {
   struct export *e;
   struct lender *lender;         /* from .prepare to .finalize */
   struct prefetch_conn *pc;      /* its readahead state, or NULL */
+  bool mc_fua;                   /* see ssdcache_can_multi_conn */
 };
 
 /* Set when the cache could not be attached in a captive nbdkit (see
@@ -131,11 +135,36 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "ssdcache-exports=each|one  A cache per export name (each, the\n" \
   "                           default) or one for all names."
 
+/* nbdkit 1.44 passes the next layer's thread model. */
+#if NBDKIT_VERSION_MAJOR > 1 || NBDKIT_VERSION_MINOR >= 44
+static int
+ssdcache_thread_model (int next_thread_model)
+#else
 static int
 ssdcache_thread_model (void)
+#endif
 {
   return NBDKIT_THREAD_MODEL_PARALLEL;
 }
+
+/* nbdkit --filter=ssdcache null --dump-plugin (nbdkit 1.36 and later
+ * call it for filters).
+ */
+#if NBDKIT_VERSION_MAJOR > 1 || NBDKIT_VERSION_MINOR >= 36
+#define HAVE_DUMP_PLUGIN 1
+static void
+ssdcache_dump_plugin (void)
+{
+  char *dir = config_default_dir ();
+
+  printf ("ssdcache_version=%s\n", PACKAGE_VERSION);
+  printf ("ssdcache_page_size_min=%u\n", (unsigned) LAYOUT_MIN_PAGE);
+  printf ("ssdcache_page_size_max=%u\n", (unsigned) LAYOUT_MAX_PAGE);
+  printf ("ssdcache_page_size_default=%u\n", (unsigned) CACHE_DEFAULT_PAGE);
+  printf ("ssdcache_default_dir=%s\n", dir ? dir : "");
+  free (dir);
+}
+#endif
 
 static int
 ssdcache_get_ready (int thread_model)
@@ -202,15 +231,26 @@ open_context (nbdkit_backend *backend, int readonly)
  * died, or the plugin asked for an export name; true otherwise (a
  * plugin that fails for another reason fails again in the parent, with
  * its error shown, as it always did).
+ *
+ * The child may also hang: a plugin that serves its requests from
+ * threads started in its .after_fork (nbdkit 1.42's curl plugin) waits
+ * forever for threads the child does not have.  A plugin that asks for
+ * an export name does so at once: after PROBE_MS the child is killed,
+ * and the plugin is taken as one that asks nothing.
  */
+#define PROBE_MS 2000
+
 static bool
 probe_shared (nbdkit_backend *backend)
 {
   int fds[2], status;
-  char out[4096];
+  char out[4096], drain[512];
   size_t n = 0;
   ssize_t r;
   pid_t pid;
+  struct pollfd pfd;
+  struct timespec t0, t;
+  bool hung = false;
 
   if (pipe (fds) == -1)
     return true;
@@ -222,21 +262,52 @@ probe_shared (nbdkit_backend *backend)
   }
   if (pid == 0) {
     nbdkit_next *next;
+    prctl (PR_SET_PDEATHSIG, SIGKILL);
     dup2 (fds[1], 2);
     close (fds[0]);
     next = open_context (backend, 1);
     _exit (next ? 0 : 1);
   }
   close (fds[1]);
-  while (n < sizeof out - 1 &&
-         ((r = read (fds[0], out + n, sizeof out - 1 - n)) > 0 ||
-          (r == -1 && errno == EINTR)))
-    if (r > 0)
+  pfd.fd = fds[0];
+  pfd.events = POLLIN;
+  clock_gettime (CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    long ms;
+
+    clock_gettime (CLOCK_MONOTONIC, &t);
+    ms = PROBE_MS - ((t.tv_sec - t0.tv_sec) * 1000 +
+                     (t.tv_nsec - t0.tv_nsec) / 1000000);
+    if (ms <= 0 || (r = poll (&pfd, 1, ms)) == 0) {
+      hung = true;
+      break;
+    }
+    if (r == -1) {
+      if (errno == EINTR)
+        continue;
+      break;
+    }
+    if (n < sizeof out - 1)
+      r = read (fds[0], out + n, sizeof out - 1 - n);
+    else
+      r = read (fds[0], drain, sizeof drain);
+    if (r > 0 && n < sizeof out - 1)
       n += r;
+    else if (r == 0 || (r == -1 && errno != EINTR))
+      break;                    /* the child is done */
+  }
   out[n] = '\0';
   close (fds[0]);
+  if (hung)
+    kill (pid, SIGKILL);
   while (waitpid (pid, &status, 0) == -1 && errno == EINTR)
     ;
+  if (hung && !strstr (out, "no connection in this thread")) {
+    if (ssdcache_debug_exports)
+      nbdkit_debug ("ssdcache: the plugin's open did not end in %d ms in "
+                    "the probe: taken as asking for no export", PROBE_MS);
+    return true;
+  }
   if (WIFSIGNALED (status) || strstr (out, "no connection in this thread")) {
     if (ssdcache_debug_exports)
       nbdkit_debug ("ssdcache: the plugin needs a client connection "
@@ -462,12 +533,54 @@ ssdcache_finalize (nbdkit_next *next, void *handle)
   return 0;
 }
 
+/* A connection that was promised multi-conn over a plugin that does
+ * not offer it (ssdcache_can_multi_conn) sends whatever goes from it
+ * to the plugin with FUA: a FLUSH on another connection reaches the
+ * plugin through that other connection only.
+ */
+struct fua_backend {
+  struct cache_backend inner;
+};
+
+static int
+fua_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
+{
+  const struct cache_backend *b = &((struct fua_backend *) h)->inner;
+  return b->pread (b->h, buf, count, offset, err);
+}
+
+static int
+fua_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
+            bool fua, int *err)
+{
+  const struct cache_backend *b = &((struct fua_backend *) h)->inner;
+  return b->pwrite (b->h, buf, count, offset, true, err);
+}
+
+static int
+fua_flush (void *h, int *err)
+{
+  const struct cache_backend *b = &((struct fua_backend *) h)->inner;
+  return b->flush (b->h, err);
+}
+
+static struct cache_backend
+conn_backend (void *handle, struct fua_backend *fb)
+{
+  struct cache_backend be = { .h = fb, .pread = fua_pread,
+                              .pwrite = fua_pwrite,
+                              .flush = fb->inner.flush ? fua_flush : NULL };
+
+  return ((struct handle *) handle)->mc_fua ? be : fb->inner;
+}
+
 #define CACHE_OF(handle) export_cache (((struct handle *) (handle))->e)
 #define LENDER_OF(handle) (((struct handle *) (handle))->lender)
 #define REQ(next, handle) \
   struct export_req req = { .next = next, .cache = CACHE_OF (handle), \
                             .lender = LENDER_OF (handle) }; \
-  struct cache_backend be = export_backend (&req)
+  struct fua_backend fb_ = { .inner = export_backend (&req) }; \
+  struct cache_backend be = conn_backend (handle, &fb_)
 
 static int
 ssdcache_can_cache (nbdkit_next *next, void *handle)
@@ -499,6 +612,7 @@ struct zt_ctx {
   struct lender *lender;
   uint32_t flags;
   bool is_zero;
+  bool mc_fua;                  /* the connection's mc_fua */
 };
 
 static int
@@ -506,11 +620,21 @@ do_zero_trim (void *opaque, uint32_t count, uint64_t offset, int *err)
 {
   struct zt_ctx *z = opaque;
   uint32_t flags = z->flags & ~NBDKIT_FLAG_FUA;   /* FUA: done by cache */
+  int fua = z->mc_fua ? z->next->can_fua (z->next) : NBDKIT_FUA_NONE;
   int r;
 
+  if (fua == -1) {
+    *err = EIO;
+    return -1;
+  }
+  if (fua != NBDKIT_FUA_NONE)
+    flags |= NBDKIT_FLAG_FUA;
   export_turn_take (z->lender);
   r = z->is_zero ? z->next->zero (z->next, count, offset, flags, err)
     : z->next->trim (z->next, count, offset, flags, err);
+  if (r == 0 && z->mc_fua && fua == NBDKIT_FUA_NONE &&
+      z->next->can_flush (z->next) == 1)
+    r = z->next->flush (z->next, 0, err);
   export_turn_give (z->lender);
   if (r == -1) {
     STATS_ADD (cache_stats (z->cache), backend_errors, 1);
@@ -526,7 +650,8 @@ zero_trim (nbdkit_next *next, void *handle, bool is_zero, uint32_t count,
   REQ (next, handle);
   struct zt_ctx z = { .next = next, .cache = req.cache,
                       .lender = req.lender, .flags = flags,
-                      .is_zero = is_zero };
+                      .is_zero = is_zero,
+                      .mc_fua = ((struct handle *) handle)->mc_fua };
   return cache_zero_trim (req.cache, &be, is_zero, do_zero_trim, &z, count,
                           offset, (flags & NBDKIT_FLAG_FUA) != 0, err);
 }
@@ -634,6 +759,71 @@ ssdcache_can_flush (nbdkit_next *next, void *handle)
   return next->can_flush (next);
 }
 
+/* Like nbdkit's cache and cow filters: requests of at least a cache
+ * page are preferred (smaller writes make partial pages), within the
+ * plugin's maximum.
+ */
+static int
+ssdcache_block_size (nbdkit_next *next, void *handle, uint32_t *minimum,
+                     uint32_t *preferred, uint32_t *maximum)
+{
+  uint32_t page = cache_page_size (CACHE_OF (handle));
+
+  if (next->block_size (next, minimum, preferred, maximum) == -1)
+    return -1;
+  if (*minimum == 0) {          /* the plugin sets no constraint */
+    *minimum = 1;
+    *preferred = page;
+    *maximum = 0xffffffff;
+  }
+  else if (*maximum >= page && *preferred < page)
+    *preferred = page;
+  return 0;
+}
+
+/* Multi-conn: a FLUSH on one connection covers the writes completed on
+ * every connection.
+ *
+ * Where the plugin says so, that holds in every mode: the cache file
+ * is one per export, synced by any connection's FLUSH, and whatever
+ * went to the plugin is covered by the plugin's own promise.
+ *
+ * Otherwise only in writeback mode (either ssdcache-flush): writes stay
+ * in the cache, and the writeback thread flushes the plugin before a
+ * page it wrote back counts as clean.  What a connection sends to the
+ * plugin itself (zeroes and trims, writes that find the cache full,
+ * everything once the cache device failed, and every write after a
+ * run-time switch to writethrough or writearound) is covered by no
+ * other connection's flush: a connection told yes sends all of it with
+ * FUA, for as long as it lives (mc_fua).  Told in writethrough or
+ * writearound mode, it gets the plugin's no.
+ */
+static int
+ssdcache_can_multi_conn (nbdkit_next *next, void *handle)
+{
+  struct handle *h = handle;
+  int r = next->can_multi_conn (next);
+
+  if (r != 0)
+    return r;
+  if (cache_mode (CACHE_OF (handle)) != LAYOUT_MODE_WRITEBACK)
+    return 0;
+  h->mc_fua = true;
+  return 1;
+}
+
+/* Reads are served from the cache device: rotational or not as it is
+ * (sysfs).  Without a device to ask (tmpfs...), or once the cache
+ * device failed, the plugin's answer.
+ */
+static int
+ssdcache_is_rotational (nbdkit_next *next, void *handle)
+{
+  int r = cache_rotational (CACHE_OF (handle));
+
+  return r >= 0 ? r : next->is_rotational (next);
+}
+
 static int
 ssdcache_cache (nbdkit_next *next, void *handle, uint32_t count,
                 uint64_t offset, uint32_t flags, int *err)
@@ -650,6 +840,9 @@ static struct nbdkit_filter filter = {
   .config_complete   = ssdcache_config_complete,
   .config_help       = ssdcache_config_help,
   .thread_model      = ssdcache_thread_model,
+#ifdef HAVE_DUMP_PLUGIN
+  .dump_plugin       = ssdcache_dump_plugin,
+#endif
   .get_ready         = ssdcache_get_ready,
   .after_fork        = ssdcache_after_fork,
   .cleanup           = ssdcache_cleanup,
@@ -660,6 +853,9 @@ static struct nbdkit_filter filter = {
   .can_cache         = ssdcache_can_cache,
   .can_fua           = ssdcache_can_fua,
   .can_flush         = ssdcache_can_flush,
+  .can_multi_conn    = ssdcache_can_multi_conn,
+  .block_size        = ssdcache_block_size,
+  .is_rotational     = ssdcache_is_rotational,
   .extents           = ssdcache_extents,
   .pread             = ssdcache_pread,
   .pwrite            = ssdcache_pwrite,

@@ -9,6 +9,8 @@
 # Works under `make check` (tests/Makefile.am exports abs_top_builddir,
 # abs_top_srcdir, SSDCACHE_FILTER and PYTHON) and when a script is run
 # by hand from the build tree (cd tests && ./test-ssdcache-foo.sh).
+# Safe under `set -u`, on Debian bookworm (nbdkit 1.32, libnbd 1.14)
+# and trixie (nbdkit 1.42, libnbd 1.22).
 #
 # Provides:
 #   requires CMD ARGS...      skip the test (exit 77) unless CMD succeeds
@@ -35,6 +37,9 @@
 #   random_file FILE SIZE     FILE with SIZE random bytes
 #   shim_path NAME            the LD_PRELOAD shim shim/NAME.c, built
 #                             by make check
+#   version_lt TOOL X.Y       TOOL's version (nbdkit, nbdfuse...: the
+#                             number after its name in TOOL --version)
+#                             is older than X.Y
 #   $tmpdir                   a private directory, removed at exit
 #   $SSDCACHE_FILTER          absolute path of the filter under test
 #   $SSDCACHE_TOOL            absolute path of the ssdcache tool
@@ -423,6 +428,21 @@ random_file ()
     mv "$1.tmp" "$1"
 }
 
+# -- versions -------------------------------------------------------------
+
+# version_lt TOOL X.Y: TOOL's version is older than X.Y (a behaviour of
+# one nbdkit or libnbd version is worked around only in that version).
+version_lt ()
+{
+    local v
+    v="$("$1" --version 2>/dev/null | awk -v t="$(basename "$1")" '$1 == t { print $2; exit }')"
+    [ -n "$v" ] || fail "version_lt: no version from $1 --version"
+    "$PYTHON" -c 'import sys
+v = [int(x) for x in sys.argv[1].split(".")[:2]]
+w = [int(x) for x in sys.argv[2].split(".")[:2]]
+sys.exit(0 if v < w else 1)' "$v" "$2"
+}
+
 # -- LD_PRELOAD shims -----------------------------------------------------
 
 # shim_path NAME: the path of the LD_PRELOAD shim built from
@@ -567,11 +587,15 @@ fs_attach ()
     fi
     [ ! -s "$dir/nbdfuse.pid" ] || fail "fs_attach: a stack is already attached in $dir"
     rm -f "$dir/nbdfuse.ready"
-    # No core file: nbdfuse 1.14 aborts on an assertion when the server
-    # goes away under it (kill -9); its mount is then dead, every
-    # request fails, and fs_teardown unmounts it.
-    ( ulimit -c 0; exec nbdfuse -P "$dir/nbdfuse.ready" "$dir/fuse/disk" \
-                        --unix "$sock" ) &
+    # libnbd 1.14's nbdfuse aborts on an assertion when the server goes
+    # away under it (kill -9): no core file there.  Its mount is then
+    # dead, every request fails, and fs_teardown unmounts it.
+    local nocore=
+    if version_lt nbdfuse 1.16; then
+        nocore=1
+    fi
+    ( [ -z "$nocore" ] || ulimit -c 0
+      exec nbdfuse -P "$dir/nbdfuse.ready" "$dir/fuse/disk" --unix "$sock" ) &
     pid=$!
     echo "$pid" > "$dir/nbdfuse.pid"
     for (( i = 0; i < 300; i++ )); do

@@ -11,7 +11,7 @@
 # printed (hex) and copied to tests/fuzz/ in the build directory
 # (replay it with: tests/fuzz/replay-layout FILE).
 # Skipped (77) if clang or its libFuzzer runtime (Debian
-# libclang-rt-14-dev) is missing.
+# libclang-rt-dev) is missing.
 source "$(dirname "$0")/functions.sh"
 set -e -x
 

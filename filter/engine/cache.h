@@ -253,6 +253,11 @@ extern struct stats *cache_stats (struct cache *c);
 /* cache_config.export_name, or NULL. */
 extern const char *cache_export_name (const struct cache *c);
 extern uint32_t cache_page_size (const struct cache *c);
+/* Does the cache serve from a rotational device?  1 or 0 (sysfs), -1
+ * when unknown: no block device to ask, or a failed cache device
+ * (everything comes from the backend).
+ */
+extern int cache_rotational (const struct cache *c);
 extern uint64_t cache_nslots (const struct cache *c);
 extern uint64_t cache_backend_size (const struct cache *c);
 

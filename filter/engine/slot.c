@@ -548,6 +548,14 @@ cache_page_size (const struct cache *c)
   return c->page_size;
 }
 
+int
+cache_rotational (const struct cache *c)
+{
+  if (cache_degraded (c))
+    return -1;
+  return pool_rotational (&c->pool);
+}
+
 uint64_t
 cache_nslots (const struct cache *c)
 {

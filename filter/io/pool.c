@@ -16,6 +16,7 @@
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include "log.h"
 #include "pool.h"
@@ -880,4 +881,45 @@ pool_punch_slot (struct pool *p, uint32_t slot)
                  p->sb.pool_offset + (uint64_t) slot * p->sb.page_size,
                  p->sb.page_size) == -1)
     log_debug ("cache file %s: punching slot %u: %m", p->path, slot);
+}
+
+/* A 0 or 1 read from a sysfs file, else -1. */
+static int
+read_flag (const char *path)
+{
+  char buf[8] = "";
+  FILE *fp = fopen (path, "r");
+  int r = -1;
+
+  if (fp == NULL)
+    return -1;
+  if (fgets (buf, sizeof buf, fp) != NULL && (buf[0] == '0' || buf[0] == '1'))
+    r = buf[0] - '0';
+  fclose (fp);
+  return r;
+}
+
+int
+pool_rotational (const struct pool *p)
+{
+  struct stat st;
+  char path[96];
+  unsigned maj, min;
+  int r;
+
+  if (fstat (p->fd, &st) == -1)
+    return -1;
+  maj = major (S_ISBLK (st.st_mode) ? st.st_rdev : st.st_dev);
+  min = minor (S_ISBLK (st.st_mode) ? st.st_rdev : st.st_dev);
+  if (maj == 0)                 /* an anonymous device: no queue */
+    return -1;
+  snprintf (path, sizeof path, "/sys/dev/block/%u:%u/queue/rotational",
+            maj, min);
+  r = read_flag (path);
+  if (r == -1) {                /* a partition: its disk's queue */
+    snprintf (path, sizeof path,
+              "/sys/dev/block/%u:%u/../queue/rotational", maj, min);
+    r = read_flag (path);
+  }
+  return r;
 }

@@ -138,6 +138,12 @@ extern int pool_write_data (struct pool *p, uint64_t slot, const void *buf,
 /* Make all completed writes durable (fdatasync). */
 extern int pool_sync (struct pool *p);
 
+/* Is the device holding the cache file rotational (sysfs)?  1 or 0;
+ * -1 if there is no such device to ask (tmpfs, overlayfs, btrfs, a
+ * network file system).
+ */
+extern int pool_rotational (const struct pool *p);
+
 /* Positioned I/O of any span of the cache file, aligned as needed for
  * direct I/O (see above).  Return 0 or -1 (errno set).
  */

@@ -73,12 +73,15 @@ test-ssdcache-chaos.sh a short run in `make check`.
 """
 
 import argparse
+import collections
 import errno
+import faulthandler
 import hashlib
 import itertools
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -152,6 +155,8 @@ def choose_config(rng, args):
         c["size"] = rng.choice([4, 8, 16, 32]) * MiB
     if focus == "item5":
         c["size"] = 256 * MiB if p == "ssh" else 64 * MiB
+    if args.size:
+        c["size"] = args.size
     # Small enough to evict and to write around; never below 16 pages.
     frac = rng.choice([0.05, 0.1, 0.25, 0.5, 1.0])
     if focus == "item5":
@@ -526,6 +531,10 @@ class Worker(threading.Thread):
             err = e
         with seg.lock:
             seg.watch_end(wid)
+            seg.trace.append((time.monotonic(), self.no, self.export, kind,
+                              off, n, fua, "lost" if self.gen != seg.gen
+                              else "error" if err else "ok",
+                              T.zlib.crc32(data) if data else None))
             if key is not None:
                 seg.ranges.remove(key)
             seg.cond.notify_all()
@@ -594,6 +603,9 @@ class Segment:
         self.faults_seen = False
         self.watch = {}
         self.watch_no = itertools.count(1)
+        # The last requests and driver actions, for failure reports.
+        self.trace = collections.deque(maxlen=50000)
+        self.t0 = time.monotonic()
         self.server = Server(self)
         self.workers = []
 
@@ -624,8 +636,40 @@ class Segment:
             self.stopping = True
             self.cond.notify_all()
         if first:
+            hist = self.history_of(msg)
+            if hist:
+                msg += "\n" + hist
+                with self.lock:
+                    self.failure = (kind, msg)
             self.run.write_log("FAILURE (%s) in segment %d:\n%s" % (
                 kind, self.no, msg))
+
+    def note(self, what):
+        """A driver action, in the trace."""
+        self.trace.append((time.monotonic(), -1, None, what, 0, 0, False,
+                           "", None))
+
+    def history_of(self, msg):
+        """The requests (and driver actions) since the segment began that
+        touched the first sector named in msg, for the report."""
+        import re
+        m = re.search(r"sector (\d+) \(offset (\d+)\)", msg)
+        if not m:
+            return ""
+        off = int(m.group(2))
+        lines = []
+        for t, who, export, kind, o, n, fua, res, crc in list(self.trace):
+            if who < 0:
+                lines.append("  %8.3f driver: %s" % (t - self.t0, kind))
+            elif o <= off < o + n or (kind == "flush" and res == "ok"):
+                lines.append("  %8.3f conn %d %r: %s off=%d len=%d%s %s%s" % (
+                    t - self.t0, who, export, kind, o, n, " FUA" if fua
+                    else "", res, " crc32 %08x" % crc if crc is not None
+                    else ""))
+        # Flushes and driver actions are many: keep the last 60 lines.
+        return "history of offset %d (seconds into the segment; every " \
+            "completed flush and driver action):\n%s" % (
+                off, "\n".join(lines[-60:]))
 
     def hang(self, what):
         """Something took too long: stacks, log, then kill nbdkit so that
@@ -960,36 +1004,8 @@ class Segment:
             # Nothing in flight: after the drain the backend is current.
             self.act("drain_wait")
         if clean:
-            for t in (self.cfault_trigger, self.berr_trigger):
-                _unlink(t)
-            self.close_anchors()
-            key = self.watch_begin("SIGTERM")
-            try:
-                rc = srv.stop(timeout=self.args.hang_seconds + 180,
-                              stacks=False)
-            except T.Hang as e:
-                raise Failure("hang", str(e))
-            finally:
-                self.watch_end(key)
-            with self.lock:
-                self.gen += 1
-            if rc != 0:
-                raise Failure("error", "nbdkit exited with status %d after "
-                              "SIGTERM\n%s" % (rc, srv.log_tail()))
-            faulted = self.faults_seen
-            for dom in self.domains:
-                dom.disk.clean_stop()
-                # writeback-on-exit=true (the default): all written back.
-                if not faulted and c["plugin"] != "curl":
-                    bad = dom.disk.check_current(self.backing(dom),
-                                                 flight=False)
-                    if bad:
-                        raise Failure("contract", "after a clean stop the "
-                                      "backing file of export %r lacks "
-                                      "completed writes:\n  %s" % (
-                                          dom.names[0],
-                                          "\n  ".join(str(b) for b in bad)))
-            self.start_server(mode, "unknown" if faulted else "fresh")
+            current = self.stop_clean()
+            self.start_server(mode, "fresh" if current else "unknown")
             for dom in self.domains:
                 got = self.read_export(dom)
                 bad = dom.disk.check_current(got, flight=False)
@@ -1039,18 +1055,29 @@ class Segment:
                               "durable nor written since:\n  %s" % (
                                   mode, dom.names[0],
                                   "\n  ".join(str(b) for b in bad)))
-            dom.disk.rebase(got)
             if mode != "writeback" and c["plugin"] != "curl" and \
                not delete:
                 # A start in writethrough or writearound writes every
-                # dirty page back before serving.
-                if self.backing(dom) != got:
-                    bad = dom.disk.check_current(self.backing(dom))
-                    raise Failure("contract", "restarted in %s mode after "
-                                  "kill -9: the backing file of export %r "
-                                  "differs from the export:\n  %s" % (
-                                      mode, dom.names[0],
-                                      "\n  ".join(str(b) for b in bad)))
+                # dirty page back before serving: the backing file must
+                # read as the export (trimmed sectors aside: their data
+                # is anything, and the cache may keep another copy).
+                back = self.backing(dom)
+                if back != got:
+                    bad = [T.Mismatch(s, bytes(got[s * SECTOR:(s + 1) *
+                                                  SECTOR]),
+                                      back[s * SECTOR:(s + 1) * SECTOR])
+                           for s in range(dom.disk.nsect)
+                           if back[s * SECTOR:(s + 1) * SECTOR] !=
+                           got[s * SECTOR:(s + 1) * SECTOR] and
+                           dom.disk.crash_value(s) is not T.ANY]
+                    if bad:
+                        raise Failure("contract", "restarted in %s mode "
+                                      "after kill -9: the backing file of "
+                                      "export %r differs from the export "
+                                      "(expected: the export):\n  %s" % (
+                                          mode, dom.names[0], "\n  ".join(
+                                              str(b) for b in bad[:8])))
+            dom.disk.rebase(got)
             if delete and c["order"] == "flush" and mode == "writeback":
                 dom.disk.track_order()
         self.count("restarts")
@@ -1088,7 +1115,9 @@ class Segment:
                 if self.failure is not None or time.monotonic() >= end:
                     break
                 what = _weighted(self.rng, acts)
+                self.note("begin " + what)
                 res = self.act(what)
+                self.note(res)
                 actions.append(res)
                 if self.args.verbose:
                     log("segment %d: %s" % (self.no, res))
@@ -1115,40 +1144,67 @@ class Segment:
             self.done.set()
         return time.monotonic() - t0
 
-    def finish(self):
-        """Stop the clients, stop nbdkit cleanly; the backing store must
-        equal the model."""
-        self.pause(disconnect=True)
-        if self.failure:
-            return
+    def stop_clean(self):
+        """With the clients paused and disconnected: stop nbdkit with
+        SIGTERM (writeback-on-exit=true, the default, writes everything
+        back).  The backing store must then hold every completed write,
+        unless faults were injected in this server's life, or a domain
+        in writeback was not drained first with a slow backend (the
+        delay filter aborts its sleeps at shutdown: writeback at exit
+        fails and the dirty data stays in the cache, as documented).
+        Returns whether the backing store is known to hold everything."""
+        c = self.cfg
         for t in (self.cfault_trigger, self.berr_trigger):
             _unlink(t)
+        slow = c["delay_write"] or c["delay_read"]
+        drained = set()
+        for dom in self.domains:
+            if dom.steered and dom.mode == "writeback" and slow:
+                with self.lock:
+                    dom.drain = True
+                if self.ctl("drain", "--wait").ok:
+                    drained.add(id(dom))
+                dom.drain = None
         faulted = self.faults_seen
         self.close_anchors()
         srv = self.server.nbdkit
-        key = self.watch_begin("SIGTERM at the end")
+        key = self.watch_begin("SIGTERM")
         try:
-            rc = srv.stop(timeout=self.args.hang_seconds + 180,
-                          stacks=False)
+            rc = srv.stop(timeout=self.args.hang_seconds + 180, stacks=False)
         except T.Hang as e:
             raise Failure("hang", str(e))
         finally:
             self.watch_end(key)
+        with self.lock:
+            self.gen += 1
         if rc != 0:
             raise Failure("error", "nbdkit exited with status %d after "
                           "SIGTERM\n%s" % (rc, srv.log_tail()))
-        if self.cfg["plugin"] == "curl":
-            return
+        current = not faulted
         for dom in self.domains:
-            if faulted:
+            dom.disk.clean_stop()
+            if faulted or c["plugin"] == "curl":
+                continue
+            if slow and dom.mode != "writethrough" and \
+               dom.mode != "writearound" and id(dom) not in drained:
+                current = False
                 continue
             bad = dom.disk.check_current(self.backing(dom), flight=False)
             if bad:
-                raise Failure("contract", "at the end, after a clean stop, "
-                              "the backing file of export %r differs from "
-                              "the model:\n  %s" % (
-                                  dom.names[0],
+                raise Failure("contract", "after a clean stop the backing "
+                              "file of export %r lacks completed writes "
+                              "(mode %s):\n  %s" % (
+                                  dom.names[0], dom.mode,
                                   "\n  ".join(str(b) for b in bad)))
+        return current
+
+    def finish(self):
+        """Stop the clients, stop nbdkit cleanly: the backing store must
+        hold everything (see stop_clean)."""
+        self.pause(disconnect=True)
+        if self.failure:
+            return
+        self.stop_clean()
 
 
 def _wait_exit(srv, secs):
@@ -1212,6 +1268,8 @@ class Run:
         for opt in ("mode", "order", "plugin", "focus"):
             if getattr(a, opt):
                 cmd += " --%s %s" % (opt, getattr(a, opt))
+        if a.size:
+            cmd += " --size %d" % (a.size // MiB)
         if a.one_cache:
             cmd += " --one-cache"
         if a.hang_seconds != 30:
@@ -1303,6 +1361,8 @@ def main():
     p.add_argument("--plugin", choices=PLUGINS)
     p.add_argument("--focus", choices=FOCUS,
                    help="weight the draw toward an issue 27 item")
+    p.add_argument("--size", type=int, default=None,
+                   help="the export size in MiB (default: drawn)")
     p.add_argument("--one-cache", action="store_true",
                    help="always ssdcache-exports=one for plugins that "
                    "serve one disk under every name")
@@ -1318,8 +1378,12 @@ def main():
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print every driver action")
     a = p.parse_args()
+    # kill -USR1 PID prints every thread's Python stack (a harness bug).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if a.seed is None:
         a.seed = random.SystemRandom().randrange(1, 1 << 31)
+    if a.size:
+        a.size *= MiB
     if a.minutes is None and a.iterations is None:
         a.iterations = 1
     a.filter = os.path.abspath(a.filter or T.filter_path())

@@ -144,7 +144,8 @@ def choose_config(rng, args):
     if p == "curl":
         c["mode"] = "writethrough" if c["mode"] == "writeback" \
             else c["mode"]
-    c["order"] = args.order or ("flush" if focus == "item2"
+    c["order"] = args.order or ("flush" if focus == "item2" else
+                                "offset" if focus in ("item1", "item3")
                                 else rng.choice(ORDERS))
     c["page"] = rng.choice([4, 8, 16, 32, 64, 64]) * KiB
     if focus in ("item1", "item3"):
@@ -219,12 +220,18 @@ def choose_config(rng, args):
                "cache": 5}
     if focus == "item2":
         mix.update(zero=15, flush=12)
-    if focus in ("item1", "item3"):
+    if focus == "item1":
+        # Pages copied on write and not flushed since when the mode
+        # switches: few flushes.
+        mix.update(write=40, flush=2, trim=1)
+    if focus == "item3":
         mix.update(flush=12, trim=1)
     if p == "curl":
         mix.update(write=0, zero=0, trim=0, flush=0)
     c["mix"] = mix
     c["unaligned"] = 0.0 if focus else rng.choice([0.0, 0.05, 0.15])
+    # A hot spot: hot_p of the requests go to the first hot_pages pages.
+    c["hot_pages"], c["hot_p"] = (2, 0.8) if focus == "item1" else (8, 0.35)
     c["seq"] = 0.6 if focus == "item5" else rng.choice([0.1, 0.3])
     # The driver.
     act = {"mode": 4, "drain": 1, "drain_wait": 2, "invalidate": 1,
@@ -426,8 +433,8 @@ class Worker(threading.Thread):
         r = rng.random()
         if r < c["seq"]:
             off = self.cursor
-        elif r < c["seq"] + 0.35:
-            hot = max(n, min(size, 8 * page))
+        elif r < c["seq"] + c["hot_p"]:
+            hot = max(n, min(size, c["hot_pages"] * page))
             off = rng.randrange(0, hot - n + 1, SECTOR)
         else:
             off = rng.randrange(0, size - n + 1, SECTOR)
@@ -916,6 +923,15 @@ class Segment:
             m = rng.choice([x for x in MODES if x != dom.mode] or MODES)
             if c["plugin"] == "curl":
                 m = rng.choice(["writethrough", "writearound"])
+            item1 = self.args.focus == "item1" and c["cfault"]
+            if item1:
+                # Issue 27 item 1: pages made and rewritten (copied on
+                # write) in writeback, then the cache file fails under
+                # writethrough.  Faults only there: the first fault
+                # degrades the cache to pass-through.
+                m = "writethrough" if dom.mode == "writeback" else \
+                    "writeback"
+                _unlink(self.cfault_trigger)
             with self.lock:
                 dom.switching = True
                 if m == "writeback":
@@ -940,6 +956,11 @@ class Segment:
                     # A refused or failed switch: the mode is not known.
                     dom.mode = None
                     dom.exact = False
+            if item1 and r.ok and m == "writethrough":
+                with self.lock:
+                    self.faults_seen = True
+                open(self.cfault_trigger, "w").close()
+                self.count("faults")
             return "mode %s: %s" % (m, "ok" if r.ok else r.err.strip())
         if what in ("drain", "drain_wait"):
             with self.lock:
@@ -982,6 +1003,16 @@ class Segment:
         if what in ("kill", "quiet_kill"):
             return self.restart(clean=False, quiet=what == "quiet_kill")
         raise ValueError(what)
+
+    def degraded(self):
+        """Is the steered cache degraded (a pass-through after cache
+        device errors)?"""
+        r = self.ctl("status")
+        for line in r.out.splitlines():
+            k, _, v = line.partition(":")
+            if k.strip() == "degraded":
+                return v.strip() not in ("0", "")
+        return False
 
     def next_mode(self):
         if self.cfg["plugin"] == "curl":
@@ -1119,6 +1150,14 @@ class Segment:
                 res = self.act(what)
                 self.note(res)
                 actions.append(res)
+                if c["cfault"] and self.failure is None and \
+                   self.degraded() and self.rng.random() < 0.7:
+                    # A degraded cache is a pass-through until nbdkit
+                    # restarts: restart it so the rest of the segment
+                    # tests a cache again.
+                    res = self.restart(clean=True)
+                    self.note(res)
+                    actions.append("degraded: " + res)
                 if self.args.verbose:
                     log("segment %d: %s" % (self.no, res))
                 self.run.write_log("segment %d: %s" % (self.no, res))

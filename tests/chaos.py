@@ -483,6 +483,7 @@ class Worker(threading.Thread):
                     with seg.lock:
                         if seg.failure or seg.stopping or gen != seg.gen:
                             continue
+                    seg.check_alive(5)
                     raise Failure("error", "cannot connect to export %r: "
                                   "%s" % (self.export, e))
                 self.gen = gen
@@ -575,7 +576,9 @@ class Worker(threading.Thread):
         seg = self.seg
         seg.count("errors")
         if seg.faults_seen:
+            seg.check_alive()
             return
+        seg.check_alive(5)
         raise Failure("error", "%s %s off=%d len=%d failed with no fault "
                       "injected: %s" % (self.name_of(), kind, off, n, e))
 
@@ -651,6 +654,21 @@ class Segment:
             self.run.write_log("FAILURE (%s) in segment %d:\n%s" % (
                 kind, self.no, msg))
 
+    def check_alive(self, wait=0):
+        """nbdkit must not die unless the driver kills it: a crash is a
+        failure, with the end of its log.  wait: how long a dying nbdkit
+        may take to exit (an abort dumps core first)."""
+        srv = self.server.nbdkit
+        if srv is None or self.killing:
+            return
+        try:
+            rc = srv.proc.wait(wait) if wait else srv.proc.poll()
+        except Exception:
+            rc = None
+        if rc is not None:
+            raise Failure("crash", "nbdkit exited by itself (status %d):\n%s"
+                          % (rc, srv.log_tail(60)))
+
     def note(self, what):
         """A driver action, in the trace."""
         self.trace.append((time.monotonic(), -1, None, what, 0, 0, False,
@@ -667,16 +685,23 @@ class Segment:
         lines = []
         for t, who, export, kind, o, n, fua, res, crc in list(self.trace):
             if who < 0:
-                lines.append("  %8.3f driver: %s" % (t - self.t0, kind))
+                lines.append("  %8.3f driver: %s off=0" % (t - self.t0,
+                                                           kind))
             elif o <= off < o + n or (kind == "flush" and res == "ok"):
                 lines.append("  %8.3f conn %d %r: %s off=%d len=%d%s %s%s" % (
                     t - self.t0, who, export, kind, o, n, " FUA" if fua
                     else "", res, " crc32 %08x" % crc if crc is not None
                     else ""))
-        # Flushes and driver actions are many: keep the last 60 lines.
-        return "history of offset %d (seconds into the segment; every " \
-            "completed flush and driver action):\n%s" % (
-                off, "\n".join(lines[-60:]))
+        # Flushes and driver actions are many: the requests that touched
+        # the offset, and the last 40 flushes and actions.
+        keep = set(i for i, l in enumerate(lines) if "off=%d" % 0 not in l
+                   or " read " in l or " write " in l)
+        rest = [i for i, l in enumerate(lines) if i not in keep]
+        keep.update(rest[-40:])
+        return "history of offset %d (seconds into the segment; the " \
+            "requests that touched it, the last flushes and driver " \
+            "actions):\n%s" % (off, "\n".join(
+                lines[i] for i in sorted(keep)[-120:]))
 
     def hang(self, what):
         """Something took too long: stacks, log, then kill nbdkit so that

@@ -48,6 +48,13 @@ Plugins: file FILE (one disk under every name), file dir=DIR (a disk
 per name), ssh (an sshd of the test's own on loopback, one disk under
 every name) and curl (a lighttpd of its own, read only).
 
+Failures: "hang" (with the stacks), "wrong read" (a read, or the
+export after a restart, outside the model; with the history of the
+first bad sector), "contract" (the backing file after a kill or a
+clean stop), "crash" (nbdkit exited by itself, with its log) and
+"error" (a request failed with no fault injected in that server's
+life, or the harness could not go on).
+
 Output: one line per segment and one at the end with the counts (ops,
 reads checked, kills, restarts, mode switches, faults injected, hangs,
 wrong reads, contract violations); exit status 0 if nothing failed, 1
@@ -57,6 +64,13 @@ replays it (the threads make a replay likely, not certain, to take
 the same path).  The work directory (backing files, caches, nbdkit
 logs, chaos.log) is removed after a pass; --keep keeps it after a
 failure.
+
+Focus: item1 alternates writeback and writethrough with cache faults
+(ENOSPC on 8 KiB writes) on only under writethrough and a 2-page hot
+spot; item2 the flush order, a 300 ms backend write delay, many
+zeroes, flushes and mode switches; item3 writeback, kills and switches
+to writethrough; item5 ssh, ssdcache-warm=all, readahead, 8
+connections reading 256 MiB with sequential bursts.
 
 Options (see --help): --seed, --minutes or --iterations (segments),
 --segment-seconds, --mode/--order/--plugin to pin those, --focus

@@ -1,0 +1,1175 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""ssdtest: the shared Python test module of nbdkit-ssdcache-filter.
+
+Everything a Python harness of the project needs, so that each one
+does not grow its own copy:
+
+  paths            where the filter, the ssdcache tool and the
+                   LD_PRELOAD shims of the build tree are
+                   (filter_path, tool_path, shim_path)
+  Nbdkit           one nbdkit process: started in the foreground
+                   (-f -P PIDFILE -U SOCKET) with its stderr in a log
+                   file, ready once a client can connect to it (never
+                   by waiting for a file or sleeping), stopped with
+                   SIGTERM and waited for (a bound: a hang otherwise),
+                   killed with SIGKILL and reaped; the stacks of all
+                   its threads (gdb) and the tail of its log
+  ctl              `ssdcache ctl SOCKET CMD...` with a timeout
+  Disk             a model of one export: per 512-byte sector the
+                   value(s) a read may return now, what a kill -9 may
+                   leave, and optionally the flush history that
+                   ssdcache-writeback-order=flush promises for the
+                   backing store alone (FlushHistory)
+  RangeTable       which byte ranges have requests in flight, so that
+                   a driver never issues overlapping requests of which
+                   one modifies (the model stays exact)
+  Sshd, Httpd      an OpenSSH server and a lighttpd of the test's own on
+                   loopback, for the ssh and curl plugins
+  wait_for         poll a condition with a deadline
+
+Conventions: sizes in bytes; a "sector" is 512 bytes; a value of a
+sector is its 512 bytes, a frozenset of such values (any of them), or
+ANY (anything: trimmed data).  Exceptions: Hang (something took longer
+than its bound), StartError, EnvError (the environment lacks
+something; a harness may skip), and the harness's own failures.
+
+Needs Python 3.9+; Nbdkit.connect and Nbdkit.wait_serving use the
+libnbd bindings (run with /usr/bin/python3 on Debian).
+"""
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+import zlib
+
+try:
+    import nbd
+except ImportError:             # the model and the paths work without
+    nbd = None
+
+KiB = 1024
+MiB = 1024 * KiB
+SECTOR = 512
+
+
+class EnvError(Exception):
+    """Something the test needs is missing or unusable (not a bug of
+    the filter)."""
+
+
+class StartError(Exception):
+    """nbdkit exited during start-up, or never served."""
+
+
+class Hang(Exception):
+    """A request, a command or a shutdown took longer than its bound."""
+
+
+# -- where things are ---------------------------------------------------
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _builddir():
+    d = os.environ.get("abs_top_builddir")
+    if d:
+        return d
+    # Run by hand from the source tree (an in-tree build).
+    return os.path.dirname(_HERE)
+
+
+def filter_path():
+    """The filter under test: $SSDCACHE_FILTER or the build tree's."""
+    p = os.environ.get("SSDCACHE_FILTER") or os.path.join(
+        _builddir(), "filter", ".libs", "nbdkit-ssdcache-filter.so")
+    return os.path.abspath(p)
+
+
+def tool_path():
+    """The ssdcache tool: $SSDCACHE_TOOL or the build tree's."""
+    p = os.environ.get("SSDCACHE_TOOL") or os.path.join(
+        _builddir(), "tools", "ssdcache")
+    return os.path.abspath(p)
+
+
+def shim_path(name):
+    """The LD_PRELOAD shim built from tests/shim/NAME.c (make check
+    builds it)."""
+    return os.path.join(_builddir(), "tests", "shim", ".libs", name + ".so")
+
+
+# -- waiting --------------------------------------------------------------
+
+def wait_for(cond, timeout, what, poll=0.05, event=None):
+    """Return once cond() is true; Hang if it is still false after
+    timeout seconds.  Between tries it waits poll seconds, or until
+    event (a threading.Event) is set."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return
+        if time.monotonic() > deadline:
+            raise Hang("%s: not done within %g s" % (what, timeout))
+        if event is not None:
+            event.wait(poll)
+        else:
+            time.sleep(poll)
+
+
+# -- nbdkit ---------------------------------------------------------------
+
+def gdb_stacks(pid, timeout=120):
+    """Every thread's stack of process pid, as gdb prints them, threads
+    with the same stack printed once (or why there are none)."""
+    try:
+        r = subprocess.run(["gdb", "-batch", "-p", str(pid),
+                            "-ex", "thread apply all bt"],
+                           stdin=subprocess.DEVNULL, capture_output=True,
+                           timeout=timeout)
+    except FileNotFoundError:
+        return "(no gdb: install it, scripts/deps lists it)"
+    except subprocess.TimeoutExpired:
+        return "(gdb did not finish within %d s)" % timeout
+    out = r.stdout.decode("utf-8", "replace")
+    stacks = group_stacks(out)
+    return stacks or out + r.stderr.decode("utf-8", "replace")
+
+
+def group_stacks(text):
+    """gdb's "thread apply all bt" output with the threads that have the
+    same frames (addresses and arguments aside) printed once."""
+    import re
+    groups = {}
+    order = []
+    thread = None
+    frames = []
+
+    def done():
+        if thread is None:
+            return
+        key = tuple(re.sub(r"0x[0-9a-f]+ in |\(.*\) (at|from) ", "", f)
+                    for f in frames)
+        if key not in groups:
+            groups[key] = []
+            order.append((key, frames))
+        groups[key].append(thread)
+
+    for line in text.splitlines():
+        if line.startswith("Thread "):
+            done()
+            m = re.search(r"\(LWP (\d+)\)", line)
+            name = re.search(r'"([^"]*)"\):', line)
+            thread = "LWP %s%s" % (m.group(1) if m else "?",
+                                   " " + name.group(1) if name else "")
+            frames = []
+        elif line.startswith("#") and thread is not None:
+            frames.append(line)
+    done()
+    out = []
+    for key, frames in order:
+        who = groups[key]
+        out.append("%d thread(s): %s" % (len(who), ", ".join(who[:8]) +
+                                         (", ..." if len(who) > 8 else "")))
+        out += ["  " + f for f in frames]
+    return "\n".join(out)
+
+
+class Nbdkit:
+    """One nbdkit process serving on a Unix socket.
+
+    args: everything after the options this class adds (filters, the
+    plugin, parameters).  workdir holds the socket, the pidfile and the
+    log (stderr and stdout of nbdkit, appended to across restarts).
+    env: extra environment (e.g. LD_PRELOAD).  verbose: -v; debug:
+    a list of -D flags ("ssdcache.verbose=1").
+    """
+
+    def __init__(self, args, workdir, name="nbdkit", env=None,
+                 verbose=False, debug=(), log=None):
+        self.args = list(args)
+        self.workdir = workdir
+        self.name = name
+        self.env = dict(env or {})
+        self.verbose = verbose
+        self.debug = list(debug)
+        self.sock = os.path.join(workdir, name + ".sock")
+        self.pidfile = os.path.join(workdir, name + ".pid")
+        self.log = log or os.path.join(workdir, name + ".log")
+        self.proc = None
+
+    def argv(self):
+        a = ["nbdkit", "-f", "-P", self.pidfile, "-U", self.sock]
+        if self.verbose:
+            a.append("-v")
+        for d in self.debug:
+            a += ["-D", d]
+        return a + self.args
+
+    def command(self):
+        """The command line, as a shell would take it (for reports)."""
+        env = " ".join("%s=%s" % kv for kv in sorted(self.env.items()))
+        return (env + " " if env else "") + " ".join(
+            _shell_quote(a) for a in self.argv())
+
+    @property
+    def pid(self):
+        return self.proc.pid if self.proc else None
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout=60):
+        """Start nbdkit and return once it serves; StartError if it
+        exits first, Hang if it does not serve within timeout s."""
+        for f in (self.sock, self.pidfile):
+            try:
+                os.unlink(f)        # a killed server leaves them behind
+            except FileNotFoundError:
+                pass
+        env = dict(os.environ)
+        env.update(self.env)
+        with open(self.log, "ab") as log:
+            log.write(("=== %s: %s\n" % (time.strftime("%H:%M:%S"),
+                                        self.command())).encode())
+            log.flush()
+            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=log, env=env)
+        _LIVE.add(self)
+        self.wait_serving(timeout)
+
+    def wait_serving(self, timeout=60):
+        """Wait until a client completes the NBD handshake's start on the
+        socket (nbdkit is serving), or the process exits."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                self._reaped()
+                raise StartError("nbdkit exited with status %d during "
+                                 "start-up: %s\n%s" % (
+                                     self.proc.returncode, self.command(),
+                                     self.log_tail()))
+            if self._handshake():
+                return
+            if time.monotonic() > deadline:
+                raise Hang("nbdkit did not serve within %d s: %s" % (
+                    timeout, self.command()))
+            # Not listening yet: wait for the process a moment (it may
+            # exit, which the next round reports).
+            try:
+                self.proc.wait(0.02)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _handshake(self):
+        """True if nbdkit answers on the socket with the NBD greeting."""
+        if nbd is not None:
+            h = nbd.NBD()
+            try:
+                h.set_opt_mode(True)
+                h.connect_unix(self.sock)
+                h.opt_abort()
+                return True
+            except nbd.Error:
+                return False
+            # (libnbd 1.14 handles have no close(): the last reference
+            # closes the connection.)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as so:
+            so.settimeout(10)
+            try:
+                so.connect(self.sock)
+                return so.recv(8) == b"NBDMAGIC"
+            except OSError:
+                return False
+
+    def connect(self, export="", name=None):
+        """A new libnbd handle connected to export (synchronous use)."""
+        h = nbd.NBD()
+        if name:
+            h.set_handle_name(name)
+        h.set_export_name(export)
+        h.connect_unix(self.sock)
+        return h
+
+    def stop(self, timeout=30, stacks=True):
+        """SIGTERM, and wait for the exit; returns the exit status.  A
+        server still running after timeout s is a Hang (its stacks in
+        the message when stacks is true); it is killed then."""
+        if not self.alive():
+            self._reaped()
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            dump = self.stacks() if stacks else ""
+            tail = self.log_tail()
+            self.kill()
+            raise Hang("nbdkit did not exit within %d s of SIGTERM: %s\n"
+                       "stacks:\n%s\nlog:\n%s" % (timeout, self.command(),
+                                                   dump, tail))
+        self._reaped()
+        return rc
+
+    def kill(self):
+        """SIGKILL, as a crash would, and reap the process."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        self._reaped()
+
+    def _reaped(self):
+        _LIVE.discard(self)
+
+    def stacks(self):
+        """Every thread's stack (gdb), if the process runs."""
+        if not self.alive():
+            return "(nbdkit is not running)"
+        return gdb_stacks(self.proc.pid)
+
+    def log_tail(self, n=40):
+        return log_tail(self.log, n)
+
+
+def log_tail(path, n=40):
+    """The last n lines of a log file, indented."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 256 * KiB))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("  | " + l for l in lines[-n:])
+
+
+_LIVE = set()
+
+
+def kill_all():
+    """Kill every nbdkit this process started and has not reaped (for
+    a harness's final cleanup)."""
+    for s in list(_LIVE):
+        s.kill()
+
+
+def _shell_quote(s):
+    if s and all(c.isalnum() or c in "@%+=:,./-_" for c in s):
+        return s
+    return "'" + s.replace("'", "'\\''") + "'"
+
+
+# -- the control socket ---------------------------------------------------
+
+class CtlResult:
+    def __init__(self, rc, out, err):
+        self.rc = rc
+        self.out = out
+        self.err = err
+
+    @property
+    def ok(self):
+        return self.rc == 0
+
+    def __str__(self):
+        return "status %d%s%s" % (self.rc,
+                                  ", " + self.out.strip() if self.out.strip()
+                                  else "",
+                                  ", " + self.err.strip() if self.err.strip()
+                                  else "")
+
+
+def ctl(sock, *cmd, timeout=30, tool=None):
+    """Run `ssdcache ctl SOCK CMD...`; a CtlResult.  Hang if it takes
+    longer than timeout seconds (the tool is killed)."""
+    argv = [tool or tool_path(), "ctl", sock] + [str(c) for c in cmd]
+    try:
+        r = subprocess.run(argv, stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise Hang("control command `%s` did not answer within %g s" % (
+            " ".join(cmd), timeout))
+    return CtlResult(r.returncode, r.stdout.decode("utf-8", "replace"),
+                     r.stderr.decode("utf-8", "replace"))
+
+
+def ctl_unreachable(r):
+    """The control socket is not there (yet) or refuses connections:
+    ctl exits 2 with the socket's error."""
+    return r.rc == 2 and ("No such file" in r.err or "refused" in r.err)
+
+
+def ctl_status(sock, timeout=30):
+    """`ssdcache ctl SOCK status` as a dict (None if it failed)."""
+    r = ctl(sock, "status", timeout=timeout)
+    if not r.ok:
+        return None
+    out = {}
+    for line in r.out.splitlines():
+        k, _, v = line.partition(":")
+        out[k.strip()] = v.strip()
+    return out
+
+
+# -- the model of a disk -------------------------------------------------
+
+class _Any:
+    """A sector whose value is not known: any data is allowed."""
+
+    def __repr__(self):
+        return "ANY"
+
+
+ANY = _Any()
+ZERO_SECTOR = bytes(SECTOR)
+
+
+def union(*vals):
+    """The union of sector values (bytes, frozensets of bytes, ANY)."""
+    out = set()
+    for v in vals:
+        if v is ANY:
+            return ANY
+        if isinstance(v, frozenset):
+            out |= v
+        else:
+            out.add(v)
+    return next(iter(out)) if len(out) == 1 else frozenset(out)
+
+
+def allows(val, got):
+    """Does sector value val allow the bytes got (a whole sector)?"""
+    if val is ANY:
+        return True
+    if isinstance(val, frozenset):
+        return got in val
+    return val == got
+
+
+def allows_part(val, lo, got):
+    """Does val allow got as the bytes [lo, lo+len(got)) of the sector?"""
+    if val is ANY:
+        return True
+    hi = lo + len(got)
+    if isinstance(val, frozenset):
+        return any(v[lo:hi] == got for v in val)
+    return val[lo:hi] == got
+
+
+def describe_value(val, limit=4):
+    """A short description of a sector value, for reports."""
+    def one(b):
+        if b == ZERO_SECTOR:
+            return "zeroes"
+        return "%s... (crc32 %08x)" % (b[:8].hex(), zlib.crc32(b))
+    if val is ANY:
+        return "any data"
+    if isinstance(val, frozenset):
+        vs = sorted(val)
+        s = " or ".join(one(v) for v in vs[:limit])
+        return s + (" or %d more" % (len(vs) - limit) if len(vs) > limit
+                    else "")
+    return one(val)
+
+
+def patch(val, lo, data):
+    """Sector value val with bytes [lo, lo+len(data)) replaced."""
+    if val is ANY:
+        return ANY
+    if isinstance(val, frozenset):
+        return frozenset(v[:lo] + data + v[lo + len(data):] for v in val)
+    return val[:lo] + data + val[lo + len(data):]
+
+
+class Mismatch:
+    """A sector whose data is not among the values allowed."""
+
+    def __init__(self, sector, expected, got, lo=0):
+        self.sector = sector
+        self.expected = expected
+        self.got = got
+        self.lo = lo
+
+    def __str__(self):
+        part = "" if self.lo == 0 and len(self.got) == SECTOR else \
+            " (bytes %d-%d of it)" % (self.lo, self.lo + len(self.got) - 1)
+        got = self.got.hex()[:16] + "..." if len(self.got) > 8 else \
+            self.got.hex()
+        if len(self.got) == SECTOR:
+            got = describe_value(bytes(self.got))
+        return "sector %d (offset %d)%s: expected %s, got %s" % (
+            self.sector, self.sector * SECTOR, part,
+            describe_value(self.expected), got)
+
+
+class Write:
+    """A modifying request in flight in a Disk (see Disk.begin)."""
+    __slots__ = ("first", "vals", "iseq", "epoch", "fua", "kind")
+
+    def __init__(self, first, vals, iseq, epoch, fua, kind):
+        self.first = first
+        self.vals = vals
+        self.iseq = iseq
+        self.epoch = epoch
+        self.fua = fua
+        self.kind = kind
+
+
+class Disk:
+    """A model of one export, per 512-byte sector.
+
+    now:      what a read may return: cur[s] (bytes), unless alt has
+              the sector (a frozenset of candidates after a failed
+              write, collapsed by the next read; ANY after a trim).
+    durable:  what survives kill -9: dur/dalt, the data at the newest
+              completed FLUSH (a flush makes durable every write that
+              completed before it was issued, on any connection: the
+              cache's flush covers the whole export), plus FUA writes.
+              pend[s] lists the (completion seq, value) of writes
+              completed since; a crash may leave any of those, the
+              durable value, or the value of a write in flight.
+
+    The caller serialises the calls (one lock) and never has two
+    overlapping requests in flight of which one modifies (RangeTable).
+    Requests may be unaligned; the model keeps whole sectors.
+    The size must be a multiple of 512.
+    """
+
+    def __init__(self, data, name=""):
+        if len(data) % SECTOR:
+            raise ValueError("the disk size must be a multiple of 512")
+        self.name = name
+        self.size = len(data)
+        self.nsect = self.size // SECTOR
+        self.cur = bytearray(data)
+        self.alt = {}
+        self.dur = bytearray(data)
+        self.dalt = {}
+        self.pend = {}
+        self.flight = set()
+        self.seq = 0
+        self.dseq = 0
+        self.epoch = 0          # bumped by rebase: older Writes are void
+        self.history = None     # FlushHistory, see track_order
+
+    # -- values ----------------------------------------------------------
+
+    def value(self, s):
+        """The value(s) sector s may read as now."""
+        v = self.alt.get(s)
+        if v is not None:
+            return v
+        o = s * SECTOR
+        return bytes(self.cur[o:o + SECTOR])
+
+    def durable_value(self, s):
+        v = self.dalt.get(s)
+        if v is not None:
+            return v
+        o = s * SECTOR
+        return bytes(self.dur[o:o + SECTOR])
+
+    def _set(self, s, v):
+        o = s * SECTOR
+        if isinstance(v, bytes):
+            self.cur[o:o + SECTOR] = v
+            self.alt.pop(s, None)
+        else:
+            self.alt[s] = v
+
+    def _new_values(self, kind, off, n, data):
+        """The values [off, off+n) takes after the request."""
+        first = off // SECTOR
+        last = (off + n - 1) // SECTOR
+        vals = []
+        for s in range(first, last + 1):
+            so = s * SECTOR
+            lo = max(off, so) - so
+            hi = min(off + n, so + SECTOR) - so
+            if kind == "trim":
+                vals.append(ANY)
+                continue
+            if kind == "zero":
+                piece = ZERO_SECTOR[:hi - lo]
+            else:
+                piece = bytes(data[so + lo - off:so + hi - off])
+            if lo == 0 and hi == SECTOR:
+                vals.append(piece)
+            else:
+                vals.append(patch(self.value(s), lo, piece))
+        return first, vals
+
+    # -- requests ----------------------------------------------------------
+
+    def begin(self, kind, off, n, data=None, fua=False):
+        """A write ("write", data), zero or trim of [off, off+n) is
+        issued: returns its Write, to pass to end()."""
+        first, vals = self._new_values(kind, off, n, data)
+        self.seq += 1
+        w = Write(first, vals, self.seq, self.epoch, fua, kind)
+        self.flight.add(w)
+        if self.history is not None:
+            self.history.issued(w)
+        return w
+
+    def end(self, w, ok):
+        """The request of w completed (ok) or failed.  A failed one
+        leaves each sector old or new, until a read says which.  A Write
+        from before a rebase (a kill) is ignored: False then."""
+        if w.epoch != self.epoch or w not in self.flight:
+            return False
+        self.flight.discard(w)
+        self.seq += 1
+        cseq = self.seq
+        for i, v in enumerate(w.vals):
+            s = w.first + i
+            if not ok:
+                v = union(self.value(s), v)
+            self._set(s, v)
+            if w.fua and ok:
+                # Durable now; every older pending value is superseded
+                # (no overlapping write was in flight with this one).
+                self.pend.pop(s, None)
+                self._set_durable(s, v)
+            else:
+                self.pend.setdefault(s, []).append((cseq, v))
+        if self.history is not None:
+            self.history.completed(w, cseq, ok)
+        return True
+
+    def flush_begin(self):
+        """A FLUSH is issued: returns a token for flush_end."""
+        self.seq += 1
+        return (self.epoch, self.seq)
+
+    def flush_end(self, token):
+        """That FLUSH completed: every write completed before it was
+        issued is durable."""
+        epoch, t = token
+        if epoch != self.epoch:
+            return
+        self.seq += 1
+        if self.history is not None:
+            self.history.flushed(t, self.seq)
+        if t <= self.dseq:
+            return
+        self.dseq = t
+        for s in list(self.pend):
+            lst = self.pend[s]
+            k = 0
+            while k < len(lst) and lst[k][0] <= t:
+                k += 1
+            if k:
+                self._set_durable(s, lst[k - 1][1])
+                del lst[:k]
+                if not lst:
+                    del self.pend[s]
+
+    def _set_durable(self, s, v):
+        o = s * SECTOR
+        if isinstance(v, bytes):
+            self.dur[o:o + SECTOR] = v
+            self.dalt.pop(s, None)
+        else:
+            self.dalt[s] = v
+
+    # -- checks -------------------------------------------------------------
+
+    def check_read(self, off, got, limit=8):
+        """A read of [off, off+len(got)) returned got: the mismatches
+        (at most limit).  Whole sectors read collapse their candidates."""
+        n = len(got)
+        if not self.alt and self.cur[off:off + n] == got:
+            return []
+        bad = []
+        first = off // SECTOR
+        last = (off + n - 1) // SECTOR
+        for s in range(first, last + 1):
+            so = s * SECTOR
+            lo = max(off, so) - so
+            hi = min(off + n, so + SECTOR) - so
+            g = bytes(got[so + lo - off:so + hi - off])
+            v = self.alt.get(s)
+            if v is None:
+                if self.cur[so + lo:so + hi] != g:
+                    bad.append(Mismatch(s, self.value(s), g, lo))
+                continue
+            if not allows_part(v, lo, g):
+                bad.append(Mismatch(s, v, g, lo))
+            elif lo == 0 and hi == SECTOR and v is not ANY:
+                self._set(s, g)
+            elif isinstance(v, frozenset):
+                left = frozenset(x for x in v if x[lo:hi] == g)
+                self._set(s, next(iter(left)) if len(left) == 1 else left)
+            if len(bad) >= limit:
+                break
+        return bad
+
+    def crash_value(self, s, flight=True):
+        """What sector s may hold after kill -9 and a restart."""
+        vals = [self.durable_value(s)]
+        vals += [v for _, v in self.pend.get(s, ())]
+        if flight:
+            vals += self._flight_values(s)
+        return union(*vals)
+
+    def _flight_values(self, s):
+        out = []
+        for w in self.flight:
+            if w.first <= s < w.first + len(w.vals):
+                out.append(w.vals[s - w.first])
+        return out
+
+    def check_after_crash(self, got, limit=8):
+        """The whole export as read after kill -9 and a restart (got)
+        against what may survive: the mismatches."""
+        return self._check_image(got, self.dur, self.dalt,
+                                 set(self.pend) | self._flight_sectors(),
+                                 lambda s: self.crash_value(s), limit)
+
+    def check_current(self, got, flight=True, limit=8):
+        """An image (e.g. the backing file in writethrough mode) against
+        the completed writes: each sector as the model says now, or, if
+        flight, the value of a request in flight."""
+        extra = self._flight_sectors() if flight else set()
+        return self._check_image(
+            got, self.cur, self.alt, extra,
+            lambda s: union(self.value(s), *self._flight_values(s)),
+            limit)
+
+    def _flight_sectors(self):
+        out = set()
+        for w in self.flight:
+            out.update(range(w.first, w.first + len(w.vals)))
+        return out
+
+    def _check_image(self, got, base, basealt, special, value, limit):
+        if len(got) != self.size:
+            return [_SizeMismatch(self.size, len(got))]
+        bad = []
+        special = set(special) | set(basealt)
+        step = 64 * KiB
+        spb = step // SECTOR
+        by_block = {}
+        for s in special:
+            by_block.setdefault(s // spb, []).append(s)
+        for o in range(0, self.size, step):
+            e = min(o + step, self.size)
+            sp = by_block.get(o // step)
+            if not sp and base[o:e] == got[o:e]:
+                continue
+            for s in range(o // SECTOR, e // SECTOR):
+                so = s * SECTOR
+                g = bytes(got[so:so + SECTOR])
+                if s in special:
+                    v = value(s)
+                    if not allows(v, g):
+                        bad.append(Mismatch(s, v, g))
+                elif base[so:so + SECTOR] != g:
+                    bad.append(Mismatch(s, bytes(base[so:so + SECTOR]), g))
+                if len(bad) >= limit:
+                    return bad
+        return bad
+
+    # -- new starting points --------------------------------------------------
+
+    def rebase(self, data):
+        """After a kill and a restart: the export reads as data, which is
+        now both current and durable; requests in flight are void."""
+        self.cur = bytearray(data)
+        self.dur = bytearray(data)
+        self.alt = {}
+        self.dalt = {}
+        self.pend = {}
+        self.flight = set()
+        self.epoch += 1
+        if self.history is not None:
+            self.history.restarted(self.cur)
+
+    def clean_stop(self):
+        """nbdkit stopped cleanly (no request in flight): everything
+        completed is kept."""
+        self.dur = bytearray(self.cur)
+        self.dalt = dict(self.alt)
+        self.pend = {}
+        self.dseq = self.seq
+
+    def image_hashes(self):
+        """CRC32 of every sector of the current data (candidates as
+        their own, see FlushHistory)."""
+        return sector_hashes(self.cur)
+
+    # -- the flush order -----------------------------------------------------
+
+    def track_order(self):
+        """Start (again) the flush history from the current data: the
+        backing store is known to hold it (written back, drained, a new
+        cache)."""
+        self.history = FlushHistory(self)
+        for w in self.flight:
+            self.history.issued(w)
+
+    def stop_order(self):
+        self.history = None
+
+    def check_order(self, got, limit=8):
+        """The backing store alone (got) against the flush order: some
+        completed flush k plus a subset of the writes after it.
+        Returns (k, []) or (None, mismatches of the closest k)."""
+        if self.history is None:
+            raise ValueError("no flush history")
+        return self.history.match(got, limit)
+
+
+class _SizeMismatch(Mismatch):
+    def __init__(self, want, got):
+        Mismatch.__init__(self, 0, b"", b"")
+        self.want = want
+        self.gotsize = got
+
+    def __str__(self):
+        return "size %d, expected %d" % (self.gotsize, self.want)
+
+
+def sector_hashes(data):
+    """CRC32 of every 512-byte sector of data, as a list."""
+    mv = memoryview(data)
+    return [zlib.crc32(mv[o:o + SECTOR]) for o in range(0, len(data), SECTOR)]
+
+
+def _hashes(v):
+    """The set of CRC32s of a sector value, or None for ANY."""
+    if v is ANY:
+        return None
+    if isinstance(v, frozenset):
+        return {zlib.crc32(x) for x in v}
+    return {zlib.crc32(v)}
+
+
+class FlushHistory:
+    """What ssdcache-writeback-order=flush promises for the backing
+    store alone: at every moment it equals the export at some completed
+    FLUSH k (F_k: every write completed before flush k was issued) plus
+    a subset of the writes that were not yet complete then and were
+    issued before the next completed flush was (V_k+1).
+
+    Kept as CRC32s per sector: the base (the data when the history
+    started, which the backing store had), then each completed write
+    with its issue and completion sequence numbers, and each completed
+    flush with its issue and completion numbers.  Failed writes and
+    trims make their sectors free for the rest of the history ("loose"):
+    the model cannot say which value the backend got.
+    """
+
+    def __init__(self, disk):
+        self.base = sector_hashes(disk.cur)
+        self.loose = {}            # sector -> set of hashes, or None: any
+        for s, v in disk.alt.items():
+            self._loosen(s, v)
+        self.writes = []           # [iseq, cseq or None, first, hashes]
+        self.byw = {}              # Write -> record
+        self.flushes = []          # (issue seq, completion seq)
+
+    def _loosen(self, s, v):
+        h = _hashes(v)
+        if h is None:
+            self.loose[s] = None
+        elif self.loose.get(s, set()) is not None:
+            self.loose.setdefault(s, set()).update(h)
+
+    def issued(self, w):
+        rec = [w.iseq, None, w.first, [_hashes(v) for v in w.vals]]
+        self.writes.append(rec)
+        self.byw[w] = rec
+
+    def completed(self, w, cseq, ok):
+        rec = self.byw.pop(w, None)
+        if rec is None:
+            return
+        if ok and w.kind != "trim" and all(
+                h is not None and len(h) == 1 for h in rec[3]):
+            rec[1] = cseq
+        else:
+            for i, v in enumerate(w.vals):
+                self._loosen(w.first + i, v)
+            rec[1] = None       # never part of an F_k; always possible
+
+    def flushed(self, iseq, cseq):
+        self.flushes.append((iseq, cseq))
+
+    def restarted(self, cur):
+        """After a restart on the same cache the export read as cur:
+        the sectors that differ from the newest state are a write
+        completed now (recovery's data), and writes in flight at the
+        kill stay possible."""
+        self.byw = {}
+        state = list(self.base)
+        for rec in sorted((r for r in self.writes if r[1] is not None),
+                          key=lambda r: r[1]):
+            for i, h in enumerate(rec[3]):
+                state[rec[2] + i] = next(iter(h))
+        now = sector_hashes(cur)
+        diff = [s for s in range(len(now)) if now[s] != state[s]]
+        if diff:
+            seq = (max([r[0] for r in self.writes] +
+                       [f[1] for f in self.flushes] + [0]) + 1)
+            for s in diff:
+                self.writes.append([seq, seq, s, [{now[s]}]])
+
+    def match(self, got, limit=8):
+        gh = sector_hashes(got)
+        n = len(self.base)
+        if len(gh) != n:
+            return None, [_SizeMismatch(n * SECTOR, len(got))]
+        loose = self.loose
+
+        def fine(s, h, extra):
+            if s in loose and (loose[s] is None or h in loose[s]):
+                return True
+            e = extra.get(s)
+            return e is not None and (None in e or h in e)
+
+        # Points: the base (k = 0) and each completed flush by issue seq.
+        points = [(0, 0)] + sorted(self.flushes)
+        done = sorted((r for r in self.writes if r[1] is not None),
+                      key=lambda r: r[1])
+        state = list(self.base)
+        diff = {s for s in range(n) if gh[s] != state[s]}
+        wi = 0
+        best = None
+        for k, (t, c) in enumerate(points):
+            while wi < len(done) and done[wi][1] < t:
+                rec = done[wi]
+                for i, h in enumerate(rec[3]):
+                    s = rec[2] + i
+                    state[s] = next(iter(h))
+                    if gh[s] != state[s]:
+                        diff.add(s)
+                    else:
+                        diff.discard(s)
+                wi += 1
+            # V: writes not complete at t, issued before the next
+            # completed flush completed (any time, for the last).
+            until = min((f[1] for f in self.flushes if f[0] > t),
+                        default=None)
+            extra = {}
+            if diff:
+                for rec in self.writes:
+                    if rec[1] is not None and rec[1] < t:
+                        continue
+                    if until is not None and rec[0] > until:
+                        continue
+                    for i, h in enumerate(rec[3]):
+                        s = rec[2] + i
+                        if s in diff:
+                            e = extra.setdefault(s, set())
+                            if h is None:
+                                e.add(None)
+                            else:
+                                e.update(h)
+            bad = [s for s in sorted(diff) if not fine(s, gh[s], extra)]
+            if not bad:
+                return k, []
+            if best is None or len(bad) < len(best[1]):
+                best = (k, bad)
+        k, bad = best
+        return None, ["sector %d (offset %d): backing store's crc32 %08x "
+                      "is in no allowed state (closest flush point %d of "
+                      "%d; %d sectors off)" % (s, s * SECTOR, gh[s], k,
+                                                len(points) - 1, len(bad))
+                      for s in bad[:limit]]
+
+
+# -- ranges in flight ---------------------------------------------------------
+
+class RangeTable:
+    """Byte ranges of requests in flight, to keep the model exact: a
+    request that modifies must not overlap any other in flight, and a
+    read must not overlap one that modifies.  Not locked: the caller
+    holds its model lock."""
+
+    def __init__(self):
+        self.ranges = {}        # key -> (disk key, off, end, modifies)
+        self.next = 0
+
+    def conflicts(self, dkey, off, n, modifies):
+        end = off + n
+        for d, o, e, m in self.ranges.values():
+            if d == dkey and o < end and off < e and (m or modifies):
+                return True
+        return False
+
+    def add(self, dkey, off, n, modifies):
+        self.next += 1
+        self.ranges[self.next] = (dkey, off, off + n, modifies)
+        return self.next
+
+    def remove(self, key):
+        self.ranges.pop(key, None)
+
+    def modifying(self, dkey=None):
+        return any(m and (dkey is None or d == dkey)
+                   for d, _, _, m in self.ranges.values())
+
+
+# -- servers for the network plugins -----------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Daemon:
+    def __init__(self, workdir, name):
+        self.workdir = workdir
+        self.name = name
+        self.proc = None
+        self.log = os.path.join(workdir, name + ".log")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def _wait_listening(self, port, timeout=30):
+        def up():
+            if self.proc.poll() is not None:
+                raise EnvError("%s exited: %s" % (self.name,
+                                                  log_tail(self.log)))
+            try:
+                with socket.create_connection(("127.0.0.1", port), 1):
+                    return True
+            except OSError:
+                return False
+        wait_for(up, timeout, "%s listening on port %d" % (self.name, port))
+
+
+class Sshd(_Daemon):
+    """An OpenSSH server of the test's own on 127.0.0.1 (host key, user
+    key and authorized_keys in workdir), for nbdkit's ssh plugin:
+    plugin_args(path) is the plugin and its parameters."""
+
+    def __init__(self, workdir):
+        _Daemon.__init__(self, workdir, "sshd")
+        self.dir = os.path.join(workdir, "ssh")
+        self.port = None
+
+    @staticmethod
+    def available():
+        return os.access("/usr/sbin/sshd", os.X_OK) and \
+            subprocess.run(["nbdkit", "ssh", "--version"],
+                           capture_output=True).returncode == 0
+
+    def start(self):
+        d = self.dir
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        for k in ("host_key", "user_key"):
+            if not os.path.exists(os.path.join(d, k)):
+                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "",
+                                "-C", "ssdcache-test", "-f",
+                                os.path.join(d, k)], check=True)
+        with open(os.path.join(d, "user_key.pub")) as f, \
+                open(os.path.join(d, "authorized_keys"), "w") as g:
+            g.write(f.read())
+        if os.getuid() == 0 and not os.path.isdir("/run/sshd"):
+            os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+        for attempt in range(5):
+            self.port = free_port()
+            conf = os.path.join(d, "sshd_config")
+            with open(conf, "w") as f:
+                f.write("Port %d\nListenAddress 127.0.0.1\n"
+                        "HostKey %s/host_key\nPidFile %s/sshd.pid\n"
+                        "AuthorizedKeysFile %s/authorized_keys\n"
+                        "StrictModes no\nUsePAM no\nPubkeyAuthentication yes\n"
+                        "PasswordAuthentication no\n"
+                        "KbdInteractiveAuthentication no\n"
+                        "PermitRootLogin prohibit-password\n"
+                        "AllowTcpForwarding no\nX11Forwarding no\n"
+                        "PrintMotd no\nMaxStartups 64\nMaxSessions 64\n"
+                        "Subsystem sftp internal-sftp\n" % (self.port, d, d, d))
+            log = open(self.log, "ab")
+            self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f",
+                                          conf], stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=log)
+            log.close()
+            try:
+                self._wait_listening(self.port)
+            except (EnvError, Hang):
+                self.stop()
+                continue
+            with open(os.path.join(d, "host_key.pub")) as f:
+                key = " ".join(f.read().split()[:2])
+            with open(os.path.join(d, "known_hosts"), "w") as f:
+                f.write("[127.0.0.1]:%d %s\n" % (self.port, key))
+            return
+        raise EnvError("sshd could not be started: %s" % log_tail(self.log))
+
+    def plugin_args(self, path):
+        import pwd
+        user = pwd.getpwuid(os.getuid()).pw_name
+        return ["ssh", "host=127.0.0.1", "port=%d" % self.port,
+                "user=" + user, "path=" + path,
+                "identity=" + os.path.join(self.dir, "user_key"),
+                "known-hosts=" + os.path.join(self.dir, "known_hosts"),
+                "config=", "timeout=20"]
+
+
+class Httpd(_Daemon):
+    """A lighttpd of the test's own on 127.0.0.1 serving docroot, for
+    nbdkit's curl plugin: url(name) is a file's URL."""
+
+    def __init__(self, workdir, docroot):
+        _Daemon.__init__(self, workdir, "lighttpd")
+        self.docroot = docroot
+        self.port = None
+
+    @staticmethod
+    def available():
+        return os.access("/usr/sbin/lighttpd", os.X_OK) and \
+            subprocess.run(["nbdkit", "curl", "--version"],
+                           capture_output=True).returncode == 0
+
+    def start(self):
+        for attempt in range(5):
+            self.port = free_port()
+            conf = os.path.join(self.workdir, "lighttpd.conf")
+            with open(conf, "w") as f:
+                f.write('server.document-root = "%s"\nserver.port = %d\n'
+                        'server.bind = "127.0.0.1"\n'
+                        'server.errorlog = "%s"\n'
+                        'server.max-connections = 256\n' % (
+                            self.docroot, self.port, self.log))
+            log = open(self.log, "ab")
+            self.proc = subprocess.Popen(["/usr/sbin/lighttpd", "-D", "-f",
+                                          conf], stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=log)
+            log.close()
+            try:
+                self._wait_listening(self.port)
+                return
+            except (EnvError, Hang):
+                self.stop()
+        raise EnvError("lighttpd could not be started: %s" %
+                       log_tail(self.log))
+
+    def url(self, name):
+        return "http://127.0.0.1:%d/%s" % (self.port, name)
+
+
+def errno_name(e):
+    """The errno of an nbd.Error (or OSError) as a name, for reports."""
+    n = getattr(e, "errno", None)
+    return errno.errorcode.get(n, str(n)) if n else "?"

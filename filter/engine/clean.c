@@ -874,11 +874,15 @@ clean_order_enter (struct cache *c, const struct cache_backend *be,
   uint64_t first, last, may;
   int r;
 
-  if (!cache_ordered (c))
-    return 0;
-  while (order_enter (c, gen) == 1) {
+  /* (Asked again each time: once the last dirty page of a cache that
+   * left writeback is written back, no pass moves c->gen_done on any
+   * more, and there is no older data left to wait for.)
+   */
+  while (cache_ordered (c)) {
     struct clean_opts upto = { .target = 0 };
 
+    if (order_enter (c, gen) == 0)
+      return 1;
     if (cache_degraded (c)) {
       /* Nothing can be read back from the cache any more. */
       STATS_ADD (&c->stats, order_broken, 1);
@@ -904,7 +908,7 @@ clean_order_enter (struct cache *c, const struct cache_backend *be,
     if (r == 1)
       nanosleep (&ms, NULL);    /* busy pages: their requests end */
   }
-  return 1;
+  return 0;
 }
 
 int

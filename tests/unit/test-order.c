@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -624,6 +625,68 @@ test_order_cap (void **state)
   rambackend_free (&rb);
 }
 
+/* A write that goes to the backend in the flush order after a switch
+ * out of writeback.  It waits for generation 1, cleans its own page of
+ * it, which was the last dirty one: the cache then no longer keeps the
+ * order (cache_ordered), its passes no longer move c->gen_done on, and
+ * the write waited for it for good (found by chaos.py).  It must end,
+ * and the backend must have both writes.
+ */
+struct mode_write {
+  struct cache *c;
+  struct tbe *t;
+  uint8_t *buf;
+  int r, err;
+  _Atomic bool done;
+};
+
+static void *
+mode_write_run (void *arg)
+{
+  struct mode_write *w = arg;
+
+  w->r = cache_write (w->c, &w->t->be, w->buf, PS, 0, false, &w->err);
+  atomic_store (&w->done, true);
+  return NULL;
+}
+
+static void
+test_order_leave_writeback (void **state)
+{
+  struct cache_config cfg = order_config (CACHE_ORDER_FLUSH, 16);
+  struct rambackend rb;
+  struct tbe t;
+  struct cache *c;
+  uint8_t a[PS], b[PS], got[PS];
+  struct mode_write w = { .buf = b };
+  pthread_t th;
+  int err = 0, i;
+
+  cfg.wb.idle_ms = 0;
+  cfg.wb.high_pct = 100;
+  rambackend_init (&rb, SIZE, 63);
+  tbe_init (&t, &rb);
+  c = testfile_open_attach (&cfg, SIZE);
+  fill_pattern (a, PS, 1);
+  fill_pattern (b, PS, 2);
+  assert_int_equal (cache_write (c, &t.be, a, PS, 0, false, &err), 0);
+  assert_int_equal (cache_flush (c, &t.be, &err), 0);
+  cache_set_mode (c, LAYOUT_MODE_WRITEAROUND);
+  w.c = c;
+  w.t = &t;
+  assert_int_equal (pthread_create (&th, NULL, mode_write_run, &w), 0);
+  for (i = 0; i < 30000 && !atomic_load (&w.done); i++)
+    usleep (1000);
+  if (!atomic_load (&w.done))
+    fail_msg ("the write did not end in 30 s");
+  pthread_join (th, NULL);
+  assert_int_equal (w.r, 0);
+  rambackend_peek (&rb, got, PS, 0);
+  assert_memory_equal (got, b, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown (f, testfile_setup, \
                                               testfile_teardown)
 
@@ -635,6 +698,7 @@ main (void)
     T (test_order_offset_breaks),
     T (test_order_crash_resume),
     T (test_order_cap),
+    T (test_order_leave_writeback),
   };
 
   if (getenv ("TEST_FILTER"))

@@ -4,8 +4,10 @@
  * Owns struct control, its socket and its thread; see control.h for
  * the protocol.  A command runs to its end even if the client goes
  * away meanwhile (its answer is then dropped): nothing is left half
- * done.  A client that sends no line within CONTROL_TIMEOUT_MS is
- * dropped, so none can hold the thread.
+ * done.  A client that has not sent its whole line within
+ * CONTROL_TIMEOUT_MS of connecting, or does not take its answer within
+ * as long, is dropped, so none can hold the thread; control_stop ends
+ * such a wait at once.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -214,31 +216,77 @@ control_command (struct cache *c, const struct control_ops *ops,
              argv[0]);
 }
 
-/* Read one line from fd (without its newline) into buf.  Returns its
- * length, or -1 (timeout, too long, closed early, error).
+/* Wait until fd is ready for events, at most until deadline (ms of
+ * cache_now_ms), or control_stop.  Returns true if it is.
+ */
+static bool
+wait_ready (struct control *ctl, int fd, short events, uint64_t deadline)
+{
+  for (;;) {
+    struct pollfd p[2] = { { .fd = fd, .events = events },
+                           { .fd = ctl->stop_pipe[0], .events = POLLIN } };
+    uint64_t now = cache_now_ms ();
+    int r;
+
+    if (now >= deadline)
+      return false;
+    r = poll (p, 2, deadline - now);
+    if (r == -1 && errno == EINTR)
+      continue;
+    return r > 0 && p[1].revents == 0 && p[0].revents != 0;
+  }
+}
+
+/* Read one line from fd (without its newline) into buf, all of it
+ * within CONTROL_TIMEOUT_MS (a client that sends a byte now and then
+ * holds the thread no longer than one that sends nothing).  Returns its
+ * length, or -1 (timeout, too long, closed early, error, stopping).
  */
 static ssize_t
-read_line (int fd, char *buf, size_t size)
+read_line (struct control *ctl, int fd, char *buf, size_t size)
 {
+  const uint64_t deadline = cache_now_ms () + CONTROL_TIMEOUT_MS;
   size_t n = 0;
 
   while (n < size - 1) {
-    struct pollfd p = { .fd = fd, .events = POLLIN };
     ssize_t r;
+    char *nl;
 
-    if (poll (&p, 1, CONTROL_TIMEOUT_MS) <= 0)
+    if (!wait_ready (ctl, fd, POLLIN, deadline))
       return -1;
     r = read (fd, buf + n, size - 1 - n);
     if (r <= 0)
       return -1;
     n += r;
-    char *nl = memchr (buf, '\n', n);
+    nl = memchr (buf, '\n', n);
     if (nl) {
       *nl = '\0';
       return nl - buf;
     }
   }
   return -1;
+}
+
+/* Send the answer; a client that does not take it within
+ * CONTROL_TIMEOUT_MS loses it (the command was done all the same).
+ */
+static void
+send_answer (struct control *ctl, int fd, const char *answer, size_t len)
+{
+  const uint64_t deadline = cache_now_ms () + CONTROL_TIMEOUT_MS;
+
+  for (size_t done = 0; done < len;) {
+    ssize_t r;
+
+    if (!wait_ready (ctl, fd, POLLOUT, deadline))
+      break;
+    r = send (fd, answer + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r == -1 && (errno == EAGAIN || errno == EINTR))
+      continue;
+    if (r <= 0)
+      break;
+    done += r;
+  }
 }
 
 static void
@@ -251,19 +299,13 @@ serve_client (struct control *ctl, int fd)
 
   if (out == NULL)
     return;
-  if (read_line (fd, line, sizeof line) == -1)
-    fputs ("ERROR no command line (one line, at most 1023 bytes)\n", out);
+  if (read_line (ctl, fd, line, sizeof line) == -1)
+    fputs ("ERROR no command line (one line, at most 1023 bytes, within "
+           "5 s)\n", out);
   else
     control_command (ctl->c, ctl->ops, line, out);
-  if (fclose (out) == 0) {
-    /* The client may be gone: the command was done all the same. */
-    for (size_t done = 0; done < len;) {
-      ssize_t r = send (fd, answer + done, len - done, MSG_NOSIGNAL);
-      if (r <= 0)
-        break;
-      done += r;
-    }
-  }
+  if (fclose (out) == 0)
+    send_answer (ctl, fd, answer, len);
   free (answer);
 }
 

@@ -34,6 +34,7 @@ struct writeback {
   struct cache_backend be;
   pthread_t thread;
   bool started;
+  unsigned users;               /* callers inside (wb_ptr_lock) */
 
   pthread_mutex_t lock;
   pthread_cond_t wake, done;
@@ -60,6 +61,36 @@ struct writeback {
   unsigned age_head, nage;
   uint64_t age_checked_ms;
 };
+
+/* c->wb is set by writeback_start and cleared by writeback_stop, which
+ * may run while the control thread asks for a drain: such callers take
+ * it under wb_ptr_lock and count themselves in wb->users, and
+ * writeback_stop frees it only once they are all out.
+ */
+static pthread_mutex_t wb_ptr_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wb_users_gone = PTHREAD_COND_INITIALIZER;
+
+static struct writeback *
+wb_get (struct cache *c)
+{
+  struct writeback *wb;
+
+  pthread_mutex_lock (&wb_ptr_lock);
+  wb = c->wb;
+  if (wb)
+    wb->users++;
+  pthread_mutex_unlock (&wb_ptr_lock);
+  return wb;
+}
+
+static void
+wb_put (struct writeback *wb)
+{
+  pthread_mutex_lock (&wb_ptr_lock);
+  if (--wb->users == 0)
+    pthread_cond_broadcast (&wb_users_gone);
+  pthread_mutex_unlock (&wb_ptr_lock);
+}
 
 /* The hot window: above the high watermark, background cleaning skips
  * pages changed in the last one to two windows.  One second suits a
@@ -344,7 +375,9 @@ writeback_start (struct cache *c, const struct cache_backend *be)
   pthread_cond_init (&wb->wake, NULL);
   pthread_cond_init (&wb->done, NULL);
   atomic_init (&wb->kicked, false);
+  pthread_mutex_lock (&wb_ptr_lock);
   c->wb = wb;
+  pthread_mutex_unlock (&wb_ptr_lock);
   c->hooks.wb_kick = writeback_kick;
   c->hooks.wb_request_all = writeback_request_all;
   c->hooks.wb_stop = writeback_stop;
@@ -355,7 +388,9 @@ writeback_start (struct cache *c, const struct cache_backend *be)
     c->hooks.wb_kick = NULL;
     c->hooks.wb_request_all = NULL;
     c->hooks.wb_stop = NULL;
+    pthread_mutex_lock (&wb_ptr_lock);
     c->wb = NULL;
+    pthread_mutex_unlock (&wb_ptr_lock);
     hot_set (wb, 0);
     free (wb);
     return -1;
@@ -367,8 +402,12 @@ writeback_start (struct cache *c, const struct cache_backend *be)
 void
 writeback_stop (struct cache *c)
 {
-  struct writeback *wb = c->wb;
+  struct writeback *wb;
 
+  pthread_mutex_lock (&wb_ptr_lock);
+  wb = c->wb;
+  c->wb = NULL;                 /* no new caller gets it */
+  pthread_mutex_unlock (&wb_ptr_lock);
   if (wb == NULL)
     return;
   pthread_mutex_lock (&wb->lock);
@@ -381,8 +420,12 @@ writeback_stop (struct cache *c)
   c->hooks.wb_kick = NULL;
   c->hooks.wb_request_all = NULL;
   c->hooks.wb_stop = NULL;
-  c->wb = NULL;
   hot_set (wb, 0);
+  /* A drain waiting for a pass wakes on the stop: let it leave. */
+  pthread_mutex_lock (&wb_ptr_lock);
+  while (wb->users > 0)
+    pthread_cond_wait (&wb_users_gone, &wb_ptr_lock);
+  pthread_mutex_unlock (&wb_ptr_lock);
   pthread_mutex_destroy (&wb->lock);
   pthread_cond_destroy (&wb->wake);
   pthread_cond_destroy (&wb->done);
@@ -394,6 +437,9 @@ writeback_kick (struct cache *c)
 {
   struct writeback *wb = c->wb;
 
+  /* (An engine hook: it runs only while the thread does, see
+   * cache-int.h.)
+   */
   if (wb) {
     atomic_store (&wb->kicked, true);
     pthread_cond_signal (&wb->wake);
@@ -403,13 +449,18 @@ writeback_kick (struct cache *c)
 bool
 writeback_running (struct cache *c)
 {
-  return c->wb != NULL;
+  bool r;
+
+  pthread_mutex_lock (&wb_ptr_lock);
+  r = c->wb != NULL;
+  pthread_mutex_unlock (&wb_ptr_lock);
+  return r;
 }
 
 void
 writeback_request (struct cache *c)
 {
-  struct writeback *wb = c->wb;
+  struct writeback *wb = wb_get (c);
 
   if (wb == NULL)
     return;
@@ -417,15 +468,20 @@ writeback_request (struct cache *c)
   ++wb->req_gen;
   pthread_cond_signal (&wb->wake);
   pthread_mutex_unlock (&wb->lock);
+  wb_put (wb);
 }
 
 int
 writeback_request_all (struct cache *c, int *err)
 {
-  struct writeback *wb = c->wb;
+  struct writeback *wb = wb_get (c);
   uint64_t mine;
   int r;
 
+  if (wb == NULL) {
+    *err = ESHUTDOWN;
+    return -1;
+  }
   pthread_mutex_lock (&wb->lock);
   mine = ++wb->req_gen;
   pthread_cond_signal (&wb->wake);
@@ -433,10 +489,10 @@ writeback_request_all (struct cache *c, int *err)
     pthread_cond_wait (&wb->done, &wb->lock);
   r = wb->done_gen >= mine ? wb->done_err : ESHUTDOWN;
   pthread_mutex_unlock (&wb->lock);
+  wb_put (wb);
   if (r) {
     *err = r;
     return -1;
   }
   return 0;
 }
-

@@ -379,14 +379,12 @@ writeback_start (struct cache *c, const struct cache_backend *be)
   c->wb = wb;
   pthread_mutex_unlock (&wb_ptr_lock);
   c->hooks.wb_kick = writeback_kick;
-  c->hooks.wb_request_all = writeback_request_all;
   c->hooks.wb_stop = writeback_stop;
   r = pthread_create (&wb->thread, NULL, writeback_thread, wb);
   if (r != 0) {
     errno = r;
     log_error ("cannot start the writeback thread: %m");
     c->hooks.wb_kick = NULL;
-    c->hooks.wb_request_all = NULL;
     c->hooks.wb_stop = NULL;
     pthread_mutex_lock (&wb_ptr_lock);
     c->wb = NULL;
@@ -418,7 +416,6 @@ writeback_stop (struct cache *c)
   if (wb->started)
     pthread_join (wb->thread, NULL);
   c->hooks.wb_kick = NULL;
-  c->hooks.wb_request_all = NULL;
   c->hooks.wb_stop = NULL;
   hot_set (wb, 0);
   /* A drain waiting for a pass wakes on the stop: let it leave. */

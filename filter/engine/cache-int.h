@@ -190,7 +190,6 @@ struct prefetch_conn;
  */
 struct cache_hooks {
   void (*wb_kick) (struct cache *c);       /* a writer found no slot */
-  int (*wb_request_all) (struct cache *c, int *err); /* full pass, wait */
   void (*wb_stop) (struct cache *c);       /* at close, if still running */
   void (*ra_note_read) (struct cache *c, struct prefetch_conn *pc,
                         uint64_t offset, uint32_t count, uint64_t used,
@@ -563,6 +562,12 @@ extern int clean_pages_locked (struct cache *c,
                                const struct cache_backend *be,
                                uint64_t first, uint64_t last,
                                uint64_t gen_max, int *err);
+/* Write back now, from the caller's thread, which holds no range lock,
+ * every page dirty when it is called; pages a pass finds busy are
+ * waited for, one at a time.  Returns 0 or -1 (*err).
+ */
+extern int clean_all_now (struct cache *c, const struct cache_backend *be,
+                          int *err);
 /* Before a backend write of data of flush generation gen (ORDER_OPEN:
  * a client's write now) in the flush order: write the older
  * generations back first, from the caller's thread (its own pages of

@@ -911,6 +911,48 @@ clean_order_enter (struct cache *c, const struct cache_backend *be,
   return 0;
 }
 
+/* Write back now, from the caller's thread (which holds no range
+ * lock), every page dirty when it is called: a pass for most of them,
+ * then, one at a time and waiting for its range lock (served in
+ * arrival order), each page the pass found busy.  A page that clients
+ * rewrite without pause cannot starve it.  Returns 0 or -1 (*err).
+ */
+int
+clean_all_now (struct cache *c, const struct cache_backend *be, int *err)
+{
+  const struct clean_opts all = { .target = 0 };
+  uint64_t *pages, nhot;
+  int64_t n;
+  int r = clean_pass (c, be, &all, err);
+
+  if (r != 1)
+    return r == -1 ? -1 : 0;
+  n = collect_dirty (c, &pages, UINT64_MAX, true, UINT64_MAX, &nhot);
+  if (n == -1) {
+    *err = ENOMEM;
+    return -1;
+  }
+  r = 0;
+  for (int64_t i = 0; i < n && r == 0; i++) {
+    if (rangelock_acquire (&c->ranges, pages[i], pages[i]) == -1) {
+      *err = errno;
+      r = -1;
+      break;
+    }
+    order_owned (c, pages[i], pages[i]);
+    r = clean_pages_locked (c, be, pages[i], pages[i], UINT64_MAX, err);
+    order_owned (NULL, 0, 0);
+    rangelock_release (&c->ranges, pages[i], pages[i]);
+  }
+  free (pages);
+  /* (In the flush order, retained versions and generations left go
+   * with one more pass, which no longer meets busy pages of them.)
+   */
+  if (r == 0 && cache_ordered (c) && clean_pass (c, be, &all, err) == -1)
+    r = -1;
+  return r;
+}
+
 int
 cache_writeback_all (struct cache *c, const struct cache_backend *be,
                      int *err)

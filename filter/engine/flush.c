@@ -2,8 +2,9 @@
 /* nbdkit-ssdcache-filter: a client FLUSH.
  *
  * Owns cache_flush: a sync of the cache file (epoch.c) and, with
- * ssdcache-flush=backend or a failed cache device, a full writeback and
- * a backend flush first.  No lock of its own.
+ * ssdcache-flush=backend or a failed cache device, a full writeback
+ * from the client's own thread (clean.c: clean_all_now) and a backend
+ * flush first.  No lock of its own.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -18,18 +19,8 @@
 static int
 degraded_flush (struct cache *c, const struct cache_backend *be, int *err)
 {
-  const struct clean_opts all = { .target = 0 };
-  int r, tries = 0;
-  struct timespec ms = { .tv_sec = 0, .tv_nsec = 1000000 };
-
-  /* Busy pages (r == 1) belong to requests in flight: let them end. */
-  while ((r = clean_pass (c, be, &all, err)) == 1 && ++tries < 10000)
-    nanosleep (&ms, NULL);
-  if (r != 0) {
-    if (r == 1)
-      *err = EIO;
+  if (clean_all_now (c, be, err) == -1)
     return -1;
-  }
   atomic_store (&c->backend_unflushed, false);
   return be->flush ? be->flush (be->h, err) : 0;
 }
@@ -42,10 +33,13 @@ cache_flush (struct cache *c, const struct cache_backend *be, int *err)
   cache_touch_io (c);
   if (wb && cache_degraded (c))
     return degraded_flush (c, be, err);
-  if (wb && c->flush_mode == CACHE_FLUSH_BACKEND && c->hooks.wb_request_all) {
-    if (c->hooks.wb_request_all (c, err) == -1)
-      return -1;
-  }
+  /* ssdcache-flush=backend: everything written back, by this request
+   * itself (not by the writeback thread, which may not run, and whose
+   * passes skip the pages other clients hold).
+   */
+  if (wb && c->flush_mode == CACHE_FLUSH_BACKEND &&
+      clean_all_now (c, be, err) == -1)
+    return -1;
   /* Anything sent straight to the backend (writethrough writes, or
    * writeback zeroes/trims, pass-through, and writes that found the
    * cache full).

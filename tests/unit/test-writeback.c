@@ -45,6 +45,7 @@
 #include "fixture.h"
 #include "testfile.h"
 #include "writeback.h"
+#include "cache-int.h"             /* test_wb_flush_backend_hot */
 
 extern int log_error_count;
 extern char log_error_last[512];
@@ -1262,6 +1263,90 @@ test_wb_threads_flush_backend (void **state)
   run_mt (CACHE_FLUSH_BACKEND, 16, 600, 200);
 }
 
+/* A page held by requests nearly all the time (a hot page rewritten
+ * without pause), dirty: a FLUSH with ssdcache-flush=backend must still
+ * write it back and end.  Passes only try-lock pages and skip busy ones:
+ * the flush writes such pages back itself, waiting for their range
+ * locks (issue 27, item 8).  It does so from the client's own thread:
+ * it asked the writeback thread before, and wrote nothing back where
+ * none ran (none is started here).
+ */
+struct holder {
+  struct cache *c;
+  uint64_t page;
+  _Atomic bool stop;
+  _Atomic unsigned rounds;
+};
+
+static void *
+hold_page (void *arg)
+{
+  struct holder *h = arg;
+
+  while (!atomic_load (&h->stop)) {
+    rangelock_acquire (&h->c->ranges, h->page, h->page);
+    usleep (2000);
+    rangelock_release (&h->c->ranges, h->page, h->page);
+    atomic_fetch_add (&h->rounds, 1);
+  }
+  return NULL;
+}
+
+struct flusher {
+  struct cache *c;
+  struct tbe *t;
+  int r, err;
+  _Atomic bool done;
+};
+
+static void *
+flush_run (void *arg)
+{
+  struct flusher *f = arg;
+
+  f->r = cache_flush (f->c, &f->t->be, &f->err);
+  atomic_store (&f->done, true);
+  return NULL;
+}
+
+static void
+test_wb_flush_backend_hot (void **state)
+{
+  struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
+  struct rambackend rb;
+  struct tbe t;
+  struct cache *c;
+  struct holder h = { .page = 3 };
+  struct flusher f = { .t = &t };
+  pthread_t ht, ft;
+  uint8_t buf[PS], got[PS];
+  int err = 0, i;
+
+  cfg.flush_mode = CACHE_FLUSH_BACKEND;
+  rambackend_init (&rb, 16 * PS, 21);
+  tbe_init (&t, &rb);
+  c = testfile_open_attach (&cfg, rb.size);
+  fill_pattern (buf, PS, 5);
+  assert_int_equal (cache_write (c, &t.be, buf, PS, 3 * PS, false, &err), 0);
+  h.c = f.c = c;
+  assert_int_equal (pthread_create (&ht, NULL, hold_page, &h), 0);
+  while (atomic_load (&h.rounds) < 3)
+    usleep (1000);
+  assert_int_equal (pthread_create (&ft, NULL, flush_run, &f), 0);
+  for (i = 0; i < 30000 && !atomic_load (&f.done); i++)
+    usleep (1000);
+  atomic_store (&h.stop, true);
+  pthread_join (ht, NULL);
+  if (!atomic_load (&f.done))
+    fail_msg ("the flush did not end in 30 s");
+  pthread_join (ft, NULL);
+  assert_int_equal (f.r, 0);
+  rambackend_peek (&rb, got, PS, 3 * PS);
+  assert_memory_equal (got, buf, PS);
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
 static void
 test_wb_threads_tiny_cache (void **state)
 {
@@ -1930,6 +2015,7 @@ main (void)
     T (test_wb_seq_around_quiet),
     T (test_wb_threads_flush_cache),
     T (test_wb_threads_flush_backend),
+    T (test_wb_flush_backend_hot),
     T (test_wb_threads_tiny_cache),
     T (test_wb_unsealed_sealed),
     T (test_wb_hot_pages_left_alone),

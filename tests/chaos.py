@@ -418,6 +418,7 @@ class Worker(threading.Thread):
         self.gen = -1
         self.cursor = rng.randrange(0, self.dom.disk.size, SECTOR)
         self.parked = False
+        self.caps = {}
 
     # -- requests ------------------------------------------------------------
 
@@ -425,7 +426,10 @@ class Worker(threading.Thread):
         c = self.seg.cfg
         rng = self.rng
         size = self.dom.disk.size
-        kinds = [k for k in KINDS if c["mix"].get(k)]
+        # (What the server offers may change with the mode and across
+        # restarts: ask each connection, see loop.)
+        kinds = [k for k in KINDS if c["mix"].get(k) and
+                 self.caps.get(k, True)]
         kind = rng.choices(kinds, [c["mix"][k] for k in kinds])[0]
         if kind == "flush":
             return kind, 0, 0, False
@@ -460,7 +464,8 @@ class Worker(threading.Thread):
             off = min(size - 1, off + rng.randrange(1, SECTOR))
             n = max(1, min(n - rng.randrange(0, SECTOR), size - off))
         self.cursor = (off + n) % size // SECTOR * SECTOR
-        fua = kind in ("write", "zero") and rng.random() < 0.1
+        fua = (kind in ("write", "zero") and self.caps.get("fua", True) and
+               rng.random() < 0.1)
         return kind, off, n, fua
 
     def run(self):
@@ -501,7 +506,18 @@ class Worker(threading.Thread):
                     raise Failure("error", "cannot connect to export %r: "
                                   "%s" % (self.export, e))
                 self.gen = gen
+                self.caps = self.capabilities()
             self.one()
+
+    def capabilities(self):
+        """The requests this connection's server offers."""
+        h = self.h
+        try:
+            return {"zero": h.can_zero(), "trim": h.can_trim(),
+                    "flush": h.can_flush(), "cache": h.can_cache(),
+                    "fua": h.can_fua()}
+        except nbd.Error:
+            return {}
 
     def one(self):
         seg = self.seg

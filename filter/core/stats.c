@@ -87,13 +87,34 @@ drain_seconds (const struct stats *st, const struct stats_extra *x,
   return true;
 }
 
+/* A client's export name on one line of its own: control characters,
+ * DEL and backslashes as C escapes (\n, \xHH, \\), so that no name
+ * can start a line that reads as a counter.
+ */
+static void
+put_escaped (const char *name, FILE *fp)
+{
+  for (const unsigned char *p = (const unsigned char *) name; *p; p++)
+    if (*p == '\\')
+      fputs ("\\\\", fp);
+    else if (*p == '\n')
+      fputs ("\\n", fp);
+    else if (*p < 0x20 || *p == 0x7f)
+      fprintf (fp, "\\x%02x", *p);
+    else
+      fputc (*p, fp);
+}
+
 static void
 write_text (const struct stats *st, const struct stats_extra *x, FILE *fp)
 {
   uint64_t drain;
 
-  if (x->export_name)
-    fprintf (fp, "export: %s\n", x->export_name);
+  if (x->export_name) {
+    fputs ("export: ", fp);
+    put_escaped (x->export_name, fp);
+    fputc ('\n', fp);
+  }
   stats_print (st, fp);
   fprintf (fp, "hit_ratio: %.4f\n", hit_ratio (st));
   fprintf (fp, "dirty_bytes: %" PRIu64 "\n",
@@ -162,8 +183,7 @@ write_prometheus (const struct stats *st, const struct stats_extra *x,
 
   if (x->export_name) {
     fputs ("# export: ", fp);
-    for (const char *p = x->export_name; *p; p++)
-      fputc (*p == '\n' ? ' ' : *p, fp);
+    put_escaped (x->export_name, fp);
     fputc ('\n', fp);
   }
 #define PROM(f) \

@@ -140,6 +140,21 @@ add_problem (struct cachefile *cf, enum cf_kind kind, int64_t slot,
   struct cf_problem *p;
   va_list ap;
 
+  if (cf->nprob == CF_PROBLEMS_MAX) {
+    /* Counted, not kept. */
+    p = &cf->spare;
+    free (p->msg);
+    free (p->risk);
+    memset (p, 0, sizeof *p);
+    p->kind = kind;
+    p->slot = p->last_slot = slot;
+    p->state = -1;
+    cf->nprob_more++;
+    va_start (ap, fs);
+    p->msg = xvasprintf (fs, ap);
+    va_end (ap);
+    return p;
+  }
   if (cf->nprob == cf->prob_cap) {
     cf->prob_cap = cf->prob_cap ? 2 * cf->prob_cap : 16;
     cf->prob = xrealloc (cf->prob, cf->prob_cap * sizeof *cf->prob);
@@ -978,6 +993,9 @@ cf_close (struct cachefile *cf)
   }
   free (cf->prob);
   free (cf->cand);
+  free (cf->spare.msg);
+  free (cf->spare.risk);
+  memset (&cf->spare, 0, sizeof cf->spare);
   cf->prob = NULL;
   cf->cand = NULL;
   cf->nprob = cf->ncand = 0;

@@ -45,6 +45,8 @@ enum cf_kind {
   CF_P_UNSEALED,                /* unsealed, in a cache closed cleanly */
 };
 
+#define CF_PROBLEMS_MAX 1000
+
 struct cf_problem {
   enum cf_kind kind;
   size_t order;                 /* when it was found (sorting is stable) */
@@ -108,9 +110,15 @@ struct cachefile {
   /* cf_pages: the newest version of each page. */
   uint64_t pages, dirty_pages, dirty_bytes, older_versions;
 
-  /* Problems (cf_open, cf_scan, cf_recover), and the prediction. */
+  /* Problems (cf_open, cf_scan, cf_recover), and the prediction.  At
+   * most CF_PROBLEMS_MAX are kept, in the order found (a hostile page
+   * table of millions of damaged entries must not take gigabytes);
+   * the others are only counted (nprob_more, and at_risk).
+   */
   struct cf_problem *prob;
   size_t nprob, prob_cap;
+  uint64_t nprob_more;
+  struct cf_problem spare;      /* where problems past the limit go */
   uint64_t at_risk;             /* problems with dirty data at risk */
   uint64_t damaged_entries_may_dirty;  /* damaged entries in a cache that
                                           may hold dirty data */

@@ -368,6 +368,9 @@ check_text_problems (const struct cachefile *cf)
 {
   for (size_t i = 0; i < cf->nprob; i++)
     printf ("damage: %s\n", cf->prob[i].msg);
+  if (cf->nprob_more)
+    printf ("damage: %" PRIu64 " more problems, not listed (the first %d "
+            "found are)\n", cf->nprob_more, CF_PROBLEMS_MAX);
   for (size_t i = 0; i < cf->nprob; i++)
     if (cf->prob[i].risk)
       printf ("at risk: %s\n", cf->prob[i].risk);
@@ -403,8 +406,9 @@ check_text_result (const struct cachefile *cf)
     printf ("result: clean\n");
     return;
   }
-  printf ("result: damage found: %zu problem%s, %" PRIu64 " with dirty "
-          "data at risk%s\n", cf->nprob, cf->nprob == 1 ? "" : "s",
+  printf ("result: damage found: %" PRIu64 " problem%s, %" PRIu64 " with "
+          "dirty data at risk%s\n", cf->nprob + cf->nprob_more,
+          cf->nprob + cf->nprob_more == 1 ? "" : "s",
           cf->at_risk, cf->damaged_entries_may_dirty
           ? ", and damaged entries that may have held dirty data" : "");
 }
@@ -517,6 +521,7 @@ check_json (const struct cachefile *cf, enum cf_status st)
   for (size_t i = 0; i < cf->nprob; i++)
     json_problem (&j, &cf->prob[i]);
   json_end_array (&j);
+  json_int (&j, "damage_not_listed", cf->nprob_more);
   json_risks (&j, cf);
   if (st == CF_OK)
     json_recovery (&j, cf);

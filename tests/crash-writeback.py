@@ -48,6 +48,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import nbd
@@ -182,6 +183,26 @@ class Server:
             if k.strip() == name:
                 return int(v)
         raise EnvError("counter %s missing from the control socket" % name)
+
+    def switch_mode(self, mode):
+        """Switch the running server to mode over its control socket (a
+        thread of its own: it returns once the writes that saw the old
+        mode have ended, and leaving writeback once all is written
+        back).  Errors are ignored: the server may be killed meanwhile.
+        """
+        def run():
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as so:
+                    so.settimeout(120)
+                    so.connect(self.ctl)
+                    so.sendall(("mode %s\n" % mode).encode())
+                    while so.recv(65536):
+                        pass
+            except OSError:
+                pass
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
 
     def stop(self):
         """Clean shutdown; returns the counters of the stats file."""
@@ -454,6 +475,7 @@ class Client:
         self.pending_flush = None
         self.multi_conn = handles[0].can_multi_conn()
         self.counts = {"write": 0, "fua": 0, "flush": 0, "read": 0}
+        self.switcher = None
         self.hot = rng.randrange(0, self.size - args.hot_size + 1, 4096)
         self.seq_pos = rng.randrange(0, self.size, 64 * KiB)
         self.seq_around = 0
@@ -652,6 +674,13 @@ class Client:
                 self.progress(0)
             if self.cfg["errors"] and self.rng.random() < 0.02:
                 self.error_window()
+            if (self.args.switch_prob and server is not None and
+                    (self.switcher is None or not self.switcher.is_alive())
+                    and self.kill_rng.random() < self.args.switch_prob):
+                mode = self.kill_rng.choice(["writethrough", "writearound",
+                                             "writeback"])
+                self.switcher = server.switch_mode(mode)
+                self.counts["switch"] = self.counts.get("switch", 0) + 1
         if not kill:
             self.wait_until(lambda: not self.inflight, "the last requests")
             return 0
@@ -884,6 +913,8 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
         client.h = []
         for k in ("write", "fua", "flush", "read"):
             totals[k] += client.counts[k]
+        totals["switch"] = totals.get("switch", 0) + \
+            client.counts.get("switch", 0)
         totals["inflight"] += in_flight
         totals["seq_around"] += client.seq_around
 
@@ -993,14 +1024,15 @@ def finish(args, server, state, totals, t_start):
          "%d flushes, %d checked reads, %d writes in flight at kills, %d "
          "restarts in writethrough/writearound, %d clean restarts, %d new "
          "caches, %d unsealed (unflushed) pages dropped after kills, %d "
-         "sequential writes around the cache before kills; final "
+         "sequential writes around the cache before kills, %d mode "
+         "switches at run time; final "
          "stats: pages_written_back=%d evictions=%d cow_copies=%d" % (
              args.seed, args.iterations, time.monotonic() - t_start,
              totals["write"], totals["fua"], totals["flush"], totals["read"],
              totals["inflight"], totals["restart_wt"],
              totals["clean_restart"], totals["new_cache"],
              totals["unsealed"],
-             totals["seq_around"],
+             totals["seq_around"], totals.get("switch", 0),
              stats.get("pages_written_back", -1),
              stats.get("evictions", -1), stats.get("cow_copies", -1)))
 
@@ -1033,6 +1065,9 @@ def main():
     p.add_argument("--fua-prob", type=float, default=0.3,
                    help="probability a sync point is a FUA write rather "
                    "than a FLUSH (default 0.3)")
+    p.add_argument("--switch-prob", type=float, default=0.0,
+                   help="per write, the chance of a mode switch at run "
+                   "time (ssdcache ctl mode) while writes run (default 0)")
     p.add_argument("--debug", action="store_true",
                    help="run nbdkit with -v -D ssdcache.verbose=1 (logs in "
                    "the workdir)")

@@ -29,7 +29,7 @@ requires command -v flock
 requires nbdkit curl --version
 
 img="$tmpdir/disk.img"
-size=$((64 * 1024 * 1024))
+size=$((32 * 1024 * 1024))
 random_file "$img" $size
 sock="$tmpdir/sock"
 pid="$tmpdir/pid"
@@ -118,7 +118,7 @@ for mode in writethrough writeback writearound; do
         ssdcache-warm=all ssdcache-writeback-idle=50
     w=0; [ $mode = writeback ] && w=1
     bounded 300 "$PYTHON" "$tmpdir/client.py" "$(sock_uri "$sock")" \
-        "$small" $w 20
+        "$small" $w 12
     stop_nbdkit "$pid"
     if [ -s "$clash" ]; then
         cat "$clash"
@@ -133,7 +133,7 @@ ssh_plugin_args "$img"
 for mode in writethrough writeback writearound; do
     rm -f "$tmpdir/c"
     start_ssdcache -P "$pid" -U "$sock" "${ssh_args[@]}" \
-        ssdcache-file="$tmpdir/c" ssdcache-size=32M ssdcache-mode=$mode \
+        ssdcache-file="$tmpdir/c" ssdcache-size=16M ssdcache-mode=$mode \
         ssdcache-warm=all ssdcache-stats="$tmpdir/stats"
     w=0; [ $mode = writeback ] && w=1
     bounded 300 "$PYTHON" "$tmpdir/client.py" "$(sock_uri "$sock")" "$img" $w
@@ -157,7 +157,7 @@ for mode in writethrough writearound; do
     rm -f "$tmpdir/c"
     start_ssdcache -P "$pid" -U "$sock" -r curl \
         url="http://127.0.0.1:$http_port/disk.img" \
-        ssdcache-file="$tmpdir/c" ssdcache-size=32M ssdcache-mode=$mode \
+        ssdcache-file="$tmpdir/c" ssdcache-size=16M ssdcache-mode=$mode \
         ssdcache-warm=all
     bounded 300 "$PYTHON" "$tmpdir/client.py" "$(sock_uri "$sock")" "$img" 0
     stop_nbdkit "$pid"

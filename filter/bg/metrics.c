@@ -16,7 +16,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
-#include "cache-int.h"
+#include "cache.h"
 #include "log.h"
 #include "metrics.h"
 

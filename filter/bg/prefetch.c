@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache-int.h"
+#include "cache.h"
 #include "log.h"
 #include "prefetch.h"
 #include "readahead.h"
@@ -101,8 +101,10 @@ prefetch_start (struct cache *c, const struct cache_backend *be)
 {
   struct prefetch *pf;
   int r;
+  struct readahead_config cfg;
 
-  if (c->ra_mode == READAHEAD_OFF)
+  cache_readahead_config (c, &cfg);
+  if (cfg.mode == READAHEAD_OFF)
     return 0;
   pf = calloc (1, sizeof *pf);
   if (pf == NULL) {
@@ -125,16 +127,16 @@ prefetch_start (struct cache *c, const struct cache_backend *be)
     return -1;
   }
   pf->started = true;
-  c->pf = pf;
-  c->hooks.ra_note_read = prefetch_note_read;
-  c->hooks.ra_stop = prefetch_stop;
+  cache_bg_set (c, CACHE_BG_READAHEAD, pf);
+  cache_hooks (c)->ra_note_read = prefetch_note_read;
+  cache_hooks (c)->ra_stop = prefetch_stop;
   return 0;
 }
 
 void
 prefetch_stop (struct cache *c)
 {
-  struct prefetch *pf = c->pf;
+  struct prefetch *pf = cache_bg_get (c, CACHE_BG_READAHEAD);
 
   if (pf == NULL)
     return;
@@ -146,9 +148,9 @@ prefetch_stop (struct cache *c)
   pthread_mutex_unlock (&pf->lock);
   if (pf->started)
     pthread_join (pf->thread, NULL);
-  c->hooks.ra_note_read = NULL;
-  c->hooks.ra_stop = NULL;
-  c->pf = NULL;
+  cache_hooks (c)->ra_note_read = NULL;
+  cache_hooks (c)->ra_stop = NULL;
+  cache_bg_set (c, CACHE_BG_READAHEAD, NULL);
   pthread_mutex_destroy (&pf->lock);
   pthread_cond_destroy (&pf->wake);
   pthread_cond_destroy (&pf->idle);
@@ -158,7 +160,7 @@ prefetch_stop (struct cache *c)
 void
 prefetch_drain (struct cache *c)
 {
-  struct prefetch *pf = c->pf;
+  struct prefetch *pf = cache_bg_get (c, CACHE_BG_READAHEAD);
 
   if (pf == NULL)
     return;
@@ -172,27 +174,11 @@ struct prefetch_conn *
 prefetch_conn_new (struct cache *c)
 {
   struct prefetch_conn *pc;
-  struct readahead_config cfg = {
-    .mode = c->ra_mode,
-    .window = c->ra_window,
-    .min = READAHEAD_MIN_WINDOW,
-    .max = c->ra_max,
-    .page_size = c->page_size,
-    .size = c->backend_size,
-  };
-  /* Never more ahead than a quarter of the cache: it would evict
-   * itself before being read.
-   */
-  const uint64_t quarter = (uint64_t) c->nslots * c->page_size / 4;
+  struct readahead_config cfg;
 
-  if (c->pf == NULL)
+  if (cache_bg_get (c, CACHE_BG_READAHEAD) == NULL)
     return NULL;
-  if (cfg.max > quarter)
-    cfg.max = quarter;
-  if (cfg.window > quarter)
-    cfg.window = quarter;
-  if (cfg.min > cfg.max)
-    cfg.min = cfg.max;
+  cache_readahead_config (c, &cfg);
   pc = calloc (1, sizeof *pc);
   if (pc == NULL)
     return NULL;
@@ -202,7 +188,7 @@ prefetch_conn_new (struct cache *c)
     return NULL;
   }
   pthread_mutex_init (&pc->lock, NULL);
-  pc->wasted_seen = STATS_GET (&c->stats, prefetch_wasted);
+  pc->wasted_seen = STATS_GET (cache_stats (c), prefetch_wasted);
   return pc;
 }
 
@@ -279,10 +265,10 @@ prefetch_note_read (struct cache *c, struct prefetch_conn *pc,
   uint64_t wasted;
   bool go;
 
-  if (c->pf == NULL || cache_degraded (c))
+  if (cache_bg_get (c, CACHE_BG_READAHEAD) == NULL || cache_degraded (c))
     return;
   pthread_mutex_lock (&pc->lock);
-  wasted = STATS_GET (&c->stats, prefetch_wasted);
+  wasted = STATS_GET (cache_stats (c), prefetch_wasted);
   if (wasted != pc->wasted_seen) {
     if (ssdcache_debug_readahead)
       log_debug ("readahead: %llu prefetched pages wasted: smaller windows",
@@ -306,7 +292,7 @@ prefetch_note_read (struct cache *c, struct prefetch_conn *pc,
                  (unsigned long long) io.len,
                  (unsigned long long) io.offset,
                  (unsigned long long) io.window);
-    if (!enqueue (c->pf, r))
+    if (!enqueue (cache_bg_get (c, CACHE_BG_READAHEAD), r))
       readahead_cancel (pc->ra, &io);
   }
   pthread_mutex_unlock (&pc->lock);

@@ -21,7 +21,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cache-int.h"
+#include "cache.h"
 #include "log.h"
 #include "warm.h"
 
@@ -83,11 +83,11 @@ static void
 warm_note (struct warm *w, uint64_t pos, uint64_t *mark_ms,
            uint64_t *mark_bytes)
 {
-  struct stats *st = &w->c->stats;
+  struct stats *st = cache_stats (w->c);
   uint64_t now = cache_now_ms (), bytes = STATS_GET (st, warm_bytes);
 
   atomic_store (&st->warm_progress_pct,
-                w->c->backend_size ? pos * 100 / w->c->backend_size : 100);
+                cache_backend_size (w->c) ? pos * 100 / cache_backend_size (w->c) : 100);
   if (now - *mark_ms >= WARM_RATE_WINDOW_MS) {
     atomic_store (&st->warm_bytes_per_second,
                   (bytes - *mark_bytes) * 1000 / (now - *mark_ms));
@@ -102,23 +102,23 @@ warm_thread (void *arg)
   struct warm *w = arg;
   struct cache *c = w->c;
   uint64_t pos = 0, start_ms = cache_now_ms (), read_total = 0;
-  uint64_t mark_ms = start_ms, mark_bytes = STATS_GET (&c->stats, warm_bytes);
+  uint64_t mark_ms = start_ms, mark_bytes = STATS_GET (cache_stats (c), warm_bytes);
 
-  while (pos < c->backend_size) {
-    uint64_t len = c->backend_size - pos < WARM_CHUNK
-      ? c->backend_size - pos : WARM_CHUNK, got = 0;
+  while (pos < cache_backend_size (c)) {
+    uint64_t len = cache_backend_size (c) - pos < WARM_CHUNK
+      ? cache_backend_size (c) - pos : WARM_CHUNK, got = 0;
     int err = 0, r;
 
     if (warm_yield (w))
       return NULL;
     r = cache_warm_fill (c, &w->be, pos, len, &got, &err);
-    STATS_ADD (&c->stats, warm_bytes, got);
+    STATS_ADD (cache_stats (c), warm_bytes, got);
     read_total += got;
     if (r == 1) {
-      atomic_store (&c->stats.warm_full, 1);
+      atomic_store (&cache_stats (c)->warm_full, 1);
       log_debug ("warm: the cache is full: %llu of %llu bytes passed, "
                  "warm-up stops", (unsigned long long) pos,
-                 (unsigned long long) c->backend_size);
+                 (unsigned long long) cache_backend_size (c));
       warm_note (w, pos, &mark_ms, &mark_bytes);
       return NULL;
     }
@@ -144,7 +144,7 @@ warm_thread (void *arg)
         return NULL;
     }
   }
-  atomic_store (&c->stats.warm_bytes_per_second, 0);
+  atomic_store (&cache_stats (c)->warm_bytes_per_second, 0);
   log_debug ("warm: done, %llu bytes read from the backend",
              (unsigned long long) read_total);
   return NULL;
@@ -165,14 +165,14 @@ warm_start (struct cache *c, const struct cache_backend *be, uint64_t rate)
   w->rate = rate;
   pthread_mutex_init (&w->lock, NULL);
   pthread_cond_init (&w->wake, NULL);
-  c->warm = w;
-  c->hooks.warm_stop = warm_stop;
+  cache_bg_set (c, CACHE_BG_WARM, w);
+  cache_hooks (c)->warm_stop = warm_stop;
   r = pthread_create (&w->thread, NULL, warm_thread, w);
   if (r != 0) {
     errno = r;
     log_error ("cannot start the warm-up thread: %m");
-    c->hooks.warm_stop = NULL;
-    c->warm = NULL;
+    cache_hooks (c)->warm_stop = NULL;
+    cache_bg_set (c, CACHE_BG_WARM, NULL);
     free (w);
     return -1;
   }
@@ -183,7 +183,7 @@ warm_start (struct cache *c, const struct cache_backend *be, uint64_t rate)
 void
 warm_stop (struct cache *c)
 {
-  struct warm *w = c->warm;
+  struct warm *w = cache_bg_get (c, CACHE_BG_WARM);
 
   if (w == NULL)
     return;
@@ -193,8 +193,8 @@ warm_stop (struct cache *c)
   pthread_mutex_unlock (&w->lock);
   if (w->started)
     pthread_join (w->thread, NULL);
-  c->hooks.warm_stop = NULL;
-  c->warm = NULL;
+  cache_hooks (c)->warm_stop = NULL;
+  cache_bg_set (c, CACHE_BG_WARM, NULL);
   pthread_mutex_destroy (&w->lock);
   pthread_cond_destroy (&w->wake);
   free (w);
@@ -203,5 +203,5 @@ warm_stop (struct cache *c)
 bool
 warm_running (struct cache *c)
 {
-  return c->warm != NULL;
+  return cache_bg_get (c, CACHE_BG_WARM) != NULL;
 }

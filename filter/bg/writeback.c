@@ -6,7 +6,7 @@
  * pass a flush asks for) and the adaptive hot window.  The cleaning
  * itself is the engine's (engine/clean.c: clean_pass).  The engine
  * wakes the thread through the hooks writeback_start sets (c->hooks).
- * Locks: the lock table in engine/cache-int.h (wb->lock).
+ * Locks: the lock table in docs/design.md (wb->lock, wb_ptr_lock).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -15,7 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cache-int.h"
+#include "cache.h"
 #include "log.h"
 #include "writeback.h"
 
@@ -26,7 +26,7 @@
 #define WB_HOT_MAX_MS 32000     /* ... at most this (adaptive window) */
 #define WB_SAMPLE 256           /* cleaned pages checked per window */
 #define WB_SAMPLE_MIN 16        /* fewer tell nothing */
-#define WB_AGE_MARKS 64         /* (time, c->seq) marks for the age limit */
+#define WB_AGE_MARKS 64         /* (time, change stamp) marks for the age limit */
 #define WB_AGE_CHECK_MS 1000    /* how often old pages are looked for */
 
 struct writeback {
@@ -62,7 +62,7 @@ struct writeback {
   uint64_t age_checked_ms;
 };
 
-/* c->wb is set by writeback_start and cleared by writeback_stop, which
+/* The cache's writeback state is set by writeback_start and cleared by writeback_stop, which
  * may run while the control thread asks for a drain: such callers take
  * it under wb_ptr_lock and count themselves in wb->users, and
  * writeback_stop frees it only once they are all out.
@@ -76,7 +76,7 @@ wb_get (struct cache *c)
   struct writeback *wb;
 
   pthread_mutex_lock (&wb_ptr_lock);
-  wb = c->wb;
+  wb = cache_bg_get (c, CACHE_BG_WRITEBACK);
   if (wb)
     wb->users++;
   pthread_mutex_unlock (&wb_ptr_lock);
@@ -123,7 +123,7 @@ static void
 hot_set (struct writeback *wb, uint64_t ms)
 {
   wb->hot_ms = ms;
-  atomic_store_explicit (&wb->c->stats.writeback_hot_ms, ms,
+  atomic_store_explicit (&cache_stats (wb->c)->writeback_hot_ms, ms,
                          memory_order_relaxed);
 }
 
@@ -171,9 +171,7 @@ hot_window_age (struct writeback *wb)
   struct cache *c = wb->c;
   uint64_t seq;
 
-  pthread_mutex_lock (&c->lock);
-  seq = c->seq;
-  pthread_mutex_unlock (&c->lock);
+  seq = cache_change_seq (c);
   if (cache_now_ms () - wb->mark_ms >= wb->hot_ms) {
     hot_window_end (wb);
     wb->seen_seq = wb->mark_seq;
@@ -190,7 +188,8 @@ static uint64_t
 age_limit_seq (struct writeback *wb)
 {
   struct cache *c = wb->c;
-  const uint64_t max_ms = (uint64_t) c->wbcfg.max_age_s * 1000;
+  const uint64_t max_ms =
+    (uint64_t) cache_writeback_config (c)->max_age_s * 1000;
   const uint64_t step = max_ms / (WB_AGE_MARKS / 2);
   uint64_t now = cache_now_ms (), seq, found = 0;
   unsigned last = (wb->age_head + wb->nage - 1) % WB_AGE_MARKS;
@@ -198,9 +197,7 @@ age_limit_seq (struct writeback *wb)
   if (max_ms == 0)
     return 0;
   if (wb->nage == 0 || now - wb->age[last].ms >= step) {
-    pthread_mutex_lock (&c->lock);
-    seq = c->seq;
-    pthread_mutex_unlock (&c->lock);
+    seq = cache_change_seq (c);
     if (wb->nage == WB_AGE_MARKS) {
       wb->age_head = (wb->age_head + 1) % WB_AGE_MARKS;
       wb->nage--;
@@ -227,8 +224,9 @@ static bool
 choose_pass (struct writeback *wb, bool full, struct clean_opts *o)
 {
   struct cache *c = wb->c;
-  const uint64_t high = (uint64_t) c->nslots * c->wbcfg.high_pct / 100;
-  const uint64_t low = (uint64_t) c->nslots * c->wbcfg.low_pct / 100;
+  const struct cache_writeback_config *cfg = cache_writeback_config (c);
+  const uint64_t high = cache_nslots (c) * cfg->high_pct / 100;
+  const uint64_t low = cache_nslots (c) * cfg->low_pct / 100;
   uint64_t ndirty = cache_dirty_pages (c), idle_for;
   uint64_t old_seq = ndirty > 0 ? age_limit_seq (wb) : 0;
   bool kicked = atomic_exchange (&wb->kicked, false);
@@ -238,7 +236,7 @@ choose_pass (struct writeback *wb, bool full, struct clean_opts *o)
     hot_set (wb, WB_HOT_MS);
     wb->nsample[0] = wb->nsample[1] = 0;
   }
-  idle_for = cache_now_ms () - atomic_load (&c->last_io_ms);
+  idle_for = cache_now_ms () - cache_last_io_ms (c);
   *o = (struct clean_opts) { .limited = !full };
   if (full)
     o->target = 0;
@@ -253,7 +251,7 @@ choose_pass (struct writeback *wb, bool full, struct clean_opts *o)
     o->target = low;
   else if (kicked && ndirty > 0)
     o->target = ndirty / 2 < low ? ndirty / 2 : low;
-  else if (c->wbcfg.idle_ms && idle_for >= c->wbcfg.idle_ms && ndirty > 0)
+  else if (cfg->idle_ms && idle_for >= cfg->idle_ms && ndirty > 0)
     o->target = 0;
   else if (old_seq > 0) {
     /* Pages last written before the age limit: all of them go. */
@@ -279,16 +277,12 @@ choose_pass (struct writeback *wb, bool full, struct clean_opts *o)
 static bool
 closed_gens (struct cache *c, struct clean_opts *o)
 {
-  bool behind;
+  uint64_t upto;
 
-  if (!cache_ordered (c))
+  if (!cache_order_behind (c, &upto))
     return false;
-  order_update_stats (c);
-  pthread_mutex_lock (&c->lock);
-  behind = c->gen_done + 1 < c->gen;
-  *o = (struct clean_opts) { .target = 0, .gen_upto = c->gen - 1 };
-  pthread_mutex_unlock (&c->lock);
-  return behind;
+  *o = (struct clean_opts) { .target = 0, .gen_upto = upto };
+  return true;
 }
 
 /* Nothing to do: sleep until woken or the next poll. */
@@ -376,18 +370,18 @@ writeback_start (struct cache *c, const struct cache_backend *be)
   pthread_cond_init (&wb->done, NULL);
   atomic_init (&wb->kicked, false);
   pthread_mutex_lock (&wb_ptr_lock);
-  c->wb = wb;
+  cache_bg_set (c, CACHE_BG_WRITEBACK, wb);
   pthread_mutex_unlock (&wb_ptr_lock);
-  c->hooks.wb_kick = writeback_kick;
-  c->hooks.wb_stop = writeback_stop;
+  cache_hooks (c)->wb_kick = writeback_kick;
+  cache_hooks (c)->wb_stop = writeback_stop;
   r = pthread_create (&wb->thread, NULL, writeback_thread, wb);
   if (r != 0) {
     errno = r;
     log_error ("cannot start the writeback thread: %m");
-    c->hooks.wb_kick = NULL;
-    c->hooks.wb_stop = NULL;
+    cache_hooks (c)->wb_kick = NULL;
+    cache_hooks (c)->wb_stop = NULL;
     pthread_mutex_lock (&wb_ptr_lock);
-    c->wb = NULL;
+    cache_bg_set (c, CACHE_BG_WRITEBACK, NULL);
     pthread_mutex_unlock (&wb_ptr_lock);
     hot_set (wb, 0);
     free (wb);
@@ -403,8 +397,8 @@ writeback_stop (struct cache *c)
   struct writeback *wb;
 
   pthread_mutex_lock (&wb_ptr_lock);
-  wb = c->wb;
-  c->wb = NULL;                 /* no new caller gets it */
+  wb = cache_bg_get (c, CACHE_BG_WRITEBACK);
+  cache_bg_set (c, CACHE_BG_WRITEBACK, NULL);  /* no new caller gets it */
   pthread_mutex_unlock (&wb_ptr_lock);
   if (wb == NULL)
     return;
@@ -415,8 +409,8 @@ writeback_stop (struct cache *c)
   pthread_mutex_unlock (&wb->lock);
   if (wb->started)
     pthread_join (wb->thread, NULL);
-  c->hooks.wb_kick = NULL;
-  c->hooks.wb_stop = NULL;
+  cache_hooks (c)->wb_kick = NULL;
+  cache_hooks (c)->wb_stop = NULL;
   hot_set (wb, 0);
   /* A drain waiting for a pass wakes on the stop: let it leave. */
   pthread_mutex_lock (&wb_ptr_lock);
@@ -432,10 +426,10 @@ writeback_stop (struct cache *c)
 void
 writeback_kick (struct cache *c)
 {
-  struct writeback *wb = c->wb;
+  struct writeback *wb = cache_bg_get (c, CACHE_BG_WRITEBACK);
 
-  /* (An engine hook: it runs only while the thread does, see
-   * cache-int.h.)
+  /* (An engine hook: the engine calls it only while the hook is set,
+   * and writeback_stop clears it with no request of the cache running.)
    */
   if (wb) {
     atomic_store (&wb->kicked, true);
@@ -449,7 +443,7 @@ writeback_running (struct cache *c)
   bool r;
 
   pthread_mutex_lock (&wb_ptr_lock);
-  r = c->wb != NULL;
+  r = cache_bg_get (c, CACHE_BG_WRITEBACK) != NULL;
   pthread_mutex_unlock (&wb_ptr_lock);
   return r;
 }

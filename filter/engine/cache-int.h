@@ -158,9 +158,6 @@
 #include "rangelock.h"
 #include "stats.h"
 
-struct writeback;
-struct prefetch;
-struct warm;
 struct admit_seq;
 struct admit_nhit;
 
@@ -182,21 +179,6 @@ struct cache_sync_node {         /* a client sync in flight */
   struct cache_sync_node *prev, *next;
 };
 
-struct prefetch_conn;
-
-/* How the engine wakes the background threads (bg/): each sets its
- * hooks when it starts and clears them when it stops, while no request
- * runs.  NULL: that thread does not run.
- */
-struct cache_hooks {
-  void (*wb_kick) (struct cache *c);       /* a writer found no slot */
-  void (*wb_stop) (struct cache *c);       /* at close, if still running */
-  void (*ra_note_read) (struct cache *c, struct prefetch_conn *pc,
-                        uint64_t offset, uint32_t count, uint64_t used,
-                        uint64_t fill_limit);
-  void (*ra_stop) (struct cache *c);
-  void (*warm_stop) (struct cache *c);
-};
 
 #define CACHE_GEN_RING 1024       /* generations whose close times are kept */
 
@@ -307,9 +289,7 @@ struct cache {
   void *reclaim_opaque;
 
   struct cache_hooks hooks;
-  struct writeback *wb;          /* bg/writeback.c's, or NULL */
-  struct prefetch *pf;           /* bg/prefetch.c's, or NULL */
-  struct warm *warm;             /* bg/warm.c's, or NULL */
+  void *bg[CACHE_BG_COUNT];      /* the threads' states (cache.h) */
 };
 
 /* Under c->lock: must the cache file be synced before slot s may stop
@@ -407,8 +387,6 @@ enum alloc_for {
 extern uint32_t cache_alloc_slot (struct cache *c, enum alloc_for why);
 extern bool cache_settle (struct cache *c, uint32_t s);
 extern int cache_write_free_entry (struct cache *c, uint32_t s);
-extern bool cache_degraded (const struct cache *c);
-extern bool cache_page_dirty (struct cache *c, uint64_t page);
 /* The same, under c->lock. */
 extern bool cache_page_dirty_locked (const struct cache *c, uint64_t page);
 /* be: the backend to check clean data against on first use when
@@ -453,15 +431,6 @@ extern void cache_touch_io (struct cache *c);
  */
 extern int cache_sync_device (struct cache *c, int *err);
 extern uint64_t cache_now_ms (void);
-extern void cache_sleep_ms (uint64_t ms);
-/* Readahead: read the pages of [offset, offset+len) that are not cached
- * from the backend (one request per run of such pages; len at most
- * 4 GiB - 1 page) and store them marked as prefetched.  Never evicts
- * dirty data, never waits for a slot.
- */
-extern int cache_readahead_fill (struct cache *c,
-                                 const struct cache_backend *be,
-                                 uint64_t offset, uint64_t len, int *err);
 /* Under c->lock: a new resident slot s for page, told to the policy. */
 extern void cache_policy_insert (struct cache *c, uint32_t s, uint64_t page);
 
@@ -522,26 +491,6 @@ extern int patch_merge_span (struct cache *c, const struct cache_backend *be,
                              uint8_t *dirty, int *err);
 
 /* clean.c */
-struct clean_opts {
-  uint64_t target;               /* dirty pages that may remain (0: all) */
-  bool limited;                  /* keep to ssdcache-writeback-rate */
-  bool skip_hot;                 /* skip pages changed after hot_after */
-  uint64_t hot_after;            /* a sequence number */
-  /* Told of each page marked clean (or NULL). */
-  void (*cleaned) (void *opaque, uint64_t page);
-  void *opaque;
-  /* The flush order: stop once flush generations up to this one are
-   * on the backend (0: go on to the open one).
-   */
-  uint64_t gen_upto;
-};
-/* Write back dirty pages until at most o->target remain, in backend
- * offset order, adjacent pages coalesced.  Returns 0, 1 if some pages
- * were busy and skipped, 2 if every dirty page was hot (nothing done),
- * -1 (*err) if some page could not be written back (it stays dirty).
- */
-extern int clean_pass (struct cache *c, const struct cache_backend *be,
-                       const struct clean_opts *o, int *err);
 /* Write back the dirty sectors of one page now, from the caller's
  * thread: slot s holds page, is pinned (the pin stays), and the page is
  * range locked by the caller.  The backend is flushed, then the slot is

@@ -245,6 +245,86 @@ extern int cache_warm_fill (struct cache *c, const struct cache_backend *be,
                             uint64_t offset, uint64_t len, uint64_t *read,
                             int *err);
 /* Monotonic ms of the last client request. */
+/* -- for the background threads (bg/), which use this API only ------- */
+
+/* Each thread of a cache keeps its state in the cache's slot for it
+ * (cache_bg_get/set) and gives the engine its hooks, to be woken or
+ * stopped: set when it starts, cleared when it stops.  A NULL hook or
+ * state: that thread does not run.
+ */
+enum cache_bg {
+  CACHE_BG_WRITEBACK, CACHE_BG_READAHEAD, CACHE_BG_WARM, CACHE_BG_COUNT,
+};
+extern void *cache_bg_get (const struct cache *c, enum cache_bg which);
+extern void cache_bg_set (struct cache *c, enum cache_bg which, void *state);
+
+struct prefetch_conn;
+/* How the engine wakes the threads (each sets its own hooks). */
+struct cache_hooks {
+  void (*wb_kick) (struct cache *c);       /* a writer found no slot */
+  void (*wb_stop) (struct cache *c);       /* at close, if still running */
+  void (*ra_note_read) (struct cache *c, struct prefetch_conn *pc,
+                        uint64_t offset, uint32_t count, uint64_t used,
+                        uint64_t fill_limit);
+  void (*ra_stop) (struct cache *c);
+  void (*warm_stop) (struct cache *c);
+};
+extern struct cache_hooks *cache_hooks (struct cache *c);
+
+/* The writeback configuration (read-only after open). */
+extern const struct cache_writeback_config *
+cache_writeback_config (const struct cache *c);
+/* The stamp of the latest change of a slot (it only grows): a page
+ * whose slot changed after stamp s has a higher one.
+ */
+extern uint64_t cache_change_seq (struct cache *c);
+/* Does page hold dirty data now? */
+extern bool cache_page_dirty (struct cache *c, uint64_t page);
+extern void cache_sleep_ms (uint64_t ms);
+/* Has the cache failed (pass-through)? */
+extern bool cache_degraded (const struct cache *c);
+
+/* Writing dirty data back (engine/clean.c). */
+struct clean_opts {
+  uint64_t target;               /* dirty pages that may remain (0: all) */
+  bool limited;                  /* keep to ssdcache-writeback-rate */
+  bool skip_hot;                 /* skip pages changed after hot_after */
+  uint64_t hot_after;            /* a sequence number */
+  /* Told of each page marked clean (or NULL). */
+  void (*cleaned) (void *opaque, uint64_t page);
+  void *opaque;
+  /* The flush order: stop once flush generations up to this one are
+   * on the backend (0: go on to the open one).
+   */
+  uint64_t gen_upto;
+};
+/* Write back dirty pages until at most o->target remain, in backend
+ * offset order, adjacent pages coalesced.  Returns 0, 1 if some pages
+ * were busy and skipped, 2 if every dirty page was hot (nothing done),
+ * -1 (*err) if some page could not be written back (it stays dirty).
+ */
+extern int clean_pass (struct cache *c, const struct cache_backend *be,
+                       const struct clean_opts *o, int *err);
+/* The flush order: are closed flush generations still to be written
+ * back (then *upto: the newest closed one)?  Updates the order gauges.
+ * False outside the flush order.
+ */
+extern bool cache_order_behind (struct cache *c, uint64_t *upto);
+
+/* Readahead (engine/read.c). */
+struct readahead_config;
+/* Its parameters for a connection's readahead state (core/readahead). */
+extern void cache_readahead_config (const struct cache *c,
+                                    struct readahead_config *cfg);
+/* Readahead: read the pages of [offset, offset+len) that are not cached
+ * from the backend (one request per run of such pages; len at most
+ * 4 GiB - 1 page) and store them marked as prefetched.  Never evicts
+ * dirty data, never waits for a slot.
+ */
+extern int cache_readahead_fill (struct cache *c,
+                                 const struct cache_backend *be,
+                                 uint64_t offset, uint64_t len, int *err);
+
 extern uint64_t cache_last_io_ms (const struct cache *c);
 /* The monotonic clock those are read on, in ms. */
 extern uint64_t cache_now_ms (void);

@@ -214,3 +214,18 @@ order_update_stats (struct cache *c)
   atomic_store (&c->stats.order_lag_seconds, age);
   atomic_store (&c->stats.order_behind_bytes, behind);
 }
+
+bool
+cache_order_behind (struct cache *c, uint64_t *upto)
+{
+  bool behind;
+
+  if (!cache_ordered (c))
+    return false;
+  order_update_stats (c);
+  pthread_mutex_lock (&c->lock);
+  behind = c->gen_done + 1 < c->gen;
+  *upto = c->gen - 1;
+  pthread_mutex_unlock (&c->lock);
+  return behind;
+}

@@ -16,6 +16,7 @@
 #include "cache-int.h"
 #include "log.h"
 #include "admit.h"
+#include "readahead.h"
 
 /*----------------------------------------------------------------------
  * Reads.
@@ -666,4 +667,28 @@ cache_range_dirty (struct cache *c, uint64_t offset, uint64_t count,
   }
   pthread_mutex_unlock (&c->lock);
   return first_dirty;
+}
+
+void
+cache_readahead_config (const struct cache *c, struct readahead_config *cfg)
+{
+  /* Never more ahead than a quarter of the cache: it would evict
+   * itself before being read.
+   */
+  const uint64_t quarter = (uint64_t) c->nslots * c->page_size / 4;
+
+  *cfg = (struct readahead_config) {
+    .mode = c->ra_mode,
+    .window = c->ra_window,
+    .min = READAHEAD_MIN_WINDOW,
+    .max = c->ra_max,
+    .page_size = c->page_size,
+    .size = c->backend_size,
+  };
+  if (cfg->max > quarter)
+    cfg->max = quarter;
+  if (cfg->window > quarter)
+    cfg->window = quarter;
+  if (cfg->min > cfg->max)
+    cfg->min = cfg->max;
 }

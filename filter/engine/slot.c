@@ -523,6 +523,41 @@ cache_free_slots (struct cache *c)
   return n;
 }
 
+void *
+cache_bg_get (const struct cache *c, enum cache_bg which)
+{
+  return c->bg[which];
+}
+
+void
+cache_bg_set (struct cache *c, enum cache_bg which, void *state)
+{
+  c->bg[which] = state;
+}
+
+struct cache_hooks *
+cache_hooks (struct cache *c)
+{
+  return &c->hooks;
+}
+
+const struct cache_writeback_config *
+cache_writeback_config (const struct cache *c)
+{
+  return &c->wbcfg;
+}
+
+uint64_t
+cache_change_seq (struct cache *c)
+{
+  uint64_t s;
+
+  pthread_mutex_lock (&c->lock);
+  s = c->seq;
+  pthread_mutex_unlock (&c->lock);
+  return s;
+}
+
 uint64_t
 cache_last_io_ms (const struct cache *c)
 {

@@ -369,7 +369,6 @@ extern int cache_commit_entry_at (struct cache *c, uint32_t s,
                                   const struct pt_slot *upd, uint64_t epoch);
 extern void cache_set_state_counts (struct cache *c, uint8_t old_state,
                                     uint8_t new_state);
-extern int cache_drop_slot (struct cache *c, uint32_t s);
 extern bool cache_dirty_pressure (const struct cache *c);
 /* What a slot is wanted for (cache_alloc_slot). */
 enum alloc_for {
@@ -385,21 +384,23 @@ enum alloc_for {
  * (never waits; for dirty data writeback is then woken).
  */
 extern uint32_t cache_alloc_slot (struct cache *c, enum alloc_for why);
-extern bool cache_settle (struct cache *c, uint32_t s);
 extern int cache_write_free_entry (struct cache *c, uint32_t s);
-/* The same, under c->lock. */
+/* cache_page_dirty (cache.h), under c->lock. */
 extern bool cache_page_dirty_locked (const struct cache *c, uint64_t page);
-/* be: the backend to check clean data against on first use when
- * c->verify (NULL: no such check).
- */
-extern int cache_read_verified (struct cache *c,
-                                const struct cache_backend *be,
-                                uint32_t s, uint8_t *buf);
-extern int cache_read_verified_span (struct cache *c,
-                                     const struct cache_backend *be,
-                                     uint32_t s, uint8_t *buf, unsigned sf,
-                                     unsigned sl);
 extern bool cache_must_cow (const struct cache *c, uint32_t s);
+extern void cache_touch_io (struct cache *c);
+extern uint64_t cache_now_ms (void);
+/* Under c->lock: a new resident slot s for page, told to the policy. */
+extern void cache_policy_insert (struct cache *c, uint32_t s, uint64_t page);
+
+/* Under c->lock: put s on the list of slots that may be unsealed
+ * (seal.c), in room cache_unseal_reserve_locked reserved.
+ */
+extern void cache_unseal_listed_locked (struct cache *c, uint32_t s);
+
+/* epoch.c: sync epochs, settling and superseded slots */
+extern int cache_drop_slot (struct cache *c, uint32_t s);
+extern bool cache_settle (struct cache *c, uint32_t s);
 extern void cache_supersede (struct cache *c, uint32_t old, uint32_t succ,
                              uint64_t page);
 extern bool cache_sup_add_locked (struct cache *c, uint32_t old,
@@ -413,6 +414,22 @@ extern void cache_inplace_enter (struct cache *c);
 extern void cache_inplace_leave (struct cache *c);
 /* Free the superseded slots that may go now (epoch.c). */
 extern void cache_free_superseded (struct cache *c);
+/* fdatasync for the filter's own needs: unlike cache_sync (a client
+ * flush), it does not make dirty data "flushed".
+ */
+extern int cache_sync_device (struct cache *c, int *err);
+
+/* fill.c: pages read from the backend or the cache file */
+/* be: the backend to check clean data against on first use when
+ * c->verify (NULL: no such check).
+ */
+extern int cache_read_verified (struct cache *c,
+                                const struct cache_backend *be,
+                                uint32_t s, uint8_t *buf);
+extern int cache_read_verified_span (struct cache *c,
+                                     const struct cache_backend *be,
+                                     uint32_t s, uint8_t *buf, unsigned sf,
+                                     unsigned sl);
 /* Who stores a page read from the backend (cache_fill_slot). */
 enum fill_kind {
   FILL_CLIENT,       /* a client's read (or write) */
@@ -425,19 +442,10 @@ enum fill_kind {
 extern int cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
                             const uint8_t *buf, const uint8_t *dirty,
                             enum fill_kind kind);
-extern void cache_touch_io (struct cache *c);
-/* fdatasync for the filter's own needs: unlike cache_sync (a client
- * flush), it does not make dirty data "flushed".
- */
-extern int cache_sync_device (struct cache *c, int *err);
-extern uint64_t cache_now_ms (void);
-/* Under c->lock: a new resident slot s for page, told to the policy. */
-extern void cache_policy_insert (struct cache *c, uint32_t s, uint64_t page);
 
 /* seal.c (see there) */
 extern bool cache_unseal_reserve_locked (struct cache *c, uint32_t s);
 extern void cache_unseal_unreserve_locked (struct cache *c, uint32_t s);
-extern void cache_unseal_listed_locked (struct cache *c, uint32_t s);
 extern int cache_seal_slot (struct cache *c, uint32_t s, uint64_t epoch);
 extern void cache_seal_epoch (struct cache *c, uint64_t epoch, bool wait,
                               bool clean_too);

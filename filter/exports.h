@@ -25,19 +25,8 @@
  * curl) sees one call at a time on each context: the connections and
  * the threads that borrow their contexts take turns (l->turn).
  *
- * Locking (the engine's locks are in engine/cache-int.h):
- *   exports_lock   mutex  the table, each export's state and references,
- *                         its lenders and their in-flight counts; never
- *                         held across I/O; no engine lock is taken
- *                         under it; conds lender_back, exports_cond
- *   e->bg_lock     mutex  attaching e, its connection count, starting
- *                         and stopping its threads; held across the
- *                         attach and the writeback at the last close
- *   l->turn        mutex  one call at a time on a lender's context
- *                         (serialising plugins); held across that one
- *                         backend call and nothing else, nothing is
- *                         taken under it
- *   order: e->bg_lock -> exports_lock
+ * Locks (exports_lock, e->bg_lock, l->turn): the lock table in
+ * engine/cache-int.h, the one table of every lock of the filter.
  */
 #ifndef SSDCACHE_EXPORTS_H
 #define SSDCACHE_EXPORTS_H

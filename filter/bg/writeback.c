@@ -6,7 +6,7 @@
  * pass a flush asks for) and the adaptive hot window.  The cleaning
  * itself is the engine's (engine/clean.c: clean_pass).  The engine
  * wakes the thread through the hooks writeback_start sets (c->hooks).
- * Locks: the lock table in docs/design.md (wb->lock, wb_ptr_lock).
+ * Locks: the lock table in engine/cache-int.h (wb->lock, wb_ptr_lock).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -62,10 +62,11 @@ struct writeback {
   uint64_t age_checked_ms;
 };
 
-/* The cache's writeback state is set by writeback_start and cleared by writeback_stop, which
- * may run while the control thread asks for a drain: such callers take
- * it under wb_ptr_lock and count themselves in wb->users, and
- * writeback_stop frees it only once they are all out.
+/* The cache's writeback state is set by writeback_start and cleared
+ * by writeback_stop, which may run while the control thread asks for
+ * a drain: such callers take it under wb_ptr_lock and count themselves
+ * in wb->users, and writeback_stop frees it only once they are all
+ * out.
  */
 static pthread_mutex_t wb_ptr_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wb_users_gone = PTHREAD_COND_INITIALIZER;

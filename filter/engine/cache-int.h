@@ -51,8 +51,23 @@
  *  e->bg_lock           mutex    one export's attach, its      yes (7)
  *   (filter/exports)             connection count, starting
  *                                and stopping its threads
- *  exports_lock         mutex    the export table, lenders     never
- *   (filter/exports)             and their in-flight counts
+ *  exports_lock         mutex    the export table, each        never
+ *   (filter/exports)             export's state and references,
+ *                                lenders and their in-flight
+ *                                counts; conds lender_back (a
+ *                                context is free again) and
+ *                                exports_cond (an export left
+ *                                OPENING or CLOSING)
+ *  l->turn              mutex    one call at a time on a       yes (8)
+ *   (filter/exports)             lender's context (serialising
+ *                                plugins); global_turn when the
+ *                                plugin serialises all requests
+ *  wb_ptr_lock          mutex    each cache's writeback state  never
+ *   (bg/writeback)               pointer and its users count;
+ *                                nothing is taken under it
+ *  control_lock         mutex    starting the control socket   never
+ *   (filter/ssdcache.c)          once (first .prepare); it
+ *                                nests exports_lock
  *
  *  (1) A request that changes what is cached for pages [a, b] holds
  *      their range across its backend and cache-file I/O; that is what
@@ -83,16 +98,19 @@
  *      writeback at its last close: only connections of that export,
  *      in .prepare and .finalize, wait for it.  Every engine lock of
  *      that export's cache may be taken under it.
+ *  (8) Held across that one backend call and nothing else; nothing is
+ *      taken under it.
  *
  *  Lock order (a lock may be taken while holding the ones before it):
  *    c->clean_lock -> c->ranges -> c->inplace -> c->lock
  *    c->clean_lock -> ps->lock -> rl->lock
  *    c->ranges -> c->defer.apply -> c->defer.lock
  *    pc->lock -> pf->lock
- *    e->bg_lock -> (any engine or bg/ lock of e's cache) ; e->bg_lock ->
- *    exports_lock.  exports_lock is taken under no engine lock and
- *    nothing is taken under it; a cache's reclaim hook runs holding no
- *    lock, so the locks of two exports' caches never nest.
+ *    e->bg_lock -> (any engine or bg/ lock of e's cache)
+ *    e->bg_lock -> exports_lock ; control_lock -> exports_lock
+ *    exports_lock is taken under no engine lock and nothing is taken
+ *    under it; a cache's reclaim hook runs holding no lock, so the
+ *    locks of two exports' caches never nest.
  *  c->lock is the innermost engine lock: nothing is taken under it but
  *  a range try-lock (which never waits) and rl->lock.  No bg/ lock
  *  (wb->lock, pf->lock, pc->lock) is taken while holding c->lock.

@@ -522,9 +522,9 @@ extern int patch_merge_span (struct cache *c, const struct cache_backend *be,
  * range locked by the caller.  The backend is flushed, then the slot is
  * marked clean.  For a writer that needs a slot when there is none.
  */
-extern int clean_page_locked (struct cache *c,
-                              const struct cache_backend *be,
-                              uint64_t page, uint32_t s, int *err);
+extern int clean_page_held (struct cache *c,
+                            const struct cache_backend *be,
+                            uint64_t page, uint32_t s, int *err);
 /* Write back, from the caller's thread, the dirty pages in [first,
  * last] (range locked by the caller) whose data is of flush generation
  * gen_max or older (UINT64_MAX: all), so that the backend alone is
@@ -533,10 +533,10 @@ extern int clean_page_locked (struct cache *c,
  * marked clean.  Returns 0 or -1 (*err): a page that cannot be
  * written back (bad data, backend error) stays dirty.
  */
-extern int clean_pages_locked (struct cache *c,
-                               const struct cache_backend *be,
-                               uint64_t first, uint64_t last,
-                               uint64_t gen_max, int *err);
+extern int clean_pages_held (struct cache *c,
+                             const struct cache_backend *be,
+                             uint64_t first, uint64_t last,
+                             uint64_t gen_max, int *err);
 /* Write back now, from the caller's thread, which holds no range lock,
  * every page dirty when it is called; pages a pass finds busy are
  * waited for, one at a time.  Returns 0 or -1 (*err).

@@ -11,9 +11,9 @@
  * tells).  A group the backend fails stays dirty and only its run
  * waits (core/backoff.h) while the rest of the pass goes on.  The
  * writeback thread (bg/writeback.c) decides when and how much; a
- * writer that needs a slot cleans one page itself (clean_page_locked),
+ * writer that needs a slot cleans one page itself (clean_page_held),
  * and one that goes around the cache the dirty pages of its range
- * (clean_pages_locked: one backend flush for up to CLEAN_GROUP_BYTES).
+ * (clean_pages_held: one backend flush for up to CLEAN_GROUP_BYTES).
  *
  * Locking: c->clean_lock makes passes run one at a time (held across
  * the pass's I/O; only passes take it); a pass's workers share its
@@ -810,7 +810,7 @@ clean_range_now (struct cache *c, const struct cache_backend *be,
   if (max == 0)
     max = 1;
   if (max > last - first + 1)
-    max = last - first + 1;     /* one page, for clean_page_locked */
+    max = last - first + 1;     /* one page, for clean_page_held */
   for (uint64_t page = first; page <= last && r == 0; page++) {
     size_t n;
 
@@ -835,9 +835,9 @@ clean_range_now (struct cache *c, const struct cache_backend *be,
 }
 
 int
-clean_pages_locked (struct cache *c, const struct cache_backend *be,
-                    uint64_t first, uint64_t last, uint64_t gen_max,
-                    int *err)
+clean_pages_held (struct cache *c, const struct cache_backend *be,
+                  uint64_t first, uint64_t last, uint64_t gen_max,
+                  int *err)
 {
   if (!cache_ordered (c))
     return clean_range_now (c, be, first, last, gen_max, err);
@@ -857,7 +857,7 @@ clean_pages_locked (struct cache *c, const struct cache_backend *be,
       pt_gen (&c->pt, s) <= gen_max;
     pthread_mutex_unlock (&c->lock);
     if (now)
-      r = clean_page_locked (c, be, page, s, err);
+      r = clean_page_held (c, be, page, s, err);
     cache_unpin (c, s);
     if (r == -1)
       return -1;
@@ -900,7 +900,7 @@ clean_order_enter (struct cache *c, const struct cache_backend *be,
     may = c->gen_done + 1;      /* its own pages of it may go now */
     pthread_mutex_unlock (&c->lock);
     if (order_owned_range (c, &first, &last) &&
-        clean_pages_locked (c, be, first, last, may, err) == -1)
+        clean_pages_held (c, be, first, last, may, err) == -1)
       return -1;
     r = clean_pass (c, be, &upto, err);
     if (r == -1)
@@ -940,7 +940,7 @@ clean_all_now (struct cache *c, const struct cache_backend *be, int *err)
       break;
     }
     order_owned (c, pages[i], pages[i]);
-    r = clean_pages_locked (c, be, pages[i], pages[i], UINT64_MAX, err);
+    r = clean_pages_held (c, be, pages[i], pages[i], UINT64_MAX, err);
     order_owned (NULL, 0, 0);
     rangelock_release (&c->ranges, pages[i], pages[i]);
   }
@@ -971,8 +971,8 @@ cache_writeback_all (struct cache *c, const struct cache_backend *be,
 }
 
 int
-clean_page_locked (struct cache *c, const struct cache_backend *be,
-                   uint64_t page, uint32_t s, int *err)
+clean_page_held (struct cache *c, const struct cache_backend *be,
+                 uint64_t page, uint32_t s, int *err)
 {
   uint64_t gen;
   int r, ordered;

@@ -55,7 +55,7 @@ int
 cache_clean_pages (struct cache *c, const struct cache_backend *be,
                    uint64_t first, uint64_t last, int *err)
 {
-  return clean_pages_locked (c, be, first, last, UINT64_MAX, err);
+  return clean_pages_held (c, be, first, last, UINT64_MAX, err);
 }
 
 /* The backend does the request, cached copies of its pages are

@@ -56,7 +56,7 @@ cow_in_place (struct cache *c, const struct cache_backend *be,
               uint64_t page, uint32_t s, const uint8_t *src, uint32_t off,
               uint32_t n, enum wkind kind, int *err)
 {
-  if (clean_page_locked (c, be, page, s, err) == -1) {
+  if (clean_page_held (c, be, page, s, err) == -1) {
     cache_unpin (c, s);
     return -1;
   }
@@ -272,7 +272,7 @@ write_page_simple (struct cache *c, const struct cache_backend *be,
       *err = EIO;
       return -1;
     }
-    if (dirty && clean_page_locked (c, be, page, s, err) == -1) {
+    if (dirty && clean_page_held (c, be, page, s, err) == -1) {
       cache_unpin (c, s);
       return -1;
     }

@@ -580,9 +580,9 @@ extern void cache_stale_add (struct cache *c, uint32_t s, uint64_t page,
  * pages' entries on the cache file.  Returns 0, or -1 with *err = EIO
  * if an entry that says dirty cannot be rewritten (logged).
  */
-extern int cache_stale_settle (struct cache *c, uint64_t first,
+extern int cache_stale_record (struct cache *c, uint64_t first,
                                uint64_t last, int *err);
 /* Record all of them; true if none is left. */
-extern bool cache_stale_settle_all (struct cache *c);
+extern bool cache_stale_record_all (struct cache *c);
 
 #endif /* SSDCACHE_CACHE_INT_H */

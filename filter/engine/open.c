@@ -610,7 +610,7 @@ cache_close (struct cache *c)
       cache_seal_epoch (c, CACHE_EPOCH_NOW - 1, true, true);
       save_hints (c);
     }
-    if (!cache_stale_settle_all (c))
+    if (!cache_stale_record_all (c))
       log_error ("cache file %s: the failing device refused to record some "
                  "page-table changes (pages written back or dropped); the "
                  "backend was never given newer data for the pages still "

@@ -16,7 +16,7 @@
  *
  * Locking: c->stale, c->nstale and c->capstale are under c->lock; the
  * entry writes and the sync are done without it.  Callers hold the
- * range lock of the pages they settle.
+ * range lock of the pages whose entries they record.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -62,7 +62,7 @@ cache_stale_add (struct cache *c, uint32_t s, uint64_t page, bool disk_dirty)
  * that says dirty), -1 otherwise.
  */
 static int
-settle (struct cache *c, uint64_t first, uint64_t last, bool dirty_only)
+stale_record (struct cache *c, uint64_t first, uint64_t last, bool dirty_only)
 {
   struct layout_entry *e = NULL;
   uint32_t *slots = NULL;
@@ -124,9 +124,9 @@ settle (struct cache *c, uint64_t first, uint64_t last, bool dirty_only)
 }
 
 int
-cache_stale_settle (struct cache *c, uint64_t first, uint64_t last, int *err)
+cache_stale_record (struct cache *c, uint64_t first, uint64_t last, int *err)
 {
-  if (settle (c, first, last, true) == 0)
+  if (stale_record (c, first, last, true) == 0)
     return 0;
   log_error ("cache file %s: pages %llu-%llu were written back, but the "
              "failing cache device cannot record it; changing them on the "
@@ -138,7 +138,7 @@ cache_stale_settle (struct cache *c, uint64_t first, uint64_t last, int *err)
 }
 
 bool
-cache_stale_settle_all (struct cache *c)
+cache_stale_record_all (struct cache *c)
 {
-  return settle (c, 0, UINT64_MAX, false) == 0;
+  return stale_record (c, 0, UINT64_MAX, false) == 0;
 }

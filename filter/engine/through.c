@@ -4,7 +4,7 @@
  * Owns dropping cached pages (invalidation) and the pass-through of a
  * request around the cache (degraded mode, writearound, sequential
  * cutoff, zero and trim): dirty pages in the way are written back
- * first, stale entries settled, and the cached copies dropped.  Callers
+ * first, stale entries recorded, and the cached copies dropped.  Callers
  * hold the range lock of the pages; c->lock is taken by the slot
  * helpers only (lock table: cache-int.h).
  */
@@ -81,7 +81,7 @@ through_op (struct cache *c, const struct cache_backend *be,
   order_owned (c, first, last);
   ordered = clean_order_enter (c, be, ORDER_OPEN, err);
   if (ordered != -1 && cache_clean_pages (c, be, first, last, err) == 0 &&
-      cache_stale_settle (c, first, last, err) == 0) {
+      cache_stale_record (c, first, last, err) == 0) {
     if (do_op)
       r = do_op (opaque, count, offset, err);
     else

@@ -983,7 +983,7 @@ class Segment:
                 # Issue 27 item 1: pages made and rewritten (copied on
                 # write) in writeback, then the cache file fails under
                 # writethrough.  Faults only there: the first fault
-                # degrades the cache to pass-through.
+                # puts the cache in degraded mode.
                 m = "writethrough" if dom.mode == "writeback" else \
                     "writeback"
                 _unlink(self.cfault_trigger)
@@ -1060,7 +1060,7 @@ class Segment:
         raise ValueError(what)
 
     def degraded(self):
-        """Is the steered cache degraded (a pass-through after cache
+        """Is the steered cache degraded (every request around it after cache
         device errors)?"""
         r = self.ctl("status")
         for line in r.out.splitlines():
@@ -1207,7 +1207,7 @@ class Segment:
                 actions.append(res)
                 if c["cfault"] and self.failure is None and \
                    self.degraded() and self.rng.random() < 0.7:
-                    # A degraded cache is a pass-through until nbdkit
+                    # A degraded cache sends all around it until nbdkit
                     # restarts: restart it so the rest of the segment
                     # tests a cache again.
                     res = self.restart(clean=True)

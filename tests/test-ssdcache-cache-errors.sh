@@ -4,7 +4,7 @@
 #
 # An LD_PRELOAD shim (shim/faultio.c) makes I/O on the cache file fail
 # with EIO (or ENOSPC: a full filesystem) while a trigger file exists.  The filter must switch to
-# pass-through (counter "degraded"), keep serving correct data from the
+# degraded mode (counter "degraded"), keep serving correct data from the
 # backend, write back dirty pages it can still read, and report dirty
 # pages it cannot read (EIO), never serving stale or zero data.
 source "$(dirname "$0")/functions.sh"
@@ -42,14 +42,14 @@ run_case ()                 # run_case MODE OPS FAILING-MIX EXTRA-ARGS...
               --seed 2 --mix "$mix" \
               --model "$tmpdir/model.img" --save-model "$tmpdir/model.img"
     rm -f "$trigger"
-    # The device works again (still in pass-through for this run).
+    # The device works again (still degraded for this run).
     "$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 500 \
               --seed 3 --mix read=50,write=40,zero=5,flush=5 \
               --model "$tmpdir/model.img" --save-model "$tmpdir/model.img"
     stop_nbdkit "$pid"
     cat "$tmpdir/stats"
     [ "$(stat_get "$tmpdir/stats" degraded)" -eq 1 ] ||
-        fail "$mode/$ops: the filter did not switch to pass-through"
+        fail "$mode/$ops: the filter did not switch to degraded mode"
     [ "$(stat_get "$tmpdir/stats" cache_errors)" -gt 0 ] ||
         fail "$mode/$ops: no cache errors counted"
     cmp "$tmpdir/disk.img" "$tmpdir/model.img" ||

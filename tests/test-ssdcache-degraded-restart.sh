@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# nbdkit-ssdcache-filter: after the cache device failed (pass-through),
+# nbdkit-ssdcache-filter: after the cache device failed (degraded mode),
 # the next start never brings back dirty data that was written back and
 # then overwritten on the backend.
 #
@@ -15,7 +15,7 @@
 # acknowledged, and so does the backing file after a clean stop.
 #
 # Case 1: the device still fails at kill -9.  Case 2: it recovered
-# before the next write to A.  Case 3: a FLUSH in pass-through writes A
+# before the next write to A.  Case 3: a FLUSH in degraded mode writes A
 # back first (the entry cannot be rewritten either), then A is written.
 
 source "$(dirname "$0")/functions.sh"
@@ -50,7 +50,7 @@ h.pwrite(b1, 65536)
 h.flush()
 open(trigger, "w").close()          # writes to the cache file fail now
 if case == "flush":
-    h.flush()                        # pass-through flush: all written back
+    h.flush()                        # degraded flush: all written back
 acked = v1
 try:
     h.pwrite(v2, 0)

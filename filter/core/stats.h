@@ -58,7 +58,7 @@ struct stats {
                                          the cache was full of dirty data */
   _Atomic uint64_t dirty_pages;       /* gauge: pages holding dirty data */
   _Atomic uint64_t degraded;          /* gauge: 1 once the cache device failed
-                                         and the filter is in pass-through */
+                                         and the filter is degraded */
   _Atomic uint64_t partial_maps;      /* gauge: pages whose valid or dirty
                                          sectors are not one run (kept in
                                          the page table's side table) */
@@ -109,7 +109,7 @@ struct stats {
   _Atomic uint64_t order_writer_waits;/* writes that wrote older flush
                                          generations back first */
   _Atomic uint64_t order_broken;      /* backend writes made out of order
-                                         (pass-through after a cache
+                                         (degraded mode after a cache
                                          device failure; logged) */
 };
 

@@ -150,7 +150,7 @@
  *   clean.c   writing dirty data back (passes, one page)
  *   patch.c   changing a cached page in place
  *   read.c    the read path, readahead fills, extents
- *   through.c requests that go around the cache, invalidation
+ *   around.c  requests that go around the cache, invalidation
  *   flush.c   a client flush
  *   write.c   the write path
  *   zero.c    zero and trim
@@ -293,7 +293,7 @@ struct cache {
                                     generation g began (g % ring) */
 
   /* Lock free. */
-  atomic_bool degraded;          /* the cache device failed: pass-through */
+  atomic_bool degraded;          /* the cache device failed: all around */
   atomic_uint read_errors;       /* cache-file read errors so far */
   atomic_bool backend_unflushed; /* a change went straight to the backend */
   _Atomic uint64_t last_io_ms;   /* monotonic time of the last client op */
@@ -552,16 +552,16 @@ extern int clean_all_now (struct cache *c, const struct cache_backend *be,
 extern int clean_order_enter (struct cache *c, const struct cache_backend *be,
                               uint64_t gen, int *err);
 
-/* through.c */
+/* around.c */
 extern void cache_invalidate_pages (struct cache *c, uint64_t first,
                                     uint64_t last);
 /* Write back the dirty pages of [first, last] (range locked). */
 extern int cache_clean_pages (struct cache *c, const struct cache_backend *be,
                               uint64_t first, uint64_t last, int *err);
-/* A request that goes around the cache (see through.c). */
-extern int through_op (struct cache *c, const struct cache_backend *be,
-                       cache_backend_op do_op, void *opaque, const void *buf,
-                       uint32_t count, uint64_t offset, bool fua, int *err);
+/* A request that goes around the cache (see around.c). */
+extern int cache_around (struct cache *c, const struct cache_backend *be,
+                         cache_backend_op do_op, void *opaque, uint32_t count,
+                         uint64_t offset, int *err);
 
 /* recover.c */
 /* Load the page table from the entries (cache_attach, after an

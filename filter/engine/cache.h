@@ -281,7 +281,7 @@ extern uint64_t cache_change_seq (struct cache *c);
 /* Does page hold dirty data now? */
 extern bool cache_page_dirty (struct cache *c, uint64_t page);
 extern void cache_sleep_ms (uint64_t ms);
-/* Has the cache failed (pass-through)? */
+/* Has the cache failed (degraded mode: every request around it)? */
 extern bool cache_degraded (const struct cache *c);
 
 /* Writing dirty data back (engine/clean.c). */

@@ -41,7 +41,7 @@ cache_flush (struct cache *c, const struct cache_backend *be, int *err)
       clean_all_now (c, be, err) == -1)
     return -1;
   /* Anything sent straight to the backend (writethrough writes, or
-   * writeback zeroes/trims, pass-through, and writes that found the
+   * writeback zeroes/trims, degraded mode, and writes that found the
    * cache full).
    */
   if (!wb || atomic_exchange (&c->backend_unflushed, false) ||

@@ -146,7 +146,7 @@ cache_degraded (const struct cache *c)
 }
 
 /* A cache-file I/O error.  A failed write (EIO, ENOSPC...) or too many
- * failed reads switch the cache to pass-through: from then on the
+ * failed reads switch the cache to degraded mode: from then on the
  * backend serves everything, and the dirty pages still in the cache
  * are written back (or reported, if they cannot be read).
  */
@@ -162,7 +162,7 @@ cache_io_error (struct cache *c, const char *what, uint32_t s)
   if (!atomic_exchange (&c->degraded, true)) {
     atomic_store (&c->stats.degraded, 1);
     log_error ("cache file %s: the cache device is failing: switching to "
-               "pass-through, the backend serves all requests from now on "
+               "degraded mode, every request goes to the backend from now on "
                "(pages with dirty data stay and are written back)", c->path);
   }
 }

@@ -661,7 +661,7 @@ write_dirty_adds (struct cache *c, uint64_t first, uint64_t n)
  * may dirty, added to c->dirty_promised (the caller takes them off).
  */
 static bool
-write_goes_through (struct cache *c, uint64_t first, uint64_t last,
+write_goes_around (struct cache *c, uint64_t first, uint64_t last,
                     uint64_t *promised)
 {
   const uint64_t n = last - first + 1;
@@ -702,6 +702,32 @@ write_goes_through (struct cache *c, uint64_t first, uint64_t last,
   return true;
 }
 
+/* A client's write as a cache_backend_op (write_degraded). */
+struct write_op {
+  const struct cache_backend *be;
+  const void *buf;
+  bool fua;
+};
+
+static int
+write_op_do (void *opaque, uint32_t count, uint64_t offset, int *err)
+{
+  const struct write_op *w = opaque;
+
+  return w->be->pwrite (w->be->h, w->buf, count, offset, w->fua, err);
+}
+
+/* The cache device failed: the write goes around the cache. */
+static int
+write_degraded (struct cache *c, const struct cache_backend *be,
+                const void *buf, uint32_t count, uint64_t offset, bool fua,
+                int *err)
+{
+  struct write_op w = { .be = be, .buf = buf, .fua = fua };
+
+  return cache_around (c, be, write_op_do, &w, count, offset, err);
+}
+
 int
 cache_write (struct cache *c, const struct cache_backend *be,
              const void *buf, uint32_t count, uint64_t offset, bool fua,
@@ -719,7 +745,7 @@ cache_write (struct cache *c, const struct cache_backend *be,
   if (count == 0)
     return 0;
   if (cache_degraded (c))
-    return through_op (c, be, NULL, NULL, buf, count, offset, fua, err);
+    return write_degraded (c, be, buf, count, offset, fua, err);
 
   first = offset / ps;
   last = (offset + count - 1) / ps;
@@ -734,7 +760,7 @@ cache_write (struct cache *c, const struct cache_backend *be,
   mode = c->mode;
   promised = 0;
   if (mode == LAYOUT_MODE_WRITEBACK &&
-      write_goes_through (c, first, last, &promised))
+      write_goes_around (c, first, last, &promised))
     mode = LAYOUT_MODE_WRITEAROUND;       /* this write only */
   writeback = mode == LAYOUT_MODE_WRITEBACK;
   if (!writeback &&
@@ -755,10 +781,11 @@ cache_write (struct cache *c, const struct cache_backend *be,
   order_owned (NULL, 0, 0);
   rangelock_release (&c->ranges, first, last);
   if (ret == -1 && writeback && cache_degraded (c)) {
-    /* The cache device failed under this very write: do it again as
-     * pass-through (pages it already dirtied are written back first).
+    /* The cache device failed under this very write: do it again
+     * around the cache (pages it already dirtied are written back
+     * first).
      */
-    return through_op (c, be, NULL, NULL, buf, count, offset, fua, err);
+    return write_degraded (c, be, buf, count, offset, fua, err);
   }
   /* A FUA write is durable as the flush mode says.  In writethrough it
    * is durable on the backend already; syncing the cache too keeps an

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: zero and trim.
  *
- * Owns cache_zero_trim: whole pages go to the backend (through.c) and
+ * Owns cache_zero_trim: whole pages go to the backend (around.c) and
  * their cached copies are dropped; in writeback mode the partial pages
  * at the edges of a zero become dirty zeroes in the cache (write.c).
  * The pages are range locked across the backend call.
@@ -29,11 +29,11 @@ cache_zero_trim (struct cache *c, const struct cache_backend *be,
   if (count == 0)
     return do_op (opaque, count, offset, err);
   if (cache_degraded (c))
-    return through_op (c, be, do_op, opaque, NULL, count, offset, fua, err);
+    return cache_around (c, be, do_op, opaque, count, offset, err);
 
   if (!writeback) {
     /* The backend is the truth: do it there, drop cached copies. */
-    ret = through_op (c, be, do_op, opaque, NULL, count, offset, false, err);
+    ret = cache_around (c, be, do_op, opaque, count, offset, err);
     if (ret == 0 && fua)
       cache_sync (c, err);
     return ret;

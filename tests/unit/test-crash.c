@@ -1878,7 +1878,7 @@ setup_crash (void **state)
                                               testfile_teardown)
 
 /* A write sent around the cache at the dirty cap (write.c:
- * write_goes_through) to a page whose flushed dirty version was copied
+ * write_goes_around) to a page whose flushed dirty version was copied
  * on write: the copy is written back and the write reaches the backend,
  * a flush covers it, nbdkit dies.  The older flushed version may still
  * be on disk, so the cached copy must not be updated in place (a crash

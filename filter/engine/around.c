@@ -1,9 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: requests that go straight to the backend.
  *
- * Owns dropping cached pages (invalidation) and the pass-through of a
- * request around the cache (degraded mode, writearound, sequential
- * cutoff, zero and trim): dirty pages in the way are written back
+ * Owns dropping cached pages (invalidation) and sending a request
+ * around the cache (degraded mode, zero and trim outside writeback): dirty pages in the way are written back
  * first, stale entries recorded, and the cached copies dropped.  Callers
  * hold the range lock of the pages; c->lock is taken by the slot
  * helpers only (lock table: cache-int.h).
@@ -58,21 +57,19 @@ cache_clean_pages (struct cache *c, const struct cache_backend *be,
   return clean_pages_held (c, be, first, last, UINT64_MAX, err);
 }
 
-/* The backend does the request, cached copies of its pages are
- * dropped: zero/trim outside writeback mode, and everything in
- * pass-through (the cache device failed), where dirty pages in the
- * range are written back first.  do_op NULL: a write of buf.
+/* The backend does the request (do_op), cached copies of its pages
+ * are dropped: zero/trim outside writeback mode, and everything in
+ * degraded mode (the cache device failed), where dirty pages in the
+ * range are written back first.
  */
 int
-through_op (struct cache *c, const struct cache_backend *be,
-            cache_backend_op do_op, void *opaque, const void *buf,
-            uint32_t count, uint64_t offset, bool fua, int *err)
+cache_around (struct cache *c, const struct cache_backend *be,
+              cache_backend_op do_op, void *opaque, uint32_t count,
+              uint64_t offset, int *err)
 {
   uint64_t first = offset / c->page_size;
   uint64_t last = (offset + count - 1) / c->page_size;
-  int r = -1;
-
-  int ordered;
+  int r = -1, ordered;
 
   if (rangelock_acquire (&c->ranges, first, last) == -1) {
     *err = errno;
@@ -82,10 +79,7 @@ through_op (struct cache *c, const struct cache_backend *be,
   ordered = clean_order_enter (c, be, ORDER_OPEN, err);
   if (ordered != -1 && cache_clean_pages (c, be, first, last, err) == 0 &&
       cache_stale_record (c, first, last, err) == 0) {
-    if (do_op)
-      r = do_op (opaque, count, offset, err);
-    else
-      r = be->pwrite (be->h, buf, count, offset, fua, err);
+    r = do_op (opaque, count, offset, err);
     cache_invalidate_pages (c, first, last);
     atomic_store (&c->backend_unflushed, true);
   }

@@ -538,7 +538,8 @@ class Disk:
               durable value, or the value of a write in flight.
 
     The caller serialises the calls (one lock) and never has two
-    overlapping requests in flight of which one modifies (RangeTable).
+    overlapping requests in flight of which one modifies, nor two that
+    modify the same sector (RangeTable).
     Requests may be unaligned; the model keeps whole sectors.
     The size must be a multiple of 512.
     """
@@ -991,10 +992,13 @@ class FlushHistory:
 # -- ranges in flight ---------------------------------------------------------
 
 class RangeTable:
-    """Byte ranges of requests in flight, to keep the model exact: a
-    request that modifies must not overlap any other in flight, and a
-    read must not overlap one that modifies.  Not locked: the caller
-    holds its model lock."""
+    """Ranges of requests in flight, to keep the model exact: a read
+    must not overlap (in bytes) a request that modifies, and two
+    requests that modify must not share a 512-byte sector even where
+    their bytes differ: Disk computes a partial sector's new value when
+    the request is issued, so the later of two such requests to
+    complete would erase the other's bytes in the model.  Not locked:
+    the caller holds its model lock."""
 
     def __init__(self):
         self.ranges = {}        # key -> (disk key, off, end, modifies)
@@ -1003,7 +1007,13 @@ class RangeTable:
     def conflicts(self, dkey, off, n, modifies):
         end = off + n
         for d, o, e, m in self.ranges.values():
-            if d == dkey and o < end and off < e and (m or modifies):
+            if d != dkey or not (m or modifies):
+                continue
+            if m and modifies:
+                if o // SECTOR <= (end - 1) // SECTOR and \
+                   off // SECTOR <= (e - 1) // SECTOR:
+                    return True
+            elif o < end and off < e:
                 return True
         return False
 

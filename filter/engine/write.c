@@ -665,7 +665,7 @@ write_goes_around (struct cache *c, uint64_t first, uint64_t last,
                     uint64_t *promised)
 {
   const uint64_t n = last - first + 1;
-  uint64_t uncached = 0, adds;
+  uint64_t uncached = 0, adds, busy;
   bool cap, full, seq, pressure;
 
   /* Writes in flight have promised to dirty at most c->dirty_promised
@@ -679,10 +679,16 @@ write_goes_around (struct cache *c, uint64_t first, uint64_t last,
    */
   cap = c->max_dirty > 0 &&
     c->ndirty + c->nretained + c->dirty_promised + adds > c->max_dirty;
-  if (c->nslots - c->ndirty < n)
+  /* (Slots that hold dirty data or older versions kept for the flush
+   * order cannot be evicted: were they not counted, each page of the
+   * write would find no slot and go around by itself, waiting for the
+   * flush order page after page.)
+   */
+  busy = c->ndirty + c->nretained;
+  if (c->nslots - busy < n)
     for (uint64_t p = first; p <= last; p++)
       uncached += pagetable_lookup (&c->pt, p) == PT_NONE;
-  full = c->nslots - c->ndirty < uncached;
+  full = c->nslots - busy < uncached;
   pressure = cache_dirty_pressure (c);
   *promised = !cap && !full && !seq ? adds : 0;
   c->dirty_promised += *promised;

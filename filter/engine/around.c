@@ -2,10 +2,11 @@
 /* nbdkit-ssdcache-filter: requests that go straight to the backend.
  *
  * Owns dropping cached pages (invalidation) and sending a request
- * around the cache (degraded mode, zero and trim outside writeback): dirty pages in the way are written back
- * first, stale entries recorded, and the cached copies dropped.  Callers
- * hold the range lock of the pages; c->lock is taken by the slot
- * helpers only (lock table: cache-int.h).
+ * around the cache (degraded mode, zero and trim outside writeback):
+ * dirty pages in the way are written back first, stale entries
+ * recorded, and the cached copies dropped.  Callers hold the range lock
+ * of the pages; c->lock is taken by the slot helpers only (lock table:
+ * cache-int.h).
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -189,6 +189,8 @@ struct cache_sup {               /* a superseded slot waiting to be freed */
 struct cache_stale {             /* a slot whose entry on disk is stale */
   uint32_t slot;
   bool disk_dirty;               /* ... and says "dirty" */
+  bool keep;                     /* ... and hides an older version of its
+                                    page: never rewritten (cache_drop_slot) */
   uint64_t page;
 };
 
@@ -276,6 +278,7 @@ struct cache {
   size_t unseal_reserved;        /* list room promised to writers */
   struct cache_stale *stale;     /* see stale.c */
   size_t nstale, capstale;
+  bool stale_clean_logged;       /* a clean drop went unrecorded (logged) */
   /* Flush generations (order.c).  Generation g holds the writes made
    * between the (g-1)th and the gth client flush; with
    * ssdcache-writeback-order=flush, no backend write of generation
@@ -576,6 +579,11 @@ extern int recover_load_entries (struct cache *c, uint32_t data_end);
  */
 extern void cache_stale_add (struct cache *c, uint32_t s, uint64_t page,
                              bool disk_dirty);
+/* Slot s was dropped, but an older version of its page could not be
+ * freed on the cache file: s's entry stays as it is, never rewritten.
+ */
+extern void cache_stale_keep (struct cache *c, uint32_t s, uint64_t page,
+                              bool disk_dirty);
 /* Before the backend gets data for pages [first, last]: record those
  * pages' entries on the cache file.  Returns 0, or -1 with *err = EIO
  * if an entry that says dirty cannot be rewritten (logged).

@@ -85,7 +85,11 @@ cache_settle (struct cache *c, uint32_t s)
 
 /* Drop pinned slot s (its page is range locked by the caller): it
  * leaves the index at once and is freed when its last pin goes.
- * Consumes the caller's pin.
+ * Consumes the caller's pin.  If an older version of the page is still
+ * on the cache file and cannot be freed (a failing device), s's entry
+ * must keep hiding it: no FREE entry is written, and s keeps the pin,
+ * so it is never reused in this run (cache_stale_keep).  Returns -1
+ * then, and when the FREE entry cannot be written.
  */
 int
 cache_drop_slot (struct cache *c, uint32_t s)
@@ -94,10 +98,10 @@ cache_drop_slot (struct cache *c, uint32_t s)
   struct layout_entry e;
   struct pt_slot v;
   uint64_t page;
-  bool was_dirty;
+  bool was_dirty, settled;
   int r;
 
-  cache_settle (c, s);
+  settled = cache_settle (c, s);
   pthread_mutex_lock (&c->lock);
   page = pt_page (&c->pt, s);
   was_dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY;
@@ -118,12 +122,16 @@ cache_drop_slot (struct cache *c, uint32_t s)
   pagetable_to_entry (&v, &e);
   pthread_mutex_unlock (&c->lock);
 
+  STATS_ADD (&c->stats, pages_invalidated, 1);
+  if (!settled) {
+    cache_stale_keep (c, s, page, was_dirty);
+    return -1;
+  }
   r = pool_write_entry (&c->pool, s, &e);
   if (r == -1) {
     cache_io_error (c, "writing free entry", s);
     cache_stale_add (c, s, page, was_dirty);
   }
-  STATS_ADD (&c->stats, pages_invalidated, 1);
   cache_unpin (c, s);
   return r;
 }

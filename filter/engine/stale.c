@@ -12,11 +12,13 @@
  * entry is written and synced; if the device still refuses, the request
  * fails with EIO instead.  Entries that still say "clean" are retried
  * the same way and at close, but do not fail requests (see the man
- * page, CACHE DEVICE FAILURES).
+ * page, CACHE DEVICE FAILURES).  A dropped slot whose older version
+ * could not be freed keeps its entry for good (cache_stale_keep): a
+ * FREE entry would let a crash bring that version back.
  *
- * Locking: c->stale, c->nstale and c->capstale are under c->lock; the
- * entry writes and the sync are done without it.  Callers hold the
- * range lock of the pages whose entries they record.
+ * Locking: c->stale, c->nstale, c->capstale and c->stale_clean_logged
+ * are under c->lock; the entry writes and the sync are done without it.
+ * Callers hold the range lock of the pages whose entries they record.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -25,13 +27,35 @@
 #include "cache-int.h"
 #include "log.h"
 
-void
-cache_stale_add (struct cache *c, uint32_t s, uint64_t page, bool disk_dirty)
+/* Under c->lock: the first time a dropped clean page keeps its entry
+ * saying "clean", tell the user now: a crash before the entry is
+ * rewritten (at the latest at a clean shutdown) leaves a copy that
+ * verifies but may be older than the backend.
+ */
+static void
+stale_log_clean_locked (struct cache *c, uint64_t page)
+{
+  if (c->stale_clean_logged)
+    return;
+  c->stale_clean_logged = true;
+  log_error ("cache file %s: the failing device refused to record that "
+             "cached page %llu was dropped; if nbdkit stops without a "
+             "clean shutdown, start the next time with "
+             "ssdcache-verify=lazy, or use a new cache file",
+             c->path, (unsigned long long) page);
+}
+
+static void
+stale_add (struct cache *c, uint32_t s, uint64_t page, bool disk_dirty,
+           bool keep)
 {
   pthread_mutex_lock (&c->lock);
+  if (!disk_dirty)
+    stale_log_clean_locked (c, page);
   for (size_t i = 0; i < c->nstale; i++)
     if (c->stale[i].slot == s) {
       c->stale[i].disk_dirty |= disk_dirty;
+      c->stale[i].keep |= keep;
       pthread_mutex_unlock (&c->lock);
       return;
     }
@@ -49,12 +73,26 @@ cache_stale_add (struct cache *c, uint32_t s, uint64_t page, bool disk_dirty)
   c->stale[c->nstale].slot = s;
   c->stale[c->nstale].page = page;
   c->stale[c->nstale].disk_dirty = disk_dirty;
+  c->stale[c->nstale].keep = keep;
   c->nstale++;
   pthread_mutex_unlock (&c->lock);
   if (ssdcache_debug_verbose)
     log_debug ("page %llu (slot %u): its entry on the cache file is stale "
                "(%s)", (unsigned long long) page, s,
                disk_dirty ? "still says dirty" : "still says clean");
+}
+
+void
+cache_stale_add (struct cache *c, uint32_t s, uint64_t page, bool disk_dirty)
+{
+  stale_add (c, s, page, disk_dirty, false);
+}
+
+void
+cache_stale_keep (struct cache *c, uint32_t s, uint64_t page,
+                  bool disk_dirty)
+{
+  stale_add (c, s, page, disk_dirty, true);
 }
 
 /* Write the current entry of every stale slot of pages [first, last]
@@ -84,7 +122,7 @@ stale_record (struct cache *c, uint64_t first, uint64_t last, bool dirty_only)
   }
   for (size_t i = 0; i < c->nstale; i++) {
     const struct cache_stale *st = &c->stale[i];
-    if (st->page < first || st->page > last)
+    if (st->page < first || st->page > last || st->keep)
       continue;
     /* What RAM says now is the truth for this slot. */
     struct pt_slot v;

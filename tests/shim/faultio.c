@@ -11,7 +11,7 @@
  * Which calls fail can be narrowed:
  *
  *   FAULTIO_OPS    "rw" by default: reads ("r") and/or writes ("w",
- *                  which includes fdatasync).
+ *                  which includes fdatasync); "s": fdatasync alone.
  *   FAULTIO_SIZES  a comma-separated list of byte counts, e.g.
  *                  "8192" or "4096,8192": only reads and writes of
  *                  exactly one of these sizes fail (fdatasync, which
@@ -118,7 +118,8 @@ should_fail (int fd, char op, size_t size)
 
   if (path == NULL || trigger == NULL || access (trigger, F_OK) != 0)
     return false;
-  if (ops && strchr (ops, op) == NULL)
+  if (ops && strchr (ops, op) == NULL &&
+      !(op == 's' && strchr (ops, 'w') != NULL))
     return false;
   if (!size_matches (size))
     return false;
@@ -179,7 +180,7 @@ int
 fdatasync (int fd)
 {
   NEXT (fdatasync);
-  if (should_fail (fd, 'w', (size_t) -1))
+  if (should_fail (fd, 's', (size_t) -1))
     return -1;
   return next_fdatasync (fd);
 }

@@ -82,7 +82,6 @@ for fmt in json prometheus text; do
         --bs=4k --iodepth=4 --size=64M --time_based --runtime=5 \
         --output=/dev/null &
     fio_pid=$!
-    sleep 1.5
     cp "$stats" "$tmpdir/first"
     # A tight loop of reads while the writer renames new versions in.
     for i in $(seq 30); do
@@ -94,11 +93,15 @@ for fmt in json prometheus text; do
         esac
         sleep 0.05
     done
-    sleep 1.5
-    cp "$stats" "$tmpdir/second"
+    # A new version comes every interval (1 s): wait for one, bounded.
+    for i in $(seq 300); do
+        cp "$stats" "$tmpdir/second"
+        cmp -s "$tmpdir/first" "$tmpdir/second" || break
+        sleep 0.1
+    done
     wait $fio_pid
     cmp -s "$tmpdir/first" "$tmpdir/second" &&
-        fail "$fmt: the stats file did not change in 1.5 intervals of load"
+        fail "$fmt: the stats file did not change in 30 s of load"
     kill "$(cat "$tmpdir/pid.$fmt")"
     for i in $(seq 100); do
         kill -0 "$(cat "$tmpdir/pid.$fmt")" 2>/dev/null || break

@@ -47,7 +47,16 @@ for i in range(40):
     h.pwrite(os.urandom(65536), (i % 8) * 65536)
     h.flush()
 '
-sleep 3.5
+# Idle writeback catches up once the client stops: wait for the
+# stats file to say so (bounded: the checks below then fail).
+for i in \$(seq 600); do
+    if [ "\$(awk '\$1 == "order_flush_point:" { print \$2 }' "$stats")" = 40 ] &&
+       [ "\$(awk '\$1 == "order_lag_flushes:" { print \$2 }' "$stats")" = 0 ] &&
+       [ "\$(awk '\$1 == "order_behind_bytes:" { print \$2 }' "$stats")" = 0 ]; then
+        break
+    fi
+    sleep 0.1
+done
 cp "$stats" "$tmpdir/stats.after"
 END
 run_ssdcache --filter=delay file "$img" delay-write=20ms \

@@ -479,6 +479,20 @@ enum wkind {
   W_FILL,           /* backend data for sectors that were not valid,
                        merged with the cached ones: dirty bits stay */
 };
+/* Part of one page to write into the cache: bytes [off, off + n) of
+ * page, from src, as kind; *err gets the errno of a failure.  The
+ * page-level write functions (write.c, patch.c) take this instead of
+ * eight arguments.
+ */
+struct page_write {
+  struct cache *c;
+  const struct cache_backend *be;
+  uint64_t page;
+  const uint8_t *src;
+  uint32_t off, n;
+  enum wkind kind;
+  int *err;
+};
 /* What cache_patch_slot did. */
 enum patch_result {
   PATCH_OK = 0,
@@ -495,29 +509,22 @@ enum patch_result {
                                     slot (cache_drop_slot) once it no
                                     longer holds c->inplace */
 };
-/* Apply bytes [off, off+n) of page (from src) to slot s in place: s is
- * pinned, or fresh: newly allocated and empty, not indexed.  Only the
+/* Apply the write w to slot s in place: s is pinned, or fresh: newly
+ * allocated and empty, not indexed.  Only the
  * sectors touched are read and written; the data CRC is patched, not
  * recomputed; an unflushed dirty slot rewritten in place a second time
  * is unsealed instead (seal.c): no checksum, no read, no entry write.
  * Consumes the pin (or, for fresh, indexes the slot; when not
  * PATCH_OK a fresh slot is freed).
  */
-extern enum patch_result cache_patch_slot (struct cache *c,
-                                           const struct cache_backend *be,
-                                           uint64_t page, uint32_t s,
-                                           bool fresh, const uint8_t *src,
-                                           uint32_t off, uint32_t n,
-                                           enum wkind kind, int *err);
-/* Merge a write of src, bytes [off, off+n) of page, into span, which
- * holds sectors [sf, sl] of the page as stored, and update the maps
- * (see patch.c).
+extern enum patch_result cache_patch_slot (const struct page_write *w,
+                                           uint32_t s, bool fresh);
+/* Merge the write w into span, which holds sectors [sf, sl] of the
+ * page as stored, and update the maps (see patch.c).
  */
-extern int patch_merge_span (struct cache *c, const struct cache_backend *be,
-                             uint64_t page, uint8_t *span, unsigned sf,
-                             unsigned sl, const uint8_t *src, uint32_t off,
-                             uint32_t n, enum wkind kind, uint8_t *valid,
-                             uint8_t *dirty, int *err);
+extern int patch_merge_span (const struct page_write *w, uint8_t *span,
+                             unsigned sf, unsigned sl, uint8_t *valid,
+                             uint8_t *dirty);
 
 /* clean.c */
 /* Write back the dirty sectors of one page now, from the caller's

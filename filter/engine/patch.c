@@ -15,19 +15,24 @@
 #include "cache-int.h"
 #include "log.h"
 
-/* Merge a write of src, bytes [off, off+n) of page, into span, which
- * holds sectors [sf, sl] of the page as stored (invalid sectors read as
- * zeroes), and update the valid/dirty maps.  A partly written sector
+/* Merge the write w (bytes [off, off+n) of page, from src) into span,
+ * which holds sectors [sf, sl] of the page as stored (invalid sectors
+ * read as zeroes), and update the valid/dirty maps.  A partly written sector
  * that was not valid is completed from the backend for W_DIRTY and
  * left invalid for W_CLEAN.  Returns 0 or -1 (*err) if the backend read
  * failed.
  */
 int
-patch_merge_span (struct cache *c, const struct cache_backend *be,
-                  uint64_t page, uint8_t *span, unsigned sf, unsigned sl,
-                  const uint8_t *src, uint32_t off, uint32_t n,
-                  enum wkind kind, uint8_t *valid, uint8_t *dirty, int *err)
+patch_merge_span (const struct page_write *w, uint8_t *span, unsigned sf,
+                  unsigned sl, uint8_t *valid, uint8_t *dirty)
 {
+  struct cache *c = w->c;
+  const struct cache_backend *be = w->be;
+  const uint64_t page = w->page;
+  const uint8_t *src = w->src;
+  const uint32_t off = w->off, n = w->n;
+  const enum wkind kind = w->kind;
+  int *err = w->err;
   const uint32_t ss = c->sector_size;
   const uint32_t pbytes = cache_page_bytes (c, page);
   const uint32_t span_off = sf * ss;
@@ -460,13 +465,13 @@ patch_store (struct patch *p)
 }
 
 enum patch_result
-cache_patch_slot (struct cache *c, const struct cache_backend *be,
-                  uint64_t page, uint32_t s, bool fresh, const uint8_t *src,
-                  uint32_t off, uint32_t n, enum wkind kind, int *err)
+cache_patch_slot (const struct page_write *w, uint32_t s, bool fresh)
 {
-  struct patch patch = { .c = c, .be = be, .page = page, .s = s,
-                         .fresh = fresh, .src = src, .off = off, .n = n,
-                         .kind = kind };
+  struct cache *c = w->c;
+  int *err = w->err;
+  struct patch patch = { .c = c, .be = w->be, .page = w->page, .s = s,
+                         .fresh = fresh, .src = w->src, .off = w->off,
+                         .n = w->n, .kind = w->kind };
   struct patch *p = &patch;
   enum patch_result r = PATCH_ERROR;
 
@@ -479,8 +484,8 @@ cache_patch_slot (struct cache *c, const struct cache_backend *be,
   r = PATCH_ERROR;
   memcpy (p->span, p->old, p->span_len);
   p->before = p->upd;
-  if (patch_merge_span (c, be, page, p->span, p->sf, p->sl, src, off, n,
-                        kind, p->upd.valid, p->upd.dirty, err) == -1)
+  if (patch_merge_span (w, p->span, p->sf, p->sl, p->upd.valid,
+                        p->upd.dirty) == -1)
     goto out;
   p->upd.state = layout_map_empty (p->upd.dirty) ? LAYOUT_CLEAN
     : LAYOUT_DIRTY;

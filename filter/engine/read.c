@@ -205,8 +205,10 @@ fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
     memcpy (buf + lo, tmp, hi - lo);
     free (tmp);
   }
-  r = cache_patch_slot (c, be, page, s, false, buf + lo, lo, hi - lo,
-                        W_FILL, err);
+  r = cache_patch_slot (&(struct page_write) {
+                          .c = c, .be = be, .page = page, .src = buf + lo,
+                          .off = lo, .n = hi - lo, .kind = W_FILL,
+                          .err = err }, s, false);
   cache_inplace_leave (c);
   if (r == PATCH_NO_MAPS) {
     /* The valid sectors would not be one run and the side table is
@@ -349,8 +351,11 @@ slow_store (struct cache *c, const struct cache_backend *be,
     if (ns == PT_NONE)
       STATS_ADD (&c->stats, bypassed, 1);
     else
-      cache_patch_slot (c, be, page, ns, true, data + (plo - pstart),
-                        plo - pstart, phi - plo, W_CLEAN, &e);
+      cache_patch_slot (&(struct page_write) {
+                          .c = c, .be = be, .page = page,
+                          .src = data + (plo - pstart), .off = plo - pstart,
+                          .n = phi - plo, .kind = W_CLEAN, .err = &e },
+                        ns, true);
   }
 }
 

@@ -22,9 +22,7 @@
  * and changed in place).  Returns PATCH_OK, PATCH_ERROR (*err) or
  * PATCH_NO_MAPS (see cache_patch_slot).  Consumes the pin.
  */
-static int write_fresh (struct cache *c, const struct cache_backend *be,
-                        uint64_t page, const uint8_t *src, uint32_t off,
-                        uint32_t n, enum wkind kind, int *err);
+static int write_fresh (const struct page_write *w);
 
 /* Rewrite pinned slot s in place (its page is range locked, and it
  * need not be copied: see cache_must_cow), holding c->inplace across
@@ -32,14 +30,13 @@ static int write_fresh (struct cache *c, const struct cache_backend *be,
  * back (PATCH_TORN).  Returns as cache_patch_slot; consumes the pin.
  */
 static int
-patch_in_place (struct cache *c, const struct cache_backend *be,
-                uint64_t page, uint32_t s, const uint8_t *src, uint32_t off,
-                uint32_t n, enum wkind kind, int *err)
+patch_in_place (const struct page_write *w, uint32_t s)
 {
+  struct cache *c = w->c;
   int r;
 
   cache_inplace_enter (c);
-  r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
+  r = cache_patch_slot (w, s, false);
   cache_inplace_leave (c);
   if (r == PATCH_TORN) {
     cache_drop_slot (c, s);
@@ -52,10 +49,12 @@ patch_in_place (struct cache *c, const struct cache_backend *be,
  * it is clean and may be changed in place.  Consumes the pin.
  */
 static int
-cow_in_place (struct cache *c, const struct cache_backend *be,
-              uint64_t page, uint32_t s, const uint8_t *src, uint32_t off,
-              uint32_t n, enum wkind kind, int *err)
+cow_in_place (const struct page_write *w, uint32_t s)
 {
+  struct cache *c = w->c;
+  const struct cache_backend *be = w->be;
+  const uint64_t page = w->page;
+  int *err = w->err;
   if (clean_page_held (c, be, page, s, err) == -1) {
     cache_unpin (c, s);
     return -1;
@@ -71,7 +70,7 @@ cow_in_place (struct cache *c, const struct cache_backend *be,
     *err = EIO;
     return -1;
   }
-  return patch_in_place (c, be, page, s, src, off, n, kind, err);
+  return patch_in_place (w, s);
 }
 
 /* Store the new version of the page (buf, whole, with the maps of upd)
@@ -79,10 +78,13 @@ cow_in_place (struct cache *c, const struct cache_backend *be,
  * snap: s's record.
  */
 static int
-cow_store (struct cache *c, uint64_t page, uint32_t s, uint32_t ns,
-           const uint8_t *buf, const struct pt_slot *snap, enum wkind kind,
-           int *err)
+cow_store (const struct page_write *w, uint32_t s, uint32_t ns,
+           const uint8_t *buf, const struct pt_slot *snap)
 {
+  struct cache *c = w->c;
+  const uint64_t page = w->page;
+  const enum wkind kind = w->kind;
+  int *err = w->err;
   struct pt_slot upd = *snap;
 
   upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
@@ -140,10 +142,13 @@ cow_read (struct cache *c, const struct cache_backend *be, uint32_t s,
 }
 
 static int
-cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
-          uint32_t s, const uint8_t *src, uint32_t off, uint32_t n,
-          enum wkind kind, int *err)
+cow_slot (const struct page_write *w, uint32_t s)
 {
+  struct cache *c = w->c;
+  const struct cache_backend *be = w->be;
+  const uint64_t page = w->page;
+  const uint32_t off = w->off, n = w->n;
+  int *err = w->err;
   uint8_t *buf = malloc (c->page_size);
   struct pt_slot snap;
   unsigned sf, sl;
@@ -168,15 +173,15 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
     if (was_clean) {
       uint32_t again = cache_lookup_pin (c, page);
       if (again == PT_NONE)
-        return write_fresh (c, be, page, src, off, n, kind, err);
+        return write_fresh (w);
       cache_unpin (c, again);
     }
     *err = EIO;
     return -1;
   }
   cache_sector_span (c, off, n, &sf, &sl);
-  if (patch_merge_span (c, be, page, buf + sf * c->sector_size, sf, sl, src,
-                        off, n, kind, snap.valid, snap.dirty, err) == -1) {
+  if (patch_merge_span (w, buf + sf * c->sector_size, sf, sl, snap.valid,
+                        snap.dirty) == -1) {
     cache_unpin (c, s);
     free (buf);
     return -1;
@@ -184,9 +189,9 @@ cow_slot (struct cache *c, const struct cache_backend *be, uint64_t page,
   ns = cache_alloc_slot (c, ALLOC_DIRTY);
   if (ns == PT_NONE) {
     free (buf);
-    return cow_in_place (c, be, page, s, src, off, n, kind, err);
+    return cow_in_place (w, s);
   }
-  r = cow_store (c, page, s, ns, buf, &snap, kind, err);
+  r = cow_store (w, s, ns, buf, &snap);
   free (buf);
   return r;
 }
@@ -217,10 +222,14 @@ write_around (struct cache *c, const struct cache_backend *be,
  * at the client's own parallelism instead.
  */
 static int
-write_fresh (struct cache *c, const struct cache_backend *be,
-             uint64_t page, const uint8_t *src, uint32_t off, uint32_t n,
-             enum wkind kind, int *err)
+write_fresh (const struct page_write *w)
 {
+  struct cache *c = w->c;
+  const struct cache_backend *be = w->be;
+  const uint64_t page = w->page;
+  const uint8_t *src = w->src;
+  const uint32_t off = w->off, n = w->n;
+  int *err = w->err;
   const bool part = off > 0 || n < cache_page_bytes (c, page);
   uint32_t s = cache_alloc_slot (c, part ? ALLOC_DIRTY_PART : ALLOC_DIRTY);
   int r;
@@ -237,7 +246,7 @@ write_fresh (struct cache *c, const struct cache_backend *be,
   }
   else if (s == PT_NONE)
     return write_around (c, be, src, n, page * c->page_size + off, err);
-  r = cache_patch_slot (c, be, page, s, true, src, off, n, kind, err);
+  r = cache_patch_slot (w, s, true);
   if (r == PATCH_NO_MAPS)                 /* one run: not reached */
     return write_around (c, be, src, n, page * c->page_size + off, err);
   return r;
@@ -251,10 +260,13 @@ write_fresh (struct cache *c, const struct cache_backend *be,
  * (the backend has the data) just drops the cached copy.
  */
 static int
-write_page_simple (struct cache *c, const struct cache_backend *be,
-                   uint64_t page, const uint8_t *src, uint32_t off,
-                   uint32_t n, enum wkind kind, int *err)
+write_page_simple (const struct page_write *w)
 {
+  struct cache *c = w->c;
+  const struct cache_backend *be = w->be;
+  const uint64_t page = w->page;
+  const enum wkind kind = w->kind;
+  int *err = w->err;
   uint32_t s = cache_lookup_pin (c, page);
 
   if (s != PT_NONE) {
@@ -280,7 +292,7 @@ write_page_simple (struct cache *c, const struct cache_backend *be,
   }
   if (kind != W_DIRTY)
     return 0;
-  return write_fresh (c, be, page, src, off, n, kind, err);
+  return write_fresh (w);
 }
 
 /* Drop page's cached copy if it is clean (the page is range locked). */
@@ -301,15 +313,20 @@ write_drop_clean (struct cache *c, uint64_t page)
     cache_unpin (c, s);
 }
 
-/* Put bytes [off, off+n) of page (from src) into the cache as kind.
- * W_CLEAN: the backend already has them; a page not cached is only
- * added when written whole.  The page is range locked by the caller.
+/* Put the write w into the cache (W_CLEAN: the backend already has
+ * the bytes; a page not cached is only added when written whole).  The
+ * page is range locked by the caller.
  */
 static int
-write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
-            const uint8_t *src, uint32_t off, uint32_t n, enum wkind kind,
-            int *err)
+write_page (const struct page_write *w)
 {
+  struct cache *c = w->c;
+  const struct cache_backend *be = w->be;
+  const uint64_t page = w->page;
+  const uint8_t *src = w->src;
+  const uint32_t off = w->off, n = w->n;
+  const enum wkind kind = w->kind;
+  int *err = w->err;
   const uint32_t pbytes = cache_page_bytes (c, page);
   const bool whole = off == 0 && n >= pbytes;
   uint32_t s = cache_lookup_pin (c, page);
@@ -381,7 +398,7 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
   if (s == PT_NONE) {
     if (kind == W_CLEAN)
       return 0;                 /* partial page not cached: leave it */
-    return write_fresh (c, be, page, src, off, n, kind, err);
+    return write_fresh (w);
   }
   /* Decide and rewrite in place under c->inplace (see cache-int.h). */
   cache_inplace_enter (c);
@@ -390,10 +407,10 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
   pthread_mutex_unlock (&c->lock);
   if (cow) {
     cache_inplace_leave (c);
-    r = cow_slot (c, be, page, s, src, off, n, kind, err);
+    r = cow_slot (w, s);
   }
   else {
-    r = cache_patch_slot (c, be, page, s, false, src, off, n, kind, err);
+    r = cache_patch_slot (w, s, false);
     cache_inplace_leave (c);
     if (r == PATCH_TORN) {
       cache_drop_slot (c, s);
@@ -401,7 +418,7 @@ write_page (struct cache *c, const struct cache_backend *be, uint64_t page,
     }
   }
   if (r == PATCH_NO_MAPS)
-    r = write_page_simple (c, be, page, src, off, n, kind, err);
+    r = write_page_simple (w);
   return r;
 }
 
@@ -472,7 +489,10 @@ write_through_first (struct cache *c, const struct cache_backend *be,
     cache_drop_slot (c, s);
     return;
   }
-  r = patch_in_place (c, be, page, s, src, off, n, W_CLEAN, &err);
+  r = patch_in_place (&(struct page_write) {
+                        .c = c, .be = be, .page = page, .src = src,
+                        .off = off, .n = n, .kind = W_CLEAN, .err = &err },
+                      s);
   if (r != PATCH_OK) {
     /* Not unsealed (not verified since start, bad, or no memory), maps
      * that do not fit, or an error: the cached copy goes.
@@ -483,17 +503,35 @@ write_through_first (struct cache *c, const struct cache_backend *be,
   }
 }
 
+/* One client write, its pages [first, last] range locked: what
+ * write_backend_first, write_backend_now and write_pages take.
+ */
+struct write_req {
+  struct cache *c;
+  const struct cache_backend *be;
+  enum layout_mode mode;         /* this write's (see cache_write) */
+  const uint8_t *buf;
+  uint32_t count;
+  uint64_t offset;
+  bool fua;
+  uint64_t first, last;
+  int *err;
+};
+
 /* write_backend_first once the flush order allows it. */
 static int
-write_backend_now (struct cache *c, const struct cache_backend *be,
-                   enum layout_mode mode, const uint8_t *buf,
-                   uint32_t count, uint64_t offset, bool fua,
-                   uint64_t first, uint64_t last, int *err)
+write_backend_now (const struct write_req *r)
 {
+  struct cache *c = r->c;
+  const struct cache_backend *be = r->be;
+  const uint8_t *buf = r->buf;
+  const uint32_t count = r->count;
+  const uint64_t offset = r->offset, first = r->first, last = r->last;
+  int *err = r->err;
   /* The cached copies change (or go) before the backend gets the data,
    * never after: see write_through_first.
    */
-  if (mode == LAYOUT_MODE_WRITEAROUND)
+  if (r->mode == LAYOUT_MODE_WRITEAROUND)
     cache_invalidate_pages (c, first, last);
   else
     for (uint64_t page = first; page <= last; page++) {
@@ -504,7 +542,7 @@ write_backend_now (struct cache *c, const struct cache_backend *be,
                            buf + (page * c->page_size + a - offset),
                            a, b - a);
     }
-  if (be->pwrite (be->h, buf, count, offset, fua, err) == -1) {
+  if (be->pwrite (be->h, buf, count, offset, r->fua, err) == -1) {
     /* The backend may hold some of the new data now, and the cache some
      * the backend never got: the cached copies go.
      */
@@ -523,12 +561,10 @@ write_backend_now (struct cache *c, const struct cache_backend *be,
  * lose the rest of their dirty sectors.
  */
 static int
-write_backend_first (struct cache *c, const struct cache_backend *be,
-                     enum layout_mode mode, const uint8_t *buf,
-                     uint32_t count, uint64_t offset, bool fua,
-                     uint64_t first, uint64_t last, int *err)
+write_backend_first (const struct write_req *req)
 {
-  int ordered = clean_order_enter (c, be, ORDER_OPEN, err), r = 0;
+  struct cache *c = req->c;
+  int ordered = clean_order_enter (c, req->be, ORDER_OPEN, req->err), r = 0;
 
   if (ordered == -1)
     return -1;
@@ -536,11 +572,10 @@ write_backend_first (struct cache *c, const struct cache_backend *be,
    * backend and cleared it.)
    */
   atomic_store (&c->backend_unflushed, true);
-  if (cache_clean_pages (c, be, first, last, err) == -1)
+  if (cache_clean_pages (c, req->be, req->first, req->last, req->err) == -1)
     r = -1;
   else
-    r = write_backend_now (c, be, mode, buf, count, offset, fua, first,
-                           last, err);
+    r = write_backend_now (req);
   if (ordered)
     order_leave (c);
   return r;
@@ -568,21 +603,24 @@ write_adds_page (struct cache *c, uint64_t page, uint32_t a, uint32_t b)
  * uncached pages the backend has now (writethrough).
  */
 static int
-write_pages (struct cache *c, const struct cache_backend *be,
-             enum layout_mode mode, const uint8_t *buf, uint32_t count,
-             uint64_t offset, uint64_t first, uint64_t last, int *err)
+write_pages (const struct write_req *req)
 {
-  const bool through = mode != LAYOUT_MODE_WRITEBACK;
+  struct cache *c = req->c;
+  const bool through = req->mode != LAYOUT_MODE_WRITEBACK;
 
-  for (uint64_t page = first; page <= last; page++) {
+  for (uint64_t page = req->first; page <= req->last; page++) {
     uint32_t a, b;
     int r;
 
-    cache_page_part (c, page, offset, count, &a, &b);
+    cache_page_part (c, page, req->offset, req->count, &a, &b);
     if (through && !write_adds_page (c, page, a, b))
       continue;
-    r = write_page (c, be, page, buf + (page * c->page_size + a - offset),
-                    a, b - a, through ? W_CLEAN : W_DIRTY, err);
+    r = write_page (&(struct page_write) {
+                      .c = c, .be = req->be, .page = page,
+                      .src = req->buf + (page * c->page_size + a -
+                                         req->offset),
+                      .off = a, .n = b - a,
+                      .kind = through ? W_CLEAN : W_DIRTY, .err = req->err });
     if (r == -1 && !through)
       return -1;
   }
@@ -743,6 +781,7 @@ cache_write (struct cache *c, const struct cache_backend *be,
   enum layout_mode mode;
   bool writeback;
   uint64_t first, last, promised;
+  struct write_req req;
   int ret = -1;
 
   STATS_ADD (&c->stats, write_ops, 1);
@@ -769,12 +808,12 @@ cache_write (struct cache *c, const struct cache_backend *be,
       write_goes_around (c, first, last, &promised))
     mode = LAYOUT_MODE_WRITEAROUND;       /* this write only */
   writeback = mode == LAYOUT_MODE_WRITEBACK;
-  if (!writeback &&
-      write_backend_first (c, be, mode, buf, count, offset, fua, first,
-                           last, err) == -1)
+  req = (struct write_req) { .c = c, .be = be, .mode = mode, .buf = buf,
+                             .count = count, .offset = offset, .fua = fua,
+                             .first = first, .last = last, .err = err };
+  if (!writeback && write_backend_first (&req) == -1)
     goto out;
-  if (mode != LAYOUT_MODE_WRITEAROUND &&
-      write_pages (c, be, mode, buf, count, offset, first, last, err) == -1)
+  if (mode != LAYOUT_MODE_WRITEAROUND && write_pages (&req) == -1)
     goto out;
   ret = 0;
 

@@ -652,8 +652,11 @@ zero_trim (nbdkit_next *next, void *handle, bool is_zero, uint32_t count,
                       .lender = req.lender, .flags = flags,
                       .is_zero = is_zero,
                       .mc_fua = ((struct handle *) handle)->mc_fua };
-  return cache_zero_trim (req.cache, &be, is_zero, do_zero_trim, &z, count,
-                          offset, (flags & NBDKIT_FLAG_FUA) != 0, err);
+  const struct cache_zero_op op = { .is_zero = is_zero,
+                                   .do_op = do_zero_trim, .opaque = &z };
+
+  return cache_zero_trim (req.cache, &be, &op, count, offset,
+                          (flags & NBDKIT_FLAG_FUA) != 0, err);
 }
 
 static int

@@ -190,10 +190,14 @@ extern int cache_flush (struct cache *c, const struct cache_backend *be,
  */
 typedef int (*cache_backend_op) (void *opaque, uint32_t count,
                                  uint64_t offset, int *err);
+struct cache_zero_op {          /* what cache_zero_trim sends on */
+  bool is_zero;                 /* a zero (else a trim) */
+  cache_backend_op do_op;       /* the backend's operation ... */
+  void *opaque;                 /* ... and its argument */
+};
 extern int cache_zero_trim (struct cache *c, const struct cache_backend *be,
-                            bool is_zero, cache_backend_op do_op,
-                            void *opaque, uint32_t count, uint64_t offset,
-                            bool fua, int *err);
+                            const struct cache_zero_op *op, uint32_t count,
+                            uint64_t offset, bool fua, int *err);
 
 /* Extents: true if any page in [offset, offset+count) holds dirty data;
  * *next_change is set to the end of the first run of pages that all

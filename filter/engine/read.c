@@ -150,6 +150,35 @@ complete_partial (struct cache *c, const struct cache_backend *be,
   return 0;
 }
 
+/* How read_slow treats the pages it reads from the backend. */
+struct read_opts {
+  uint64_t nofill_from;   /* pages from here on are not stored (a long
+                             sequential stream past its cutoff) */
+  bool promote;           /* a client read miss: n-miss promotion applies */
+  bool readahead;         /* a readahead prefetch: pages are marked, and
+                             the client counters are left alone */
+  bool warm;              /* warm-up (with readahead set: no client
+                             counters), but pages are not marked and
+                             take free slots only */
+  uint64_t *used;         /* client reads: bytes of prefetched pages
+                             read for the first time are added here */
+  uint64_t max_run;       /* fill_uncached: bytes per backend request */
+  bool stop_when_full;    /* fill_uncached: stop when slots run out */
+};
+
+/* One read_slow request: [pos, pos+len) into dst (NULL: prefetch
+ * only), as o says; *err gets the errno of a failure.
+ */
+struct read_req {
+  struct cache *c;
+  const struct cache_backend *be;
+  uint8_t *dst;
+  uint64_t pos;
+  uint32_t len;
+  const struct read_opts *o;
+  int *err;
+};
+
 /* A read of bytes [a, b) of a partly valid page (slot s, pinned, whose
  * data is in buf): read from the backend just the sectors [a, b) needs,
  * keep the cached ones (maybe dirty), and store the result in place;
@@ -158,9 +187,12 @@ complete_partial (struct cache *c, const struct cache_backend *be,
  * Consumes the pin.
  */
 static int
-fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
-              uint32_t s, uint8_t *buf, uint32_t a, uint32_t b, int *err)
+fill_sectors (const struct read_req *rq, uint64_t page, uint32_t s,
+              uint8_t *buf, uint32_t a, uint32_t b)
 {
+  struct cache *c = rq->c;
+  const struct cache_backend *be = rq->be;
+  int *err = rq->err;
   const uint32_t ss = c->sector_size;
   const uint32_t pbytes = cache_page_bytes (c, page);
   uint32_t lo = a / ss * ss, hi = (b + ss - 1) / ss * ss, n;
@@ -232,20 +264,6 @@ fill_sectors (struct cache *c, const struct cache_backend *be, uint64_t page,
   return r;
 }
 
-/* How read_slow treats the pages it reads from the backend. */
-struct read_opts {
-  uint64_t nofill_from;   /* pages from here on are not stored (a long
-                             sequential stream past its cutoff) */
-  bool promote;           /* a client read miss: n-miss promotion applies */
-  bool readahead;         /* a readahead prefetch: pages are marked, and
-                             the client counters are left alone */
-  bool warm;              /* warm-up (with readahead set: no client
-                             counters), but pages are not marked and
-                             take free slots only */
-  uint64_t *used;         /* client reads: bytes of prefetched pages
-                             read for the first time are added here */
-};
-
 /* Under nothing: should a read miss of page be stored (n-miss
  * promotion)?  Counts the miss.
  */
@@ -271,10 +289,15 @@ admit_miss (struct cache *c, uint64_t page)
  * (*err) on error.
  */
 static int
-slow_cached (struct cache *c, const struct cache_backend *be, uint8_t *dst,
-             uint64_t pos, uint32_t len, const struct read_opts *o,
-             uint64_t page, uint8_t *page_buf, int *err)
+slow_cached (const struct read_req *r, uint64_t page, uint8_t *page_buf)
 {
+  struct cache *c = r->c;
+  const struct cache_backend *be = r->be;
+  uint8_t *dst = r->dst;
+  const uint64_t pos = r->pos;
+  const uint32_t len = r->len;
+  const struct read_opts *o = r->o;
+  int *err = r->err;
   const uint64_t pstart = page * c->page_size;
   uint32_t a, b;
   unsigned sf, sl;
@@ -315,7 +338,7 @@ slow_cached (struct cache *c, const struct cache_backend *be, uint8_t *dst,
   }
   else {
     STATS_ADD (&c->stats, read_partial, 1);
-    if (fill_sectors (c, be, page, s, page_buf, a, b, err) == -1)
+    if (fill_sectors (r, page, s, page_buf, a, b) == -1)
       return -1;
   }
   if (dst)
@@ -363,10 +386,15 @@ slow_store (struct cache *c, const struct cache_backend *be,
  * backend read, then each page stored and copied out.
  */
 static int
-slow_run (struct cache *c, const struct cache_backend *be, uint8_t *dst,
-          uint64_t pos, uint32_t len, const struct read_opts *o,
-          uint64_t pf, uint64_t pl, int *err)
+slow_run (const struct read_req *r, uint64_t pf, uint64_t pl)
 {
+  struct cache *c = r->c;
+  const struct cache_backend *be = r->be;
+  uint8_t *dst = r->dst;
+  const uint64_t pos = r->pos;
+  const uint32_t len = r->len;
+  const struct read_opts *o = r->o;
+  int *err = r->err;
   const uint32_t ps = c->page_size, ss = c->sector_size;
   uint64_t run_start = pf * ps, run_end = (pl + 1) * ps;
   uint64_t read_lo, read_hi;
@@ -427,6 +455,8 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
   const uint32_t ps = c->page_size;
   const uint64_t first = pos / ps, last = (pos + len - 1) / ps;
   const uint64_t np = last - first + 1;
+  const struct read_req req = { .c = c, .be = be, .dst = dst, .pos = pos,
+                                .len = len, .o = o, .err = err };
   bool *need = calloc (np, sizeof *need);
   uint8_t *page_buf = malloc (ps);
   int ret = -1;
@@ -442,7 +472,7 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
 
   /* Pass 1: serve what the cache has. */
   for (uint64_t i = 0; i < np; i++) {
-    int r = slow_cached (c, be, dst, pos, len, o, first + i, page_buf, err);
+    int r = slow_cached (&req, first + i, page_buf);
     if (r == -1)
       goto out;
     need[i] = r == 1;
@@ -458,7 +488,7 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
     }
     for (j = i; j + 1 < np && need[j + 1]; j++)
       ;
-    if (slow_run (c, be, dst, pos, len, o, first + i, first + j, err) == -1)
+    if (slow_run (&req, first + i, first + j) == -1)
       goto out;
     i = j + 1;
   }
@@ -569,17 +599,19 @@ cache_prefetch (struct cache *c, const struct cache_backend *be,
 
 /* Read the pages of [offset, offset+len) that are not cached into the
  * cache as o says (readahead or warm-up), one backend request per run
- * of such pages of at most max_run bytes.  *read (if not NULL) gets the
- * bytes read.  With stop_when_full, stops before a run when fewer slots
- * than its pages are free, returning 1.  Returns 0, 1 or -1 (*err).
+ * of such pages of at most o->max_run bytes.  *read (if not NULL) gets
+ * the bytes read.  With o->stop_when_full, stops before a run when
+ * fewer slots than its pages are free, returning 1.  Returns 0, 1 or
+ * -1 (*err).
  */
 static int
 fill_uncached (struct cache *c, const struct cache_backend *be,
                uint64_t offset, uint64_t len, const struct read_opts *o,
-               uint64_t max_run, bool stop_when_full, uint64_t *read,
-               int *err)
+               uint64_t *read, int *err)
 {
   const uint32_t ps = c->page_size;
+  const uint64_t max_run = o->max_run;
+  const bool stop_when_full = o->stop_when_full;
   uint64_t page, last;
 
   if (read)
@@ -634,10 +666,10 @@ int
 cache_readahead_fill (struct cache *c, const struct cache_backend *be,
                       uint64_t offset, uint64_t len, int *err)
 {
-  struct read_opts o = { .nofill_from = UINT64_MAX, .readahead = true };
+  struct read_opts o = { .nofill_from = UINT64_MAX, .readahead = true,
+                         .max_run = 32u << 20 };
 
-  return fill_uncached (c, be, offset, len, &o, 32u << 20, false, NULL,
-                        err);
+  return fill_uncached (c, be, offset, len, &o, NULL, err);
 }
 
 int
@@ -645,9 +677,10 @@ cache_warm_fill (struct cache *c, const struct cache_backend *be,
                  uint64_t offset, uint64_t len, uint64_t *read, int *err)
 {
   struct read_opts o = { .nofill_from = UINT64_MAX, .readahead = true,
-                         .warm = true };
+                         .warm = true, .max_run = 4u << 20,
+                         .stop_when_full = true };
 
-  return fill_uncached (c, be, offset, len, &o, 4u << 20, true, read, err);
+  return fill_uncached (c, be, offset, len, &o, read, err);
 }
 
 bool

@@ -15,9 +15,12 @@
 
 int
 cache_zero_trim (struct cache *c, const struct cache_backend *be,
-                 bool is_zero, cache_backend_op do_op, void *opaque,
-                 uint32_t count, uint64_t offset, bool fua, int *err)
+                 const struct cache_zero_op *op, uint32_t count,
+                 uint64_t offset, bool fua, int *err)
 {
+  const bool is_zero = op->is_zero;
+  const cache_backend_op do_op = op->do_op;
+  void *opaque = op->opaque;
   const uint32_t ps = c->page_size;
   const bool writeback = c->mode == LAYOUT_MODE_WRITEBACK;
   uint64_t end = offset + count;

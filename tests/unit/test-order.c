@@ -348,9 +348,11 @@ client_op (struct cache *c, struct checker *ck, struct history *h,
     buf = calloc (1, len);
     assert_non_null (buf);
     history_write (h, buf, off, len);
-    if (c)
-      assert_int_equal (cache_zero_trim (c, &ck->be, true, zero_op, ck,
-                                         len, off, false, &err), 0);
+    if (c) {
+      const struct cache_zero_op zop = { true, zero_op, ck };
+      assert_int_equal (cache_zero_trim (c, &ck->be, &zop, len, off, false,
+                                         &err), 0);
+    }
     free (buf);
     break;
   case 4: case 5: case 6:                 /* a checked read */

@@ -881,6 +881,8 @@ test_wb_zero_trim (void **state)
   struct cache *c;
   uint8_t *model;
   struct zt_ctx z = { 0 };
+  const struct cache_zero_op zero_op = { true, zt_op, &z };
+  const struct cache_zero_op trim_op = { false, zt_op, &z };
   bool dirty[32] = { false };
   uint64_t ndirty;
   int err = 0;
@@ -903,7 +905,7 @@ test_wb_zero_trim (void **state)
 
   /* Zero [2*PS+1000, 7*PS+1000): pages 3-6 whole, edges 2 and 7. */
   rambackend_reset_counters (&rb);
-  assert_int_equal (cache_zero_trim (c, &t.be, true, zt_op, &z, 5 * PS,
+  assert_int_equal (cache_zero_trim (c, &t.be, &zero_op, 5 * PS,
                                      2 * PS + 1000, false, &err), 0);
   memset (model + 2 * PS + 1000, 0, 5 * PS);
   assert_int_equal (z.calls, 1);
@@ -922,7 +924,7 @@ test_wb_zero_trim (void **state)
    * backend.
    */
   rambackend_reset_counters (&rb);
-  assert_int_equal (cache_zero_trim (c, &t.be, true, zt_op, &z,
+  assert_int_equal (cache_zero_trim (c, &t.be, &zero_op,
                                      2 * PS + 512, 20 * PS + 512, false,
                                      &err), 0);
   memset (model + 20 * PS + 512, 0, 2 * PS + 512);
@@ -937,7 +939,7 @@ test_wb_zero_trim (void **state)
   check_dirty_runs (c, 0, size, dirty, PS);
 
   /* Inside one page: no backend op at all. */
-  assert_int_equal (cache_zero_trim (c, &t.be, true, zt_op, &z, 100,
+  assert_int_equal (cache_zero_trim (c, &t.be, &zero_op, 100,
                                      9 * PS + 50, false, &err), 0);
   memset (model + 9 * PS + 50, 0, 100);
   assert_int_equal (z.calls, 2);
@@ -945,7 +947,7 @@ test_wb_zero_trim (void **state)
   /* Trim [10*PS+100, 13*PS+50): pages 11, 12 whole go to the backend
    * (their dirty copies dropped), the edges keep their data.
    */
-  assert_int_equal (cache_zero_trim (c, &t.be, false, zt_op, &z,
+  assert_int_equal (cache_zero_trim (c, &t.be, &trim_op,
                                      3 * PS - 50, 10 * PS + 100, false,
                                      &err), 0);
   memset (model + 11 * PS, 0, 2 * PS);        /* zt_op zeroes */
@@ -959,7 +961,7 @@ test_wb_zero_trim (void **state)
 
   /* The short last page, from its start: a whole page. */
   mwrite (c, &t.be, model, 31 * PS + 10, 20, 250);
-  assert_int_equal (cache_zero_trim (c, &t.be, true, zt_op, &z,
+  assert_int_equal (cache_zero_trim (c, &t.be, &zero_op,
                                      size - 31 * PS, 31 * PS, false,
                                      &err), 0);
   memset (model + 31 * PS, 0, size - 31 * PS);

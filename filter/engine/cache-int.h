@@ -82,8 +82,9 @@
  *      pass's workers (ssdcache-writeback-depth threads) take groups
  *      under ps->lock, which nests a range try-lock (rl->lock) only.
  *      In the flush order a writer holding its ranges may run a pass
- *      (clean_order_enter) and so wait for it: a pass only try-locks
- *      ranges, so that cannot deadlock.
+ *      (clean_order_enter) and so wait for it, or, once the cache is
+ *      degraded, wait for the pass in progress to end: a pass only
+ *      try-locks ranges, so that cannot deadlock.
  *  (3) Held shared by a rewrite in place from its copy-on-write
  *      decision to the end of its data writes; a client flush takes it
  *      exclusively, with no I/O, to wait for rewrites that decided

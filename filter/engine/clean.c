@@ -508,12 +508,13 @@ retained_take (struct pass *ps, uint32_t s, struct clean_page *p,
  * be complete on the backend.  Said loudly, counted, and given up.
  */
 static void
-retained_lost (struct cache *c, const struct clean_page *p)
+retained_lost (struct cache *c, const struct clean_page *p, bool degraded)
 {
-  log_error ("cache file %s: the older version of page %llu (slot %u) "
-             "kept for the flush order cannot be read: the backend alone "
-             "will not match a flush point for that page",
-             c->path, (unsigned long long) p->page, p->slot);
+  if (!degraded)
+    log_error ("cache file %s: the older version of page %llu (slot %u) "
+               "kept for the flush order cannot be read: the backend "
+               "alone will not match a flush point for that page",
+               c->path, (unsigned long long) p->page, p->slot);
   STATS_ADD (&c->stats, order_broken, 1);
   pthread_mutex_lock (&c->lock);
   retained_end_locked (c, p->slot, p->valid);
@@ -524,7 +525,12 @@ retained_lost (struct cache *c, const struct clean_page *p)
 /* The flush order: superseded slots still holding dirty data of the
  * generations the pass writes back (cache_retained), one request per run,
  * before the pages.  Their data never changes, so no range lock is
- * needed; a pin keeps them.  They join ps->kept.
+ * needed; a pin keeps them.  They join ps->kept.  In degraded mode the
+ * order is broken (clean_order_enter): writes go around the cache
+ * without waiting for older generations, so an older version written
+ * now could land over newer data; they are given up instead.  (The
+ * caller holds c->clean_lock, which clean_order_enter waits for once
+ * degraded: a pass that began before is over by then.)
  */
 static void
 write_retained (struct pass *ps, uint8_t *buf)
@@ -541,9 +547,13 @@ write_retained (struct pass *ps, uint8_t *buf)
 
     if (!retained_take (ps, s, &p, &crc, &check))
       continue;
+    if (cache_degraded (c)) {
+      retained_lost (c, &p, true);
+      continue;
+    }
     if (defer_read_data (&c->defer, &c->pool, s, buf, c->page_size, 0) == -1 ||
         (check && cache_page_crc (c, buf, p.valid) != crc)) {
-      retained_lost (c, &p);
+      retained_lost (c, &p, false);
       continue;
     }
     if (ps->nkept == cap) {
@@ -884,8 +894,13 @@ clean_order_enter (struct cache *c, const struct cache_backend *be,
     if (order_enter (c, gen) == 0)
       return 1;
     if (cache_degraded (c)) {
-      /* Nothing can be read back from the cache any more. */
+      /* Nothing can be read back from the cache any more: the order is
+       * broken.  A pass that may still write older versions ends first
+       * (write_retained gives them up from now on).
+       */
       STATS_ADD (&c->stats, order_broken, 1);
+      pthread_mutex_lock (&c->clean_lock);
+      pthread_mutex_unlock (&c->clean_lock);
       return 0;
     }
     if (!waited) {

@@ -413,6 +413,21 @@ class Server:
         finally:
             seg.watch_end("start")
 
+    def lost_ranges(self):
+        """The byte ranges this server declared lost ("DIRTY DATA LOST":
+        dirty data the failing cache device could not give back, which
+        the man page documents), from its log."""
+        import re
+        try:
+            with open(self.nbdkit.log, "rb") as f:
+                f.seek(self.log_from)
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return []
+        return [(int(a), int(b) + 1) for a, b in re.findall(
+            r"DIRTY DATA LOST: slot \d+ \(page \d+, bytes (\d+)-(\d+)\)",
+            text)]
+
     def asks_verify(self):
         """Did this server's log tell the user to start the next time
         with ssdcache-verify=lazy?  It does when the failing cache device
@@ -961,6 +976,15 @@ class Segment:
         with open(dom.backing, "rb") as f:
             return f.read()
 
+    def apply_losses(self):
+        """What the server declared lost is anything from now on, in
+        every domain (the log does not say which export), and the flush
+        order is broken for it."""
+        for lo, hi in self.server.lost_ranges():
+            for dom in self.domains:
+                dom.disk.forget(lo, hi)
+                dom.disk.stop_order()
+
     def check_backing(self, dom, when):
         """The backing store alone against what the contract allows for
         the domain's state; returns what was checked."""
@@ -1167,6 +1191,7 @@ class Segment:
             return "killed into a failure"
         checked = []
         deletable = c["plugin"] != "curl"
+        self.apply_losses()
         for dom in self.domains:
             what = self.check_backing(dom, "after kill -9")
             checked.append(what)
@@ -1327,6 +1352,7 @@ class Segment:
             raise Failure("error", "nbdkit exited with status %d after "
                           "SIGTERM\n%s" % (rc, srv.log_tail()))
         current = not faulted
+        self.apply_losses()
         for dom in self.domains:
             dom.disk.clean_stop()
             if faulted or c["plugin"] == "curl":

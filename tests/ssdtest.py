@@ -780,6 +780,15 @@ class Disk:
                     return bad
         return bad
 
+    def forget(self, lo, hi):
+        """Bytes [lo, hi) were declared lost by the server (dirty data
+        it could not read back, logged): from now on they may read and
+        survive as anything, until written again."""
+        for s in range(lo // SECTOR, (hi + SECTOR - 1) // SECTOR):
+            self.alt[s] = ANY
+            self.dalt[s] = ANY
+            self.pend.pop(s, None)
+
     # -- new starting points --------------------------------------------------
 
     def rebase(self, data):

@@ -27,14 +27,9 @@ patch_merge_span (const struct page_write *w, uint8_t *span, unsigned sf,
                   unsigned sl, uint8_t *valid, uint8_t *dirty)
 {
   struct cache *c = w->c;
-  const struct cache_backend *be = w->be;
-  const uint64_t page = w->page;
-  const uint8_t *src = w->src;
   const uint32_t off = w->off, n = w->n;
-  const enum wkind kind = w->kind;
-  int *err = w->err;
   const uint32_t ss = c->sector_size;
-  const uint32_t pbytes = cache_page_bytes (c, page);
+  const uint32_t pbytes = cache_page_bytes (c, w->page);
   const uint32_t span_off = sf * ss;
   bool skip[2] = { false, false };
   unsigned edge[2] = { sf, sl };
@@ -50,19 +45,19 @@ patch_merge_span (const struct page_write *w, uint8_t *span, unsigned sf,
     }
     if (covered || layout_bit_test (valid, i))
       continue;
-    if (kind != W_DIRTY) {
+    if (w->kind != W_DIRTY) {
       skip[k] = true;
       continue;
     }
     /* Complete the sector from the backend (zeroes past its end). */
     memset (span + (s0 - span_off), 0, ss);
-    if (be->pread (be->h, span + (s0 - span_off), s1 - s0,
-                   page * c->page_size + s0, err) == -1)
+    if (w->be->pread (w->be->h, span + (s0 - span_off), s1 - s0,
+                      w->page * c->page_size + s0, w->err) == -1)
       return -1;
     STATS_ADD (&c->stats, bytes_from_backend, s1 - s0);
   }
 
-  memcpy (span + (off - span_off), src, n);
+  memcpy (span + (off - span_off), w->src, n);
 
   for (unsigned i = sf; i <= sl; i++) {
     uint32_t s0 = i * ss, s1 = s0 + ss > pbytes ? pbytes : s0 + ss;
@@ -75,9 +70,9 @@ patch_merge_span (const struct page_write *w, uint8_t *span, unsigned sf,
       continue;
     }
     layout_bit_set (valid, i);
-    if (kind == W_DIRTY)
+    if (w->kind == W_DIRTY)
       layout_bit_set (dirty, i);
-    else if (kind == W_CLEAN && covered)
+    else if (w->kind == W_CLEAN && covered)
       layout_bit_clear (dirty, i);
     /* else: a partly written sector keeps its dirty bit: the backend
      * got only part of it.

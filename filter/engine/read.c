@@ -389,12 +389,8 @@ static int
 slow_run (const struct read_req *r, uint64_t pf, uint64_t pl)
 {
   struct cache *c = r->c;
-  const struct cache_backend *be = r->be;
-  uint8_t *dst = r->dst;
   const uint64_t pos = r->pos;
   const uint32_t len = r->len;
-  const struct read_opts *o = r->o;
-  int *err = r->err;
   const uint32_t ps = c->page_size, ss = c->sector_size;
   uint64_t run_start = pf * ps, run_end = (pl + 1) * ps;
   uint64_t read_lo, read_hi;
@@ -418,11 +414,11 @@ slow_run (const struct read_req *r, uint64_t pf, uint64_t pl)
 
   bounce = calloc (pl - pf + 1, ps);
   if (bounce == NULL) {
-    *err = ENOMEM;
+    *r->err = ENOMEM;
     return -1;
   }
-  if (be->pread (be->h, bounce + (read_lo - run_start), read_hi - read_lo,
-                 read_lo, err) == -1) {
+  if (r->be->pread (r->be->h, bounce + (read_lo - run_start),
+                    read_hi - read_lo, read_lo, r->err) == -1) {
     free (bounce);
     return -1;
   }
@@ -435,10 +431,10 @@ slow_run (const struct read_req *r, uint64_t pf, uint64_t pl)
     uint64_t phi = read_hi < pstart + ps ? read_hi : pstart + ps;
     uint32_t a, b;
 
-    slow_store (c, be, o, page, data, plo, phi);
+    slow_store (c, r->be, r->o, page, data, plo, phi);
     cache_page_part (c, page, pos, len, &a, &b);
-    if (dst)
-      memcpy (dst + (pstart + a - pos), data + a, b - a);
+    if (r->dst)
+      memcpy (r->dst + (pstart + a - pos), data + a, b - a);
   }
   free (bounce);
   return 0;

@@ -4,7 +4,8 @@
 #
 # scripts/check-layers on the built tree: #includes and calls (read
 # from the objects with nm) go one way, filter -> bg -> engine -> io ->
-# core, and no two files of the filter call each other around a circle.
+# core, no two files of the filter call each other around a circle, and
+# no function takes more than seven parameters.
 
 source "$(dirname "$0")/functions.sh"
 set -e -x

@@ -24,9 +24,10 @@ verify_clean_sectors (const uint8_t *valid, const uint8_t *dirty,
 unsigned
 verify_stale_sectors (const uint8_t *cached, const uint8_t *backend,
                       const uint8_t *valid, const uint8_t *dirty,
-                      unsigned nsectors, uint32_t ss, uint32_t pbytes,
-                      uint8_t *stale)
+                      const struct verify_geom *g, uint8_t *stale)
 {
+  const unsigned nsectors = g->nsectors;
+  const uint32_t ss = g->ss, pbytes = g->pbytes;
   uint8_t clean[LAYOUT_MAX_SECTORS / 8];
   unsigned n = 0;
 

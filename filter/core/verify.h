@@ -15,17 +15,26 @@
 
 #include "layout.h"
 
-/* cached and backend hold one page (backend: its first pbytes bytes
- * from the backend, pbytes <= nsectors * ss).  Sets in stale the
- * sectors that are valid and not dirty in the cache but differ from the
- * backend (bytes past pbytes are not compared), and returns how many.
+/* A page's shape: nsectors sectors of ss bytes, of which the backend
+ * has the first pbytes (pbytes <= nsectors * ss: less for the short
+ * last page).
+ */
+struct verify_geom {
+  unsigned nsectors;
+  uint32_t ss, pbytes;
+};
+
+/* cached and backend hold one page (backend: its first g->pbytes bytes
+ * from the backend).  Sets in stale the sectors that are valid and not
+ * dirty in the cache but differ from the backend (bytes past pbytes are
+ * not compared), and returns how many.
  */
 extern unsigned verify_stale_sectors (const uint8_t *cached,
                                       const uint8_t *backend,
                                       const uint8_t *valid,
                                       const uint8_t *dirty,
-                                      unsigned nsectors, uint32_t ss,
-                                      uint32_t pbytes, uint8_t *stale);
+                                      const struct verify_geom *g,
+                                      uint8_t *stale);
 
 /* The sectors that are valid and not dirty (the ones a verification
  * compares) into clean_valid; returns how many.

@@ -91,18 +91,31 @@ collect_dirty (struct cache *c, uint64_t **pages_out, uint64_t hot_after,
   return n;
 }
 
+/* A group being written: its buffer (page k of the group at
+ * k * page_size from base, a backend offset), the bytes written so far
+ * and where an error goes.
+ */
+struct group_out {
+  struct cache *c;
+  const struct cache_backend *be;
+  const uint8_t *buf;
+  uint64_t base;
+  uint64_t *bytes;
+  int *err;
+};
+
 /* Write [lo, hi) (clipped to the backend size) from the group buffer. */
 static int
-emit (struct cache *c, const struct cache_backend *be, const uint8_t *buf,
-      uint64_t base, uint64_t lo, uint64_t hi, uint64_t *bytes, int *err)
+emit (const struct group_out *o, uint64_t lo, uint64_t hi)
 {
-  if (hi > c->backend_size)
-    hi = c->backend_size;
+  if (hi > o->c->backend_size)
+    hi = o->c->backend_size;
   if (hi <= lo)
     return 0;
-  if (be->pwrite (be->h, buf + (lo - base), hi - lo, lo, false, err) == -1)
+  if (o->be->pwrite (o->be->h, o->buf + (lo - o->base), hi - lo, lo, false,
+                     o->err) == -1)
     return -1;
-  *bytes += hi - lo;
+  *o->bytes += hi - lo;
   return 0;
 }
 
@@ -123,7 +136,9 @@ write_group (struct cache *c, const struct cache_backend *be,
              uint64_t *bytes, int *err)
 {
   const uint32_t ps = c->page_size, ss = c->sector_size;
-  const uint64_t base = g[0].page * ps;
+  const struct group_out out = { .c = c, .be = be, .buf = buf,
+                                 .base = g[0].page * ps, .bytes = bytes,
+                                 .err = err };
   uint64_t lo = 0, hi = 0;      /* the request: [lo, hi) ends dirty */
   uint64_t reach = 0;           /* it may grow to a dirty sector here */
   bool in_run = false;
@@ -145,14 +160,14 @@ write_group (struct cache *c, const struct cache_backend *be,
         hi = reach = off + ss;
         continue;
       }
-      if (in_run && emit (c, be, buf, base, lo, hi, bytes, err) == -1)
+      if (in_run && emit (&out, lo, hi) == -1)
         return -1;
       in_run = true;
       lo = off;
       hi = reach = off + ss;
     }
   }
-  if (in_run && emit (c, be, buf, base, lo, hi, bytes, err) == -1)
+  if (in_run && emit (&out, lo, hi) == -1)
     return -1;
   return 0;
 }
@@ -756,15 +771,22 @@ clean_pass (struct cache *c, const struct cache_backend *be,
 
 /* The dirty pages among n adjacent ones from first (data of flush
  * generation gen_max or older), range locked by the caller: read them
- * (g, buf: n of each), write them to the backend, one backend flush,
+ * (sp: room for n of each), write them to the backend, one backend flush,
  * then mark them clean.  A page that cannot be written back stays
  * dirty.  Returns 0 or -1 (*err).
  */
+struct chunk_space {             /* clean_range_now's buffers */
+  struct clean_page *g;          /* a chunk's pages ... */
+  uint8_t *buf;                  /* ... and their data */
+};
+
 static int
 clean_chunk_now (struct cache *c, const struct cache_backend *be,
                  uint64_t first, size_t n, uint64_t gen_max,
-                 struct clean_page *g, uint8_t *buf, int *err)
+                 const struct chunk_space *sp, int *err)
 {
+  struct clean_page *g = sp->g;
+  uint8_t *buf = sp->buf;
   uint64_t bytes = 0;
   bool lost = false, failed = false;
   int r = 0;
@@ -813,8 +835,7 @@ clean_range_now (struct cache *c, const struct cache_backend *be,
                  uint64_t first, uint64_t last, uint64_t gen_max, int *err)
 {
   size_t max = CLEAN_GROUP_BYTES / c->page_size;
-  struct clean_page *g = NULL;
-  uint8_t *buf = NULL;
+  struct chunk_space sp = { NULL, NULL };
   int r = 0;
 
   if (max == 0)
@@ -826,21 +847,21 @@ clean_range_now (struct cache *c, const struct cache_backend *be,
 
     if (!cache_page_dirty (c, page))
       continue;
-    if (g == NULL) {
-      g = malloc (max * sizeof *g);
-      buf = malloc (max * c->page_size);
-      if (g == NULL || buf == NULL) {
+    if (sp.g == NULL) {
+      sp.g = malloc (max * sizeof *sp.g);
+      sp.buf = malloc (max * c->page_size);
+      if (sp.g == NULL || sp.buf == NULL) {
         *err = ENOMEM;
         r = -1;
         break;
       }
     }
     n = last - page + 1 < max ? last - page + 1 : max;
-    r = clean_chunk_now (c, be, page, n, gen_max, g, buf, err);
+    r = clean_chunk_now (c, be, page, n, gen_max, &sp, err);
     page += n - 1;
   }
-  free (g);
-  free (buf);
+  free (sp.g);
+  free (sp.buf);
   return r;
 }
 

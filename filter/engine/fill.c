@@ -229,8 +229,9 @@ check_backend (struct cache *c, const struct cache_backend *be, uint32_t s,
   if (bk != NULL &&
       be->pread (be->h, bk, pbytes, snap->page * c->page_size, &err) == 0) {
     STATS_ADD (&c->stats, bytes_from_backend, pbytes);
-    n = verify_stale_sectors (buf, bk, snap->valid, snap->dirty,
-                              c->nsectors, c->sector_size, pbytes, stale);
+    const struct verify_geom g = { .nsectors = c->nsectors,
+                                   .ss = c->sector_size, .pbytes = pbytes };
+    n = verify_stale_sectors (buf, bk, snap->valid, snap->dirty, &g, stale);
   }
   else {
     /* Cannot tell: trust none of the clean data. */

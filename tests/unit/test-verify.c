@@ -40,19 +40,22 @@ static void
 test_stale_sectors (void **state)
 {
   uint8_t a[PS], b[PS], valid[16] = { 0 }, dirty[16] = { 0 }, stale[16];
+  const struct verify_geom whole = { 8, SS, PS };
+  const struct verify_geom short1000 = { 8, SS, 1000 };
+  const struct verify_geom short1001 = { 8, SS, 1001 };
 
   memset (a, 1, PS);
   memcpy (b, a, PS);
   for (unsigned i = 0; i < 8; i++)
     layout_bit_set (valid, i);
-  assert_int_equal (verify_stale_sectors (a, b, valid, dirty, 8, SS, PS,
+  assert_int_equal (verify_stale_sectors (a, b, valid, dirty, &whole,
                                           stale), 0);
   b[SS * 2 + 7] = 9;            /* sector 2 */
   b[SS * 5] = 9;                /* sector 5, dirty: not compared */
   b[SS * 7 + 511] = 9;          /* sector 7, not valid: not compared */
   layout_bit_set (dirty, 5);
   layout_bit_clear (valid, 7);
-  assert_int_equal (verify_stale_sectors (a, b, valid, dirty, 8, SS, PS,
+  assert_int_equal (verify_stale_sectors (a, b, valid, dirty, &whole,
                                           stale), 1);
   assert_true (layout_bit_test (stale, 2));
   assert_false (layout_bit_test (stale, 5));
@@ -60,9 +63,9 @@ test_stale_sectors (void **state)
   /* Past the end of the backend (a short last page): not compared. */
   memcpy (b, a, PS);
   b[1000] = 7;
-  assert_int_equal (verify_stale_sectors (a, b, valid, dirty, 8, SS, 1000,
+  assert_int_equal (verify_stale_sectors (a, b, valid, dirty, &short1000,
                                           stale), 0);
-  assert_int_equal (verify_stale_sectors (a, b, valid, dirty, 8, SS, 1001,
+  assert_int_equal (verify_stale_sectors (a, b, valid, dirty, &short1001,
                                           stale), 1);
   assert_true (layout_bit_test (stale, 1));
 }

@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* nbdkit-ssdcache-filter: deferred slot-data writes (writethrough).
+/* nbdkit-ssdcache-filter: the gate of slot-data I/O, which defers
+ * writethrough's small updates.
  *
  * Owns the queue of deferred writes and the thread that writes them
- * out.  See defer.h for the rule and the locking.
+ * out; every slot read and write of the engine passes here (straight
+ * through when nothing is queued).  See defer.h for the rule and the
+ * locking.
  */
 #include <errno.h>
 #include <stdlib.h>

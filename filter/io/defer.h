@@ -1,5 +1,13 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* nbdkit-ssdcache-filter: deferred slot-data writes (writethrough).
+/* nbdkit-ssdcache-filter: the gate of slot-data I/O, which defers
+ * writethrough's small updates.
+ *
+ * Every read and write of a slot's data in the engine, in every mode,
+ * goes through defer_read_data / defer_write_data.  Only writethrough
+ * queues anything (defer_write_data_later, from patch.c: W_CLEAN
+ * rewrites of an unsealed slot in place); in writeback and writearound
+ * the queue stays empty, and each call is one atomic load and then the
+ * pool's own pread or pwrite.
  *
  * A writethrough write to a cached page changes the cached copy and
  * the backend.  The cached copy's slot is unsealed first (its entry on

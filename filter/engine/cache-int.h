@@ -319,7 +319,7 @@ struct cache {
  * on disk (not yet freed): losing s could bring it back after a crash.
  */
 static inline bool
-cache_needs_settling (const struct cache *c, uint32_t s)
+cache_needs_settling_locked (const struct cache *c, uint32_t s)
 {
   return pt_flags (&c->pt, s) & PT_HASPRED;
 }
@@ -342,7 +342,7 @@ cache_ordered (const struct cache *c)
  * its dirty data still to be written back in its generation?
  */
 static inline bool
-cache_retained (const struct cache *c, uint32_t s)
+cache_retained_locked (const struct cache *c, uint32_t s)
 {
   return c->wbcfg.order == CACHE_ORDER_FLUSH &&
     (pt_flags (&c->pt, s) & PT_SUPERSEDED) &&
@@ -389,9 +389,9 @@ extern int cache_commit_entry (struct cache *c, uint32_t s,
 #define CACHE_EPOCH_NOW UINT64_MAX
 extern int cache_commit_entry_at (struct cache *c, uint32_t s,
                                   const struct pt_slot *upd, uint64_t epoch);
-extern void cache_set_state_counts (struct cache *c, uint8_t old_state,
+extern void cache_set_state_counts_locked (struct cache *c, uint8_t old_state,
                                     uint8_t new_state);
-extern bool cache_dirty_pressure (const struct cache *c);
+extern bool cache_dirty_pressure_locked (const struct cache *c);
 /* What a slot is wanted for (cache_alloc_slot). */
 enum alloc_for {
   ALLOC_FILL,        /* data read from the backend (evict_victim_fill) */

@@ -468,7 +468,7 @@ retained_end_locked (struct cache *c, uint32_t s, const uint8_t *valid)
 {
   static const uint8_t none[LAYOUT_MAX_SECTORS / 8];
 
-  if (cache_retained (c, s))
+  if (cache_retained_locked (c, s))
     c->nretained--;
   pt_set_state (&c->pt, s, LAYOUT_CLEAN);
   pt_maps_set (&c->pt, s, valid, none);
@@ -504,7 +504,7 @@ retained_take (struct pass *ps, uint32_t s, struct clean_page *p,
   bool take;
 
   pthread_mutex_lock (&c->lock);
-  take = cache_retained (c, s) && pt_gen (&c->pt, s) <= ps->gen_max;
+  take = cache_retained_locked (c, s) && pt_gen (&c->pt, s) <= ps->gen_max;
   if (take) {
     pt_pin (&c->pt, s);
     p->slot = s;
@@ -538,14 +538,14 @@ retained_lost (struct cache *c, const struct clean_page *p, bool degraded)
 }
 
 /* The flush order: superseded slots still holding dirty data of the
- * generations the pass writes back (cache_retained), one request per run,
- * before the pages.  Their data never changes, so no range lock is
- * needed; a pin keeps them.  They join ps->kept.  In degraded mode the
- * order is broken (clean_order_enter): writes go around the cache
- * without waiting for older generations, so an older version written
- * now could land over newer data; they are given up instead.  (The
- * caller holds c->clean_lock, which clean_order_enter waits for once
- * degraded: a pass that began before is over by then.)
+ * generations the pass writes back (cache_retained_locked), one
+ * request per run, before the pages.  Their data never changes, so no
+ * range lock is needed; a pin keeps them.  They join ps->kept.  In
+ * degraded mode the order is broken (clean_order_enter): writes go
+ * around the cache without waiting for older generations, so an older
+ * version written now could land over newer data; they are given up
+ * instead.  (The caller holds c->clean_lock, which clean_order_enter
+ * waits for once degraded: a pass that began before is over by then.)
  */
 static void
 write_retained (struct pass *ps, uint8_t *buf)

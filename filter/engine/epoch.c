@@ -7,7 +7,7 @@
  * (c->flushed_epoch).  A slot replaced by a copy on write stays on disk
  * until its successor is flushed (c->sup), then gets a FREE entry; in
  * the flush order, one whose dirty data belongs to an older generation
- * stays until that is written back (cache_retained, order.c).
+ * stays until that is written back (cache_retained_locked, order.c).
  * Dropping a slot settles its older versions first.  The epochs, the
  * list of client syncs in flight and c->sup are under c->lock; a client
  * sync takes c->inplace exclusively for a moment (lock table:
@@ -55,9 +55,9 @@ still_pending (struct cache *c, uint32_t s)
   bool pending;
 
   pthread_mutex_lock (&c->lock);
-  while (cache_needs_settling (c, s) && c->nfreeing > 0)
+  while (cache_needs_settling_locked (c, s) && c->nfreeing > 0)
     pthread_cond_wait (&c->space, &c->lock);
-  pending = cache_needs_settling (c, s);
+  pending = cache_needs_settling_locked (c, s);
   pthread_mutex_unlock (&c->lock);
   return pending;
 }
@@ -106,7 +106,7 @@ cache_drop_slot (struct cache *c, uint32_t s)
   page = pt_page (&c->pt, s);
   was_dirty = pt_state (&c->pt, s) == LAYOUT_DIRTY;
   if (pt_flags (&c->pt, s) & PT_INDEXED) {
-    cache_set_state_counts (c, pt_state (&c->pt, s), LAYOUT_FREE);
+    cache_set_state_counts_locked (c, pt_state (&c->pt, s), LAYOUT_FREE);
     pagetable_remove (&c->pt, s);
     evict_remove (c->ev, s);
   }
@@ -182,7 +182,7 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
     if (pt_flags (&c->pt, old) & PT_INDEXED) {
       /* The new version inherits the old one's hotness. */
       hint = evict_slot_hint (c->ev, old);
-      cache_set_state_counts (c, pt_state (&c->pt, old), LAYOUT_FREE);
+      cache_set_state_counts_locked (c, pt_state (&c->pt, old), LAYOUT_FREE);
       pagetable_remove (&c->pt, old);
       evict_remove (c->ev, old);
     }
@@ -193,7 +193,7 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
     if (c->wbcfg.order == CACHE_ORDER_FLUSH &&
         pt_state (&c->pt, old) == LAYOUT_DIRTY) {
       if (pt_gen (&c->pt, old) < pt_gen (&c->pt, succ))
-        c->nretained++;          /* cache_retained from now on */
+        c->nretained++;          /* cache_retained_locked from now on */
       else                       /* succ has all of it: not needed */
         pt_set_state (&c->pt, old, LAYOUT_CLEAN);
     }
@@ -202,7 +202,7 @@ cache_supersede (struct cache *c, uint32_t old, uint32_t succ, uint64_t page)
   pt_flags_on (&c->pt, succ, PT_HASPRED);
   pagetable_insert (&c->pt, succ, page);
   evict_insert_hint (c->ev, succ, hint);
-  cache_set_state_counts (c, LAYOUT_FREE, pt_state (&c->pt, succ));
+  cache_set_state_counts_locked (c, LAYOUT_FREE, pt_state (&c->pt, succ));
   STATS_ADD (&c->stats, cow_copies, 1);
   pthread_mutex_unlock (&c->lock);
 }
@@ -239,7 +239,7 @@ cache_free_superseded (struct cache *c)
     uint32_t succ = c->sup[i].succ;
     if (!pt_epoch_surely_at_most (&c->pt, succ, c->flushed_epoch) ||
         (pt_flags (&c->pt, succ) & PT_UNSEALED) ||
-        cache_retained (c, c->sup[i].slot)) {
+        cache_retained_locked (c, c->sup[i].slot)) {
       i++;
       continue;
     }

@@ -78,7 +78,7 @@ fill_done (struct cache *c, uint64_t page, uint32_t s, uint32_t target,
     }
     else
       cache_policy_insert (c, target, page);
-    cache_set_state_counts (c, LAYOUT_FREE, upd->state);
+    cache_set_state_counts_locked (c, LAYOUT_FREE, upd->state);
   }
   pthread_mutex_unlock (&c->lock);
   if (s == PT_NONE)

@@ -10,7 +10,7 @@
  * store alone always equals the export at client flush c->gen_done
  * plus some of the writes of the next generation.  A superseded slot
  * whose dirty data belongs to an older generation is kept
- * (cache_retained, epoch.c) until that generation is written back.
+ * (cache_retained_locked, epoch.c) until that generation is written back.
  *
  * order_enter registers a backend write (or refuses it: older
  * generations first, which clean.c:clean_order_enter then writes back);

@@ -328,7 +328,7 @@ patch_unsealed (struct patch *p)
   pt_maps_set (&c->pt, p->s, p->upd.valid, p->upd.dirty);
   if (pt_state (&c->pt, p->s) != p->upd.state) {
     if (pt_flags (&c->pt, p->s) & PT_INDEXED)
-      cache_set_state_counts (c, pt_state (&c->pt, p->s), p->upd.state);
+      cache_set_state_counts_locked (c, pt_state (&c->pt, p->s), p->upd.state);
     pt_set_state (&c->pt, p->s, p->upd.state);
   }
   pt_set_seq (&c->pt, p->s, ++c->seq);  /* tells writeback it changed */
@@ -406,7 +406,7 @@ patch_done (struct patch *p)
     pt_flags_on (&c->pt, p->s, PT_VERIFIED);
     pagetable_insert (&c->pt, p->s, p->page);
     cache_policy_insert (c, p->s, p->page);
-    cache_set_state_counts (c, LAYOUT_FREE, p->upd.state);
+    cache_set_state_counts_locked (c, LAYOUT_FREE, p->upd.state);
     pthread_mutex_unlock (&c->lock);
     STATS_ADD (&c->stats, fills, 1);
   }

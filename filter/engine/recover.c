@@ -427,7 +427,8 @@ free_the_rest (struct recovery *r)
   struct cache *c = r->c;
 
   for (uint32_t s = c->nslots; s-- > 0;)
-    if (!(pt_flags (&c->pt, s) & PT_INDEXED) && !cache_retained (c, s)) {
+    if (!(pt_flags (&c->pt, s) & PT_INDEXED) &&
+        !cache_retained_locked (c, s)) {
       pt_set_state (&c->pt, s, LAYOUT_FREE);
       pagetable_put_free (&c->pt, s);
     }

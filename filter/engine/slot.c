@@ -188,7 +188,7 @@ cache_page_dirty (struct cache *c, uint64_t page)
 
 /* Under c->lock: keep c->ndirty in step with an indexed slot's state. */
 void
-cache_set_state_counts (struct cache *c, uint8_t old_state,
+cache_set_state_counts_locked (struct cache *c, uint8_t old_state,
                         uint8_t new_state)
 {
   if (old_state == LAYOUT_DIRTY && new_state != LAYOUT_DIRTY) {
@@ -233,7 +233,7 @@ commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd,
   pthread_mutex_lock (&c->lock);
   flags = pt_flags (&c->pt, s);
   if (flags & PT_INDEXED)
-    cache_set_state_counts (c, pt_state (&c->pt, s), upd->state);
+    cache_set_state_counts_locked (c, pt_state (&c->pt, s), upd->state);
   if ((upd->flags & PT_UNSEALED) && !(flags & PT_UNSEALED))
     cache_unseal_listed_locked (c, s);
   pt_set_flags (&c->pt, s, (flags & ~(PT_UNSEALED | PT_EVICTED)) |
@@ -319,7 +319,8 @@ can_take (void *opaque, uint32_t s)
   struct cache *c = opaque;
 
   return pt_pins (&c->pt, s) == 0 && pt_state (&c->pt, s) == LAYOUT_CLEAN &&
-    (pt_flags (&c->pt, s) & PT_INDEXED) && !cache_needs_settling (c, s) &&
+    (pt_flags (&c->pt, s) & PT_INDEXED) &&
+    !cache_needs_settling_locked (c, s) &&
     rangelock_try_acquire (&c->ranges, pt_page (&c->pt, s),
                            pt_page (&c->pt, s)) == 0;
 }
@@ -328,7 +329,7 @@ can_take (void *opaque, uint32_t s)
  * is behind)?
  */
 bool
-cache_dirty_pressure (const struct cache *c)
+cache_dirty_pressure_locked (const struct cache *c)
 {
   return c->ndirty * 100 >= (uint64_t) c->nslots * c->wbcfg.high_pct;
 }
@@ -371,7 +372,7 @@ alloc_locked (struct cache *c, enum alloc_for why, bool reclaim,
   *evicted = false;
   *over_budget = s == PT_NONE && c->pt.nfree > 0;
   if (s != PT_NONE || (*over_budget && reclaim) || why == ALLOC_FREE ||
-      (why == ALLOC_DIRTY_PART && cache_dirty_pressure (c)))
+      (why == ALLOC_DIRTY_PART && cache_dirty_pressure_locked (c)))
     return s;
   s = evict_locked (c, why == ALLOC_FILL);
   *evicted = s != PT_NONE;

@@ -629,7 +629,7 @@ write_pages (const struct write_req *req)
 
 /* Under c->lock: does a page of [first, first + n) hold dirty data? */
 static bool
-write_any_dirty (struct cache *c, uint64_t first, uint64_t n)
+write_any_dirty_locked (struct cache *c, uint64_t first, uint64_t n)
 {
   for (uint64_t p = first; p < first + n; p++)
     if (cache_page_dirty_locked (c, p))
@@ -650,7 +650,7 @@ write_any_dirty (struct cache *c, uint64_t first, uint64_t n)
  * page by page, while in the cache it is simply rewritten.
  */
 static bool
-write_seq_around (struct cache *c, uint64_t first, uint64_t n)
+write_seq_around_locked (struct cache *c, uint64_t first, uint64_t n)
 {
   uint64_t now;
 
@@ -659,11 +659,11 @@ write_seq_around (struct cache *c, uint64_t first, uint64_t n)
                         n * c->page_size) == n * c->page_size)
     return false;
   now = cache_now_ms ();
-  if (!cache_dirty_pressure (c) &&
+  if (!cache_dirty_pressure_locked (c) &&
       (c->seq_around_ms == 0 || now - c->seq_around_ms > CACHE_SEQ_HOLD_MS))
     return false;
   c->seq_around_ms = now;
-  return !write_any_dirty (c, first, n);
+  return !write_any_dirty_locked (c, first, n);
 }
 
 /* Under c->lock: how many dirty pages may the write of n pages from
@@ -673,7 +673,7 @@ write_seq_around (struct cache *c, uint64_t first, uint64_t n)
  * flush order a rewrite may keep the older version too: every page.
  */
 static uint64_t
-write_dirty_adds (struct cache *c, uint64_t first, uint64_t n)
+write_dirty_adds_locked (struct cache *c, uint64_t first, uint64_t n)
 {
   uint64_t adds = 0;
 
@@ -688,7 +688,7 @@ write_dirty_adds (struct cache *c, uint64_t first, uint64_t n)
  * ssdcache-writeback-max-dirty reached, or fewer slots not dirty than
  * the write has pages not cached (a cache full of dirty data; cached
  * pages change in their slots or are copied, page by page), or part of
- * a sequential stream that goes around (write_seq_around).  The write
+ * a sequential stream that goes around (write_seq_around_locked).  The write
  * then goes around the cache as in writearound, in one backend request
  * at the client's own parallelism, instead of page by page: the dirty
  * pages it touches are written back first and every cached copy of its
@@ -710,8 +710,8 @@ write_goes_around (struct cache *c, uint64_t first, uint64_t last,
    * more pages: counting them keeps the cap exact.
    */
   pthread_mutex_lock (&c->lock);
-  seq = write_seq_around (c, first, n);
-  adds = write_dirty_adds (c, first, n);
+  seq = write_seq_around_locked (c, first, n);
+  adds = write_dirty_adds_locked (c, first, n);
   /* (Older versions kept for the flush order are dirty data the
    * backend lacks too: the cap bounds them with the rest.)
    */
@@ -727,7 +727,7 @@ write_goes_around (struct cache *c, uint64_t first, uint64_t last,
     for (uint64_t p = first; p <= last; p++)
       uncached += pagetable_lookup (&c->pt, p) == PT_NONE;
   full = c->nslots - busy < uncached;
-  pressure = cache_dirty_pressure (c);
+  pressure = cache_dirty_pressure_locked (c);
   *promised = !cap && !full && !seq ? adds : 0;
   c->dirty_promised += *promised;
   pthread_mutex_unlock (&c->lock);

@@ -313,6 +313,67 @@ write_drop_clean (struct cache *c, uint64_t page)
     cache_unpin (c, s);
 }
 
+/* write_page of a whole page (pinned slot s or PT_NONE): a new version
+ * of the page replaces the cached one (cache_fill_slot).
+ */
+static int
+write_page_whole (const struct page_write *w, uint32_t s)
+{
+  struct cache *c = w->c;
+  const uint64_t page = w->page;
+  const uint32_t n = w->n;
+  uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
+  const uint8_t *data = w->src;
+  uint8_t *tmp = NULL;
+  int r;
+
+  if (n < c->page_size) {
+    /* The short last page of the backend, padded with zeroes. */
+    tmp = malloc (c->page_size);
+    if (tmp == NULL) {
+      /* The backend has the new data already (W_CLEAN): the cached
+       * copy must go.
+       */
+      if (s != PT_NONE && w->kind == W_CLEAN)
+        cache_drop_slot (c, s);
+      else if (s != PT_NONE)
+        cache_unpin (c, s);
+      *w->err = ENOMEM;
+      return -1;
+    }
+    memcpy (tmp, w->src, n);
+    memset (tmp + n, 0, c->page_size - n);
+    data = tmp;
+  }
+  cache_map_fill (c, dirty);
+  r = cache_fill_slot (c, page, s, data, w->kind == W_DIRTY ? dirty : NULL,
+                       FILL_CLIENT);
+  free (tmp);
+  if (r == 1) {
+    /* No slot for the new version: it goes to the backend, and the
+     * cached version, older then, must go: a clean one before the
+     * backend gets the write (if the process died in between, it would
+     * come back older than the backend), a dirty one after (it may hold
+     * flushed data the backend lacks until then).
+     */
+    uint32_t old;
+    write_drop_clean (c, page);
+    if (w->kind == W_DIRTY &&
+        write_around (c, w->be, w->src, n, page * c->page_size,
+                      w->err) == -1)
+      return -1;
+    old = cache_lookup_pin (c, page);
+    if (old != PT_NONE)
+      cache_drop_slot (c, old);
+    return 0;
+  }
+  if (r == -1 && w->kind == W_DIRTY) {
+    *w->err = EIO;
+    return -1;
+  }
+  return 0;
+}
+
 /* Put the write w into the cache (W_CLEAN: the backend already has
  * the bytes; a page not cached is only added when written whole).  The
  * page is range locked by the caller.
@@ -321,82 +382,25 @@ static int
 write_page (const struct page_write *w)
 {
   struct cache *c = w->c;
-  const struct cache_backend *be = w->be;
-  const uint64_t page = w->page;
-  const uint8_t *src = w->src;
-  const uint32_t off = w->off, n = w->n;
-  const enum wkind kind = w->kind;
-  int *err = w->err;
-  const uint32_t pbytes = cache_page_bytes (c, page);
-  const bool whole = off == 0 && n >= pbytes;
-  uint32_t s = cache_lookup_pin (c, page);
+  const uint32_t pbytes = cache_page_bytes (c, w->page);
+  uint32_t s = cache_lookup_pin (c, w->page);
   bool cow = false, bad = false;
   int r;
 
+  if (w->off == 0 && w->n >= pbytes)
+    return write_page_whole (w, s);
   if (s != PT_NONE) {
     pthread_mutex_lock (&c->lock);
     bad = pt_flags (&c->pt, s) & PT_BAD;
     pthread_mutex_unlock (&c->lock);
   }
-
-  if (whole) {
-    uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
-    const uint8_t *data = src;
-    uint8_t *tmp = NULL;
-
-    if (n < c->page_size) {
-      /* The short last page of the backend, padded with zeroes. */
-      tmp = malloc (c->page_size);
-      if (tmp == NULL) {
-        /* The backend has the new data already (W_CLEAN): the cached
-         * copy must go.
-         */
-        if (s != PT_NONE && kind == W_CLEAN)
-          cache_drop_slot (c, s);
-        else if (s != PT_NONE)
-          cache_unpin (c, s);
-        *err = ENOMEM;
-        return -1;
-      }
-      memcpy (tmp, src, n);
-      memset (tmp + n, 0, c->page_size - n);
-      data = tmp;
-    }
-    cache_map_fill (c, dirty);
-    r = cache_fill_slot (c, page, s, data, kind == W_DIRTY ? dirty : NULL,
-                         FILL_CLIENT);
-    free (tmp);
-    if (r == 1) {
-      /* No slot for the new version: it goes to the backend, and the
-       * cached version, older then, must go: a clean one before the
-       * backend gets the write (if the process died in between, it
-       * would come back older than the backend), a dirty one after (it
-       * may hold flushed data the backend lacks until then).
-       */
-      uint32_t old;
-      write_drop_clean (c, page);
-      if (kind == W_DIRTY &&
-          write_around (c, be, src, n, page * c->page_size, err) == -1)
-        return -1;
-      old = cache_lookup_pin (c, page);
-      if (old != PT_NONE)
-        cache_drop_slot (c, old);
-      return 0;
-    }
-    if (r == -1 && kind == W_DIRTY) {
-      *err = EIO;
-      return -1;
-    }
-    return 0;
-  }
-
   if (bad) {
     cache_unpin (c, s);
-    *err = EIO;
+    *w->err = EIO;
     return -1;
   }
   if (s == PT_NONE) {
-    if (kind == W_CLEAN)
+    if (w->kind == W_CLEAN)
       return 0;                 /* partial page not cached: leave it */
     return write_fresh (w);
   }

@@ -298,6 +298,8 @@ struct cache {
 
   /* Lock free. */
   atomic_bool degraded;          /* the cache device failed: all around */
+  atomic_bool degraded_passed;   /* ... and a pass from before is over
+                                    (clean_order_enter) */
   atomic_uint read_errors;       /* cache-file read errors so far */
   atomic_bool backend_unflushed; /* a change went straight to the backend */
   _Atomic uint64_t last_io_ms;   /* monotonic time of the last client op */

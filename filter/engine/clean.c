@@ -917,11 +917,15 @@ clean_order_enter (struct cache *c, const struct cache_backend *be,
     if (cache_degraded (c)) {
       /* Nothing can be read back from the cache any more: the order is
        * broken.  A pass that may still write older versions ends first
-       * (write_retained gives them up from now on).
+       * (write_retained gives them up from now on); once one writer saw
+       * it end, every pass left began degraded, and no write waits.
        */
       STATS_ADD (&c->stats, order_broken, 1);
-      pthread_mutex_lock (&c->clean_lock);
-      pthread_mutex_unlock (&c->clean_lock);
+      if (!atomic_load (&c->degraded_passed)) {
+        pthread_mutex_lock (&c->clean_lock);
+        pthread_mutex_unlock (&c->clean_lock);
+        atomic_store (&c->degraded_passed, true);
+      }
       return 0;
     }
     if (!waited) {

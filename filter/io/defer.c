@@ -247,11 +247,24 @@ defer_write (struct defer *d, uint64_t slot, const void *buf,
   return 0;
 }
 
+/* Before any other use of slot's data: its queued writes first.  Once
+ * a queued write has failed, even after defer_stop (at close), every use
+ * fails: the slot's bytes on disk may be older than what was answered,
+ * and a checksum taken from them (sealing) would make them verify.
+ */
+static int
+gate (struct defer *d, uint64_t slot)
+{
+  if (atomic_load (&d->active))
+    return defer_wait_slot (d, slot);
+  return check_failed (d);
+}
+
 int
 defer_read_data (struct defer *d, struct pool *p, uint64_t slot, void *buf,
                  uint32_t count, uint32_t offset)
 {
-  if (atomic_load (&d->active) && defer_wait_slot (d, slot) == -1)
+  if (gate (d, slot) == -1)
     return -1;
   return pool_read_data (p, slot, buf, count, offset);
 }
@@ -260,7 +273,7 @@ int
 defer_write_data (struct defer *d, struct pool *p, uint64_t slot,
                   const void *buf, uint32_t count, uint32_t offset)
 {
-  if (atomic_load (&d->active) && defer_wait_slot (d, slot) == -1)
+  if (gate (d, slot) == -1)
     return -1;
   return pool_write_data (p, slot, buf, count, offset);
 }
@@ -271,13 +284,16 @@ defer_write_data_later (struct defer *d, struct pool *p, uint64_t slot,
 {
   if (atomic_load (&d->active))
     return defer_write (d, slot, buf, count, offset);
+  if (check_failed (d) == -1)
+    return -1;
   return pool_write_data (p, slot, buf, count, offset);
 }
 
 int
 defer_sync (struct defer *d, struct pool *p)
 {
-  if (atomic_load (&d->active) && defer_drain (d) == -1)
+  if (atomic_load (&d->active) ? defer_drain (d) == -1
+      : check_failed (d) == -1)
     return -1;
   return pool_sync (p);
 }

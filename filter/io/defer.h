@@ -22,9 +22,10 @@
  * writes out the whole queue.  So the file sees each slot's writes in
  * the order they were issued, and nobody ever reads a slot's data
  * without its queued writes.  When a queued write fails, the queue is
- * marked failed: every later slot read or write through here fails
- * with EIO (the cache is then degraded by on_error, and the backend
- * has the data).
+ * marked failed: every later slot read, write or sync through here
+ * fails with EIO for the rest of the run, after defer_stop too (the
+ * cache is then degraded by on_error, and the backend has the data;
+ * at close nothing may seal a slot from its older bytes on disk).
  *
  * Locking: d->lock protects the two entry arrays, their counts, idle,
  * kicked and stop; d->apply is held by whoever writes entries out (the

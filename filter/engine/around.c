@@ -30,6 +30,25 @@ cache_invalidate_pages (struct cache *c, uint64_t first, uint64_t last)
 }
 
 void
+cache_invalidate_clean_pages (struct cache *c, uint64_t first, uint64_t last)
+{
+  for (uint64_t page = first; page <= last; page++) {
+    uint32_t s = cache_lookup_pin (c, page);
+    bool clean;
+
+    if (s == PT_NONE)
+      continue;
+    pthread_mutex_lock (&c->lock);
+    clean = pt_state (&c->pt, s) == LAYOUT_CLEAN;
+    pthread_mutex_unlock (&c->lock);
+    if (clean)
+      cache_drop_slot (c, s);
+    else
+      cache_unpin (c, s);
+  }
+}
+
+void
 cache_invalidate (struct cache *c, uint32_t count, uint64_t offset)
 {
   uint64_t first, last;
@@ -59,9 +78,9 @@ cache_clean_pages (struct cache *c, const struct cache_backend *be,
 }
 
 /* The backend does the request (do_op), cached copies of its pages
- * are dropped: zero/trim outside writeback mode, and everything in
- * degraded mode (the cache device failed), where dirty pages in the
- * range are written back first.
+ * are dropped first: zero/trim outside writeback mode, and everything
+ * in degraded mode (the cache device failed).  Dirty pages in the range
+ * are written back before that.
  */
 int
 cache_around (struct cache *c, const struct cache_backend *be,
@@ -80,8 +99,11 @@ cache_around (struct cache *c, const struct cache_backend *be,
   ordered = clean_order_enter (c, be, ORDER_OPEN, err);
   if (ordered != -1 && cache_clean_pages (c, be, first, last, err) == 0 &&
       cache_stale_record (c, first, last, err) == 0) {
-    r = do_op (opaque, count, offset, err);
+    /* The copies go first: dropped after the backend call, a crash
+     * between the two would leave copies older than the backend.
+     */
     cache_invalidate_pages (c, first, last);
+    r = do_op (opaque, count, offset, err);
     atomic_store (&c->backend_unflushed, true);
   }
   if (ordered == 1)

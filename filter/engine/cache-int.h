@@ -568,6 +568,9 @@ extern int clean_order_enter (struct cache *c, const struct cache_backend *be,
 /* around.c */
 extern void cache_invalidate_pages (struct cache *c, uint64_t first,
                                     uint64_t last);
+/* Drop the clean cached pages of [first, last] (range locked). */
+extern void cache_invalidate_clean_pages (struct cache *c, uint64_t first,
+                                          uint64_t last);
 /* Write back the dirty pages of [first, last] (range locked). */
 extern int cache_clean_pages (struct cache *c, const struct cache_backend *be,
                               uint64_t first, uint64_t last, int *err);

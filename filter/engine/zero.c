@@ -2,9 +2,10 @@
 /* nbdkit-ssdcache-filter: zero and trim.
  *
  * Owns cache_zero_trim: whole pages go to the backend (around.c) and
- * their cached copies are dropped; in writeback mode the partial pages
- * at the edges of a zero become dirty zeroes in the cache (write.c).
- * The pages are range locked across the backend call.
+ * their cached copies are dropped (clean ones before the backend
+ * call); in writeback mode the partial pages at the edges of a zero
+ * become dirty zeroes in the cache (write.c).  The pages are range
+ * locked across the backend call.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -64,6 +65,12 @@ cache_zero_trim (struct cache *c, const struct cache_backend *be,
     /* (The flush order: older generations reach the backend first.) */
     order_owned (c, flo, fhi);
     ordered = clean_order_enter (c, be, ORDER_OPEN, err);
+    /* Clean copies go before the backend call (a crash after it would
+     * leave them older than the backend); dirty ones only once it
+     * worked (if it fails, their data is still to be written back).
+     */
+    if (ordered != -1)
+      cache_invalidate_clean_pages (c, flo, fhi);
     ret = ordered == -1 ? -1 : do_op (opaque, full_hi - full_lo, full_lo, err);
     if (ret == 0) {
       atomic_store (&c->backend_unflushed, true);

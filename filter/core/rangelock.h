@@ -59,7 +59,7 @@ extern void rangelock_release (struct rangelock *rl, uint64_t lo, uint64_t hi);
 /* Wait until every range held when it was called has been released.
  * Ranges taken meanwhile neither wait for it nor are waited for: a
  * holder that waits on a background pass, which try-locks other
- * ranges, can still end.  (engine/slot.c: cache_set_mode stores the
+ * ranges, can still end.  (engine/access.c: cache_set_mode stores the
  * new mode first, so that a request that takes its range later sees
  * it.)  Holds nothing.
  */

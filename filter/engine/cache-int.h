@@ -137,12 +137,15 @@
  * (ssdcache-partial-pages of them): a change that needs one reserves it
  * (pt_maps_reserve_for) under the page's range lock before any I/O, so
  * the entry write cannot fail for want of one; with none left the
- * change is made another way (write.c: write_page_simple; read.c:
+ * change is made another way (write-page.c: write_page_simple; read.c:
  * fill_sectors rounds out to the whole page, cache_fill_slot stores
  * nothing).
  *
  * The files of engine/, each calling only the ones before it:
- *   slot.c    geometry, pins, state counts, entry commits, allocation
+ *   geom.c    page geometry, data checksums, the clock
+ *   slot.c    pins, state counts, entry commits, degraded mode
+ *   alloc.c   allocation and eviction of slots
+ *   access.c  accessors for bg/ and the filter, the mode switch
  *   seal.c    unsealed slots and sealing
  *   stale.c   entries the cache file could not be told
  *   order.c   flush generations: which backend writes may start
@@ -153,7 +156,10 @@
  *   read.c    the read path, readahead fills, extents
  *   around.c  requests that go around the cache, invalidation
  *   flush.c   a client flush
- *   write.c   the write path
+ *   write-page.c     one page of a write into the cache
+ *   write-through.c  writes whose backend write comes first
+ *   write-back.c     may the cache take a writeback write?
+ *   write.c   the write path, by mode
  *   zero.c    zero and trim
  *   recover.c loading the page table after a start (crash recovery)
  *   open.c    open, attach, close
@@ -273,7 +279,7 @@ struct cache {
                                     signalled when one ends) */
   uint64_t ndirty;               /* slots in state DIRTY (indexed) */
   uint64_t dirty_promised;       /* pages writes in flight may still make
-                                    dirty (write.c: the dirty cap) */
+                                    dirty (write-back.c: the cap) */
   uint32_t *unsealed;            /* slots that may be PT_UNSEALED (PT_LISTED) */
   size_t nunsealed, capunsealed;
   size_t unseal_reserved;        /* list room promised to writers */
@@ -363,7 +369,7 @@ extern void order_owned (struct cache *c, uint64_t first, uint64_t last);
 extern bool order_owned_range (const struct cache *c, uint64_t *first,
                                uint64_t *last);
 
-/* slot.c */
+/* geom.c */
 extern uint32_t cache_page_bytes (const struct cache *c, uint64_t page);
 extern void cache_map_fill (const struct cache *c, uint8_t *map);
 extern uint32_t cache_page_crc (const struct cache *c, const uint8_t *buf,
@@ -376,6 +382,10 @@ extern void cache_page_part (const struct cache *c, uint64_t page,
                              uint32_t *b);
 extern void cache_sector_span (const struct cache *c, uint32_t off,
                                uint32_t n, unsigned *first, unsigned *last);
+extern void cache_touch_io (struct cache *c);
+extern uint64_t cache_now_ms (void);
+
+/* slot.c */
 extern uint32_t cache_lookup_pin (struct cache *c, uint64_t page);
 extern void cache_unpin (struct cache *c, uint32_t s);
 /* Under c->lock: the last pin of s went: a slot that left its page is
@@ -393,6 +403,18 @@ extern int cache_commit_entry_at (struct cache *c, uint32_t s,
                                   const struct pt_slot *upd, uint64_t epoch);
 extern void cache_set_state_counts_locked (struct cache *c, uint8_t old_state,
                                     uint8_t new_state);
+/* cache_page_dirty (cache.h), under c->lock. */
+extern bool cache_page_dirty_locked (const struct cache *c, uint64_t page);
+extern bool cache_must_cow (const struct cache *c, uint32_t s);
+/* Under c->lock: a new resident slot s for page, told to the policy. */
+extern void cache_policy_insert (struct cache *c, uint32_t s, uint64_t page);
+
+/* Under c->lock: put s on the list of slots that may be unsealed
+ * (seal.c), in room cache_unseal_reserve_locked reserved.
+ */
+extern void cache_unseal_listed_locked (struct cache *c, uint32_t s);
+
+/* alloc.c */
 extern bool cache_dirty_pressure_locked (const struct cache *c);
 /* What a slot is wanted for (cache_alloc_slot). */
 enum alloc_for {
@@ -400,7 +422,7 @@ enum alloc_for {
   ALLOC_DIRTY,       /* new dirty data: a free slot or an evicted one */
   ALLOC_DIRTY_PART,  /* part of a page not cached: as ALLOC_DIRTY, but
                         no eviction while dirty pages are above the high
-                        watermark (admission under pressure, write.c) */
+                        watermark (admission under pressure, write-page.c) */
   ALLOC_FREE,        /* a free slot only (warm-up: nothing a client read
                         is evicted for it) */
 };
@@ -409,18 +431,6 @@ enum alloc_for {
  */
 extern uint32_t cache_alloc_slot (struct cache *c, enum alloc_for why);
 extern int cache_write_free_entry (struct cache *c, uint32_t s);
-/* cache_page_dirty (cache.h), under c->lock. */
-extern bool cache_page_dirty_locked (const struct cache *c, uint64_t page);
-extern bool cache_must_cow (const struct cache *c, uint32_t s);
-extern void cache_touch_io (struct cache *c);
-extern uint64_t cache_now_ms (void);
-/* Under c->lock: a new resident slot s for page, told to the policy. */
-extern void cache_policy_insert (struct cache *c, uint32_t s, uint64_t page);
-
-/* Under c->lock: put s on the list of slots that may be unsealed
- * (seal.c), in room cache_unseal_reserve_locked reserved.
- */
-extern void cache_unseal_listed_locked (struct cache *c, uint32_t s);
 
 /* epoch.c: sync epochs, settling and superseded slots */
 extern int cache_drop_slot (struct cache *c, uint32_t s);
@@ -528,6 +538,43 @@ extern enum patch_result cache_patch_slot (const struct page_write *w,
 extern int patch_merge_span (const struct page_write *w, uint8_t *span,
                              unsigned sf, unsigned sl, uint8_t *valid,
                              uint8_t *dirty);
+
+/* write-page.c */
+/* Put the write w into the cache (W_CLEAN: the backend already has the
+ * bytes; a page not cached is only added when written whole).  The
+ * page is range locked by the caller.
+ */
+extern int cache_write_page (const struct page_write *w);
+/* Rewrite pinned slot s in place (see write-page.c); consumes the pin. */
+extern int cache_patch_in_place (const struct page_write *w, uint32_t s);
+
+/* write-through.c */
+/* One client write, its pages [first, last] range locked: what
+ * cache_write_backend_first and write.c's write_pages take.
+ */
+struct write_req {
+  struct cache *c;
+  const struct cache_backend *be;
+  enum layout_mode mode;         /* this write's (see cache_write) */
+  const uint8_t *buf;
+  uint32_t count;
+  uint64_t offset;
+  bool fua;
+  uint64_t first, last;
+  int *err;
+};
+/* Writethrough / writearound (and writeback writes sent around), with
+ * [first, last] range locked: dirty pages written back, the cached
+ * copies changed or dropped, then the backend written.
+ */
+extern int cache_write_backend_first (const struct write_req *req);
+
+/* write-back.c */
+/* May the cache not take this writeback write (see write-back.c)?
+ * *promised: the pages it may dirty, added to c->dirty_promised.
+ */
+extern bool cache_write_goes_around (struct cache *c, uint64_t first,
+                                     uint64_t last, uint64_t *promised);
 
 /* clean.c */
 /* Write back the dirty sectors of one page now, from the caller's

@@ -63,7 +63,7 @@ struct cache_writeback_config {
   enum cache_wb_order order;
   uint64_t seq_cutoff;         /* a sequential write stream past this
                                   many bytes goes around a cache that
-                                  is behind (write.c), 0: never */
+                                  is behind (write-back.c), 0: never */
 };
 
 struct cache_config {
@@ -126,7 +126,7 @@ struct cache_config {
 #define CACHE_DEFAULT_WB_DEPTH 8
 #define CACHE_MAX_WB_DEPTH 64
 #define CACHE_DEFAULT_WB_SEQ_CUTOFF ADMIT_SEQ_DEFAULT_CUTOFF
-#define CACHE_SEQ_HOLD_MS 1000   /* write.c: write_seq_around_locked */
+#define CACHE_SEQ_HOLD_MS 1000   /* write-back.c */
 #define CACHE_DEFAULT_SEQ_STREAMS 16
 #define CACHE_DEFAULT_DEFER_WRITES true
 

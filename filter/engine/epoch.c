@@ -363,7 +363,7 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, bool closes_gen,
   if (client) {
     pthread_rwlock_unlock (&c->inplace);
     /* In writethrough, clean pages rewritten since the last flush are
-     * unsealed too (write.c: write_through_first): sealing them
+     * unsealed too (write-through.c: write_through_first): sealing them
      * keeps them across a crash.
      */
     cache_seal_epoch (c, e, seal_wait, c->mode != LAYOUT_MODE_WRITEBACK);

@@ -138,7 +138,7 @@ copy_config (struct cache *c, const struct cache_config *cfg)
   c->reclaim = cfg->reclaim;
   c->reclaim_opaque = cfg->reclaim_opaque;
   /* Sequential writes past the cutoff go around a writeback cache that
-   * is behind (write.c): as bcache's sequential_cutoff.
+   * is behind (write-back.c): as bcache's sequential_cutoff.
    */
   if (cfg->wb.seq_cutoff &&
       (c->wseq = admit_seq_new (cfg->wb.seq_cutoff,

@@ -12,10 +12,11 @@
  * was never flushed, so the previous version of the page (kept until a
  * flushed, sealed successor exists) or the backend is right.
  *
- * Writethrough unseals a clean slot at its first rewrite (write.c:
- * write_through_first): the cached copy changes before the backend
- * gets the write, and a crash between the two must not leave it
- * verifying.  Recovery drops it, and the page is read again.
+ * Writethrough unseals a clean slot at its first rewrite
+ * (write-through.c: write_through_first): the cached copy changes
+ * before the backend gets the write, and a crash between the two must
+ * not leave it verifying.  Recovery drops it, and the page is read
+ * again.
  *
  * Sealing = read the slot's data, compute its checksum, write a normal
  * entry.  It happens in a client flush (for every unsealed slot the

@@ -1877,8 +1877,8 @@ setup_crash (void **state)
 #define T(f) cmocka_unit_test_setup_teardown (f, setup_crash, \
                                               testfile_teardown)
 
-/* A write sent around the cache at the dirty cap (write.c:
- * write_goes_around) to a page whose flushed dirty version was copied
+/* A write sent around the cache at the dirty cap (write-back.c:
+ * cache_write_goes_around) to a page whose flushed dirty version was copied
  * on write: the copy is written back and the write reaches the backend,
  * a flush covers it, nbdkit dies.  The older flushed version may still
  * be on disk, so the cached copy must not be updated in place (a crash

@@ -14,6 +14,49 @@
 #include "cache-int.h"
 #include "log.h"
 
+/* Under c->lock: does dirty slot s cache clean sectors too? */
+static bool
+zero_mixed_locked (struct cache *c, uint32_t s)
+{
+  uint8_t valid[LAYOUT_MAX_SECTORS / 8], dirty[LAYOUT_MAX_SECTORS / 8];
+
+  if (pt_state (&c->pt, s) != LAYOUT_DIRTY)
+    return false;
+  pt_maps_get (&c->pt, s, valid, dirty);
+  return memcmp (valid, dirty, sizeof valid) != 0;
+}
+
+/* Writeback, whole pages [first, last] (range locked) about to be
+ * zeroed or trimmed on the backend: a dirty page that also caches clean
+ * sectors is written back first, so that it is clean and goes before
+ * the backend call.  Kept, a crash after the call would recover it and
+ * serve its clean sectors, older than the backend.  (A page all dirty
+ * may stay: recovered, all of it is written back over the zeroes.)
+ * Returns 0, or -1 (*err) if one could not be written back.
+ */
+static int
+zero_clean_mixed (struct cache *c, const struct cache_backend *be,
+                  uint64_t first, uint64_t last, int *err)
+{
+  for (uint64_t page = first; page <= last; page++) {
+    uint32_t s = cache_lookup_pin (c, page);
+    bool mixed;
+    int r = 0;
+
+    if (s == PT_NONE)
+      continue;
+    pthread_mutex_lock (&c->lock);
+    mixed = zero_mixed_locked (c, s);
+    pthread_mutex_unlock (&c->lock);
+    if (mixed)
+      r = clean_page_held (c, be, page, s, err);
+    cache_unpin (c, s);
+    if (r == -1)
+      return -1;
+  }
+  return 0;
+}
+
 int
 cache_zero_trim (struct cache *c, const struct cache_backend *be,
                  const struct cache_zero_op *op, uint32_t count,
@@ -69,9 +112,10 @@ cache_zero_trim (struct cache *c, const struct cache_backend *be,
      * leave them older than the backend); dirty ones only once it
      * worked (if it fails, their data is still to be written back).
      */
-    if (ordered != -1)
+    if (ordered != -1 && zero_clean_mixed (c, be, flo, fhi, err) == 0) {
       cache_invalidate_clean_pages (c, flo, fhi);
-    ret = ordered == -1 ? -1 : do_op (opaque, full_hi - full_lo, full_lo, err);
+      ret = do_op (opaque, full_hi - full_lo, full_lo, err);
+    }
     if (ret == 0) {
       atomic_store (&c->backend_unflushed, true);
       cache_invalidate_pages (c, flo, fhi);

@@ -17,8 +17,9 @@
 #include "cache-int.h"
 #include "log.h"
 
-/* After cache_write_backend_first (writethrough): whole pages not cached are
- * added now that the backend has them; the rest was done before.
+/* After cache_write_backend_first (writethrough): whole pages not
+ * cached are added now that the backend has them; the rest was done
+ * before.
  */
 static bool
 write_adds_page (struct cache *c, uint64_t page, uint32_t a, uint32_t b)

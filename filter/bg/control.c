@@ -136,6 +136,14 @@ cmd_mode (struct cache *c, const struct control_ops *ops, char **argv,
   }
   want = i;
   if (want == now) {
+    /* Already there.  But a switch out of writeback whose write-back
+     * failed left dirty data: asked again, it goes back now, so that
+     * OK always means what it means after a switch (the backend has
+     * every write).
+     */
+    if (now != LAYOUT_MODE_WRITEBACK && cache_dirty_pages (c) > 0 &&
+        drain (c, true, out) == -1)
+      return;
     fprintf (out, "mode: %s\nOK\n", mode_name (now));
     return;
   }

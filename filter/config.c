@@ -37,8 +37,8 @@ struct config config = {
   .stats_interval = 10,
   .stats_format = STATS_TEXT,
   .promote = ADMIT_NHIT_DEFAULT_N,
-  .ra_mode = READAHEAD_AUTO,
-  .ra_max = READAHEAD_DEFAULT_MAX,
+  .readahead_mode = READAHEAD_AUTO,
+  .readahead_max = READAHEAD_DEFAULT_MAX,
   .exports = CONFIG_EXPORTS_AUTO,
   .exports_max = CONFIG_EXPORTS_MAX_DEFAULT,
 };
@@ -235,16 +235,16 @@ static int
 parse_readahead (const struct param *p, const char *value)
 {
   if (strcmp (value, "auto") == 0) {
-    config.ra_mode = READAHEAD_AUTO;
+    config.readahead_mode = READAHEAD_AUTO;
     return 0;
   }
   if (strcmp (value, "off") == 0 || strcmp (value, "0") == 0) {
-    config.ra_mode = READAHEAD_OFF;
+    config.readahead_mode = READAHEAD_OFF;
     return 0;
   }
   if (parse_size (p, value) == -1)
     return -1;
-  config.ra_mode = READAHEAD_FIXED;
+  config.readahead_mode = READAHEAD_FIXED;
   return 0;
 }
 
@@ -346,10 +346,10 @@ static const struct param params[] = {
     .bad = "%s: at most 131088384, not %s" },
   { "ssdcache-promote", parse_unsigned, .uint = &config.promote,
     .lo = 1, .hi = 255, .bad = "%s: from 1 to 255, not %s" },
-  { "ssdcache-readahead", parse_readahead, .u64 = &config.ra_window,
+  { "ssdcache-readahead", parse_readahead, .u64 = &config.readahead_window,
     .lo = 4096, .hi = GIB,
     .bad = "%s: auto, off, or a window from 4K to 1G, not %s" },
-  { "ssdcache-readahead-max", parse_size, .u64 = &config.ra_max,
+  { "ssdcache-readahead-max", parse_size, .u64 = &config.readahead_max,
     .lo = READAHEAD_MIN_WINDOW, .hi = GIB,
     .bad = "%s: from 128K to 1G, not %s" },
   { "ssdcache-flush", parse_choice, .uint = &config.flush_mode,

@@ -39,9 +39,9 @@ struct config {
   unsigned promote;            /* ssdcache-promote */
   uint32_t partial_pages;      /* ssdcache-partial-pages */
   bool partial_pages_set;
-  unsigned ra_mode;            /* enum readahead_mode */
-  uint64_t ra_window;          /* ssdcache-readahead=SIZE */
-  uint64_t ra_max;             /* ssdcache-readahead-max */
+  unsigned readahead_mode;            /* enum readahead_mode */
+  uint64_t readahead_window;          /* ssdcache-readahead=SIZE */
+  uint64_t readahead_max;             /* ssdcache-readahead-max */
   unsigned exports;            /* ssdcache-exports: enum config_exports */
   unsigned exports_max;        /* ssdcache-exports-max: caches open */
   bool warm;                   /* ssdcache-warm=all */

@@ -77,7 +77,7 @@ struct export {
   bool pinned;                   /* never closed before exit */
   bool fixed;                    /* attached at start, contexts of its own */
   bool no_readahead;             /* fixed, without a readahead context */
-  bool ra_started;               /* under bg_lock */
+  bool readahead_started;               /* under bg_lock */
   bool failed;                   /* could not be attached: refused until
                                     closed (and opened again) */
   uint64_t parked_bytes;         /* parked: what its file holds, counted
@@ -498,9 +498,9 @@ export_cache_config (const struct export *e, struct cache_config *cfg)
     .partial_pages = !config.partial_pages_set ? 0
                      : config.partial_pages ? config.partial_pages
                      : CACHE_PARTIAL_NONE,
-    .readahead_mode = config.ra_mode,
-    .readahead_window = config.ra_window,
-    .readahead_max = config.ra_max,
+    .readahead_mode = config.readahead_mode,
+    .readahead_window = config.readahead_window,
+    .readahead_max = config.readahead_max,
     .direct = config.direct,
     .defer_writes = config.defer_writes,
     .budget = have_budget ? &budget : NULL,
@@ -771,13 +771,13 @@ start_threads (struct export *e, const struct cache_backend *sync)
   struct cache_backend be;
   int err = 0;
 
-  if (config.ra_mode != READAHEAD_OFF && !e->no_readahead &&
-      !e->ra_started) {
+  if (config.readahead_mode != READAHEAD_OFF && !e->no_readahead &&
+      !e->readahead_started) {
     be = export_lent_backend (e, false);
     if (prefetch_start (c, &be) == -1)
       nbdkit_debug ("ssdcache: export '%s': readahead is off", e->name);
     else
-      e->ra_started = true;
+      e->readahead_started = true;
   }
   if (config.warm && !warm_running (c)) {
     be = export_lent_backend (e, false);
@@ -823,7 +823,7 @@ export_start_fixed (struct export *e, nbdkit_next *wb, nbdkit_next *ra)
   int r = -1;
 
   pthread_mutex_lock (&e->bg_lock);
-  if (!e->ra_started)
+  if (!e->readahead_started)
     e->no_readahead = ra == NULL;
   if ((wb && lend (e, wb, LEND_FIXED_WRITE, true) == NULL) ||
       (ra && lend (e, ra, LEND_FIXED_READ, false) == NULL))
@@ -907,7 +907,7 @@ last_close (struct export *e, nbdkit_next *next, bool writable)
 
   warm_stop (c);
   prefetch_stop (c);
-  e->ra_started = false;
+  e->readahead_started = false;
   writeback_stop (c);
   if (config.writeback_on_exit && cache_dirty_pages (c) > 0) {
     struct export_req req = { .next = next, .cache = c };

@@ -26,7 +26,7 @@
  * the threads that borrow their contexts take turns (l->turn).
  *
  * Locks (exports_lock, e->bg_lock, l->turn): the lock table in
- * engine/cache-int.h, the one table of every lock of the filter.
+ * docs/design.md ("Locks"), the one table of every lock of the filter.
  */
 #ifndef SSDCACHE_EXPORTS_H
 #define SSDCACHE_EXPORTS_H

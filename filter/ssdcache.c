@@ -390,7 +390,7 @@ attach_backend (nbdkit_backend *backend)
     return -1;
 
   /* Without a readahead context the filter works, without readahead. */
-  if (config.ra_mode != READAHEAD_OFF &&
+  if (config.readahead_mode != READAHEAD_OFF &&
       (ra = open_context (backend, 1)) == NULL)
     nbdkit_debug ("ssdcache: no backend context for readahead: "
                   "readahead is off");
@@ -832,7 +832,7 @@ ssdcache_cache (nbdkit_next *next, void *handle, uint32_t count,
                 uint64_t offset, uint32_t flags, int *err)
 {
   REQ (next, handle);
-  return cache_prefetch (req.cache, &be, count, offset, err);
+  return cache_preload (req.cache, &be, count, offset, err);
 }
 
 static struct nbdkit_filter filter = {

@@ -7,7 +7,7 @@
  * output, then a last line "OK" or "ERROR message"; the server closes.
  * Commands: status, stats, drain [--wait],
  * mode writethrough|writeback|writearound, invalidate [OFFSET LENGTH].
- * One client at a time.  Locks: the lock table in engine/cache-int.h
+ * One client at a time.  Locks: the lock table in docs/design.md
  * (none of its own; the thread only calls the engine and bg/writeback).
  */
 #ifndef SSDCACHE_CONTROL_H

@@ -4,7 +4,7 @@
  * Owns the thread that rewrites the counters file every interval while
  * nbdkit runs, atomically (a temporary file in the same directory,
  * renamed over it), in the chosen format.  Locks: the lock table in
- * engine/cache-int.h (m->lock: the stop flag and the last sample).
+ * docs/design.md (m->lock: the stop flag and the last sample).
  */
 #ifndef SSDCACHE_METRICS_H
 #define SSDCACHE_METRICS_H

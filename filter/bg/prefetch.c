@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* nbdkit-ssdcache-filter: the readahead engine.
+/* nbdkit-ssdcache-filter: prefetch, the thread that runs readahead's reads.
  *
  * Owns struct prefetch and its thread, and struct prefetch_conn; see
  * prefetch.h for what each lock protects.  The thread takes ranges from
- * a small FIFO queue and reads each in pieces of at most PF_PIECE bytes
- * (cache_readahead_fill: one backend read per run of pages not cached).
+ * a small FIFO queue and reads each in pieces of at most PREFETCH_PIECE bytes
+ * (cache_prefetch_fill: one backend read per run of pages not cached).
  * A range that overlaps one queued or being read is trimmed; when the
  * queue is full the new range is dropped and its stream asks again.
  */
@@ -19,10 +19,10 @@
 #include "prefetch.h"
 #include "readahead.h"
 
-#define PF_QUEUE 32                     /* ranges waiting */
-#define PF_PIECE (4u << 20)             /* bytes read at a time */
+#define PREFETCH_QUEUE 32                     /* ranges waiting */
+#define PREFETCH_PIECE (4u << 20)             /* bytes read at a time */
 
-struct pf_range {
+struct prefetch_range {
   uint64_t lo, hi;
 };
 
@@ -35,9 +35,9 @@ struct prefetch {
   pthread_mutex_t lock;
   pthread_cond_t wake, idle;
   bool stop;
-  struct pf_range q[PF_QUEUE];
+  struct prefetch_range q[PREFETCH_QUEUE];
   unsigned head, n;                     /* FIFO: q[head], ... */
-  struct pf_range cur;                  /* being read (lo == hi: none) */
+  struct prefetch_range cur;                  /* being read (lo == hi: none) */
 };
 
 struct prefetch_conn {
@@ -54,7 +54,7 @@ prefetch_thread (void *arg)
 
   pthread_mutex_lock (&pf->lock);
   for (;;) {
-    struct pf_range r;
+    struct prefetch_range r;
     int err = 0;
 
     while (!pf->stop && pf->n == 0)
@@ -62,14 +62,14 @@ prefetch_thread (void *arg)
     if (pf->stop)
       break;
     r = pf->q[pf->head];
-    pf->head = (pf->head + 1) % PF_QUEUE;
+    pf->head = (pf->head + 1) % PREFETCH_QUEUE;
     pf->n--;
     pf->cur = r;
     pthread_mutex_unlock (&pf->lock);
 
     for (uint64_t lo = r.lo; lo < r.hi;) {
-      uint64_t n = r.hi - lo < PF_PIECE ? r.hi - lo : PF_PIECE;
-      if (cache_readahead_fill (c, &pf->be, lo, n, &err) == -1) {
+      uint64_t n = r.hi - lo < PREFETCH_PIECE ? r.hi - lo : PREFETCH_PIECE;
+      if (cache_prefetch_fill (c, &pf->be, lo, n, &err) == -1) {
         /* The client's own read will meet the error if it persists. */
         if (ssdcache_debug_readahead)
           log_debug ("readahead: prefetch at %llu failed: %s",
@@ -128,8 +128,8 @@ prefetch_start (struct cache *c, const struct cache_backend *be)
   }
   pf->started = true;
   cache_bg_set (c, CACHE_BG_READAHEAD, pf);
-  cache_hooks (c)->ra_note_read = prefetch_note_read;
-  cache_hooks (c)->ra_stop = prefetch_stop;
+  cache_hooks (c)->readahead_note_read = prefetch_note_read;
+  cache_hooks (c)->readahead_stop = prefetch_stop;
   return 0;
 }
 
@@ -148,8 +148,8 @@ prefetch_stop (struct cache *c)
   pthread_mutex_unlock (&pf->lock);
   if (pf->started)
     pthread_join (pf->thread, NULL);
-  cache_hooks (c)->ra_note_read = NULL;
-  cache_hooks (c)->ra_stop = NULL;
+  cache_hooks (c)->readahead_note_read = NULL;
+  cache_hooks (c)->readahead_stop = NULL;
   cache_bg_set (c, CACHE_BG_READAHEAD, NULL);
   pthread_mutex_destroy (&pf->lock);
   pthread_cond_destroy (&pf->wake);
@@ -220,11 +220,11 @@ prefetch_conn_free (struct prefetch_conn *pc)
  * Returns false if nothing is left.
  */
 static bool
-trim_locked (const struct prefetch *pf, struct pf_range *r)
+trim_locked (const struct prefetch *pf, struct prefetch_range *r)
 {
   for (unsigned i = 0; i <= pf->n; i++) {
-    const struct pf_range *o = i < pf->n
-      ? &pf->q[(pf->head + i) % PF_QUEUE] : &pf->cur;
+    const struct prefetch_range *o = i < pf->n
+      ? &pf->q[(pf->head + i) % PREFETCH_QUEUE] : &pf->cur;
     if (o->lo >= o->hi || o->hi <= r->lo || o->lo >= r->hi)
       continue;
     if (o->lo <= r->lo && o->hi >= r->hi)
@@ -240,15 +240,15 @@ trim_locked (const struct prefetch *pf, struct pf_range *r)
 
 /* Queue r; false if the queue is full or the thread stopped. */
 static bool
-enqueue (struct prefetch *pf, struct pf_range r)
+enqueue (struct prefetch *pf, struct prefetch_range r)
 {
   bool ok = true;
 
   pthread_mutex_lock (&pf->lock);
-  if (pf->stop || pf->n == PF_QUEUE)
+  if (pf->stop || pf->n == PREFETCH_QUEUE)
     ok = false;
   else if (trim_locked (pf, &r)) {
-    pf->q[(pf->head + pf->n) % PF_QUEUE] = r;
+    pf->q[(pf->head + pf->n) % PREFETCH_QUEUE] = r;
     pf->n++;
     pthread_cond_signal (&pf->wake);
   }
@@ -285,7 +285,7 @@ prefetch_note_read (struct cache *c, struct prefetch_conn *pc,
     go = false;
   }
   if (go) {
-    struct pf_range r = { io.offset, io.offset + io.len };
+    struct prefetch_range r = { io.offset, io.offset + io.len };
     if (ssdcache_debug_readahead)
       log_debug ("readahead: read %u at %llu: queue %llu bytes at %llu "
                  "(window %llu)", count, (unsigned long long) offset,

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* nbdkit-ssdcache-filter: the readahead engine.
+/* nbdkit-ssdcache-filter: prefetch, the thread that runs readahead's reads.
  *
  * Owns the prefetch thread (which reads from the backend through a
  * context of its own and stores into the cache), its queue of ranges

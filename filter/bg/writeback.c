@@ -6,7 +6,7 @@
  * pass a flush asks for) and the adaptive hot window.  The cleaning
  * itself is the engine's (engine/clean.c: clean_pass).  The engine
  * wakes the thread through the hooks writeback_start sets (c->hooks).
- * Locks: the lock table in engine/cache-int.h (wb->lock, wb_ptr_lock).
+ * Locks: the lock table in docs/design.md (wb->lock, wb_ptr_lock).
  */
 #include <errno.h>
 #include <pthread.h>

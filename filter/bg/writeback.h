@@ -5,7 +5,7 @@
  * backend (through a backend context of its own): the watermarks, idle
  * cleaning, and full passes on demand (client FLUSH in flush-to-backend
  * mode).  The passes are engine/clean.c's.  Locks: the lock table in
- * engine/cache-int.h.
+ * docs/design.md.
  */
 #ifndef SSDCACHE_WRITEBACK_H
 #define SSDCACHE_WRITEBACK_H

@@ -22,7 +22,7 @@
  * then starts on probation).
  *
  * Locking: none inside; every function must be called with the cache
- * metadata lock held (c->lock: the lock table in engine/cache-int.h).
+ * metadata lock held (c->lock: the lock table in docs/design.md).
  * No function allocates or frees except evict_new, evict_new_policy and
  * evict_free.
  */

@@ -18,7 +18,7 @@
  *
  * Locking: none inside.  Every function must be called with the owning
  * cache's metadata lock held (c->lock: the lock table in
- * engine/cache-int.h).  Critical sections are short: no function here
+ * docs/design.md).  Critical sections are short: no function here
  * does I/O.  The rebase functions walk all
  * slots, but run once per about 2^31 sequence numbers or sync epochs.
  */

@@ -10,9 +10,9 @@
 
 #include "readahead.h"
 
-struct ra_stream {
+struct readahead_stream {
   uint64_t next;                 /* frontier: end of the furthest read */
-  uint64_t pf_end;               /* prefetched (issued) up to here */
+  uint64_t prefetched_end;               /* prefetched (issued) up to here */
   uint64_t window;               /* adaptive: current window */
   uint64_t used;                 /* prefetched bytes used at this window */
   uint64_t last_use;             /* LRU clock; 0: empty */
@@ -24,7 +24,7 @@ struct readahead {
   uint64_t clock;
   uint64_t start_window;         /* adaptive: window of a new stream */
   struct readahead_stats stats;
-  struct ra_stream s[READAHEAD_STREAMS];
+  struct readahead_stream s[READAHEAD_STREAMS];
 };
 
 static uint64_t
@@ -67,13 +67,13 @@ readahead_free (struct readahead *ra)
 }
 
 static uint64_t
-window_of (const struct readahead *ra, const struct ra_stream *st)
+window_of (const struct readahead *ra, const struct readahead_stream *st)
 {
   return ra->cfg.mode == READAHEAD_FIXED ? ra->cfg.window : st->window;
 }
 
 static void
-shrink (struct readahead *ra, struct ra_stream *st)
+shrink (struct readahead *ra, struct readahead_stream *st)
 {
   uint64_t w = max64 (st->window / 2, ra->cfg.min);
 
@@ -87,10 +87,10 @@ shrink (struct readahead *ra, struct ra_stream *st)
  * its frontier was never read.
  */
 static void
-end_stream (struct readahead *ra, struct ra_stream *st)
+end_stream (struct readahead *ra, struct readahead_stream *st)
 {
-  if (st->last_use && st->pf_end > st->next) {
-    ra->stats.unread_bytes += st->pf_end - st->next;
+  if (st->last_use && st->prefetched_end > st->next) {
+    ra->stats.unread_bytes += st->prefetched_end - st->next;
     if (ra->cfg.mode == READAHEAD_AUTO)
       ra->start_window = max64 (ra->start_window / 2, ra->cfg.min);
   }
@@ -102,7 +102,7 @@ readahead_access (struct readahead *ra, uint64_t offset, uint64_t len,
 {
   const uint64_t ps = ra->cfg.page_size;
   const uint64_t slack = min64 (4 * max64 (len, 1), 4u << 20);
-  struct ra_stream *st = NULL, *lru = &ra->s[0];
+  struct readahead_stream *st = NULL, *lru = &ra->s[0];
   uint64_t w, ahead, lo, hi;
 
   ra->stats.reads++;
@@ -111,7 +111,7 @@ readahead_access (struct readahead *ra, uint64_t offset, uint64_t len,
     return false;
 
   for (unsigned i = 0; i < READAHEAD_STREAMS; i++) {
-    struct ra_stream *t = &ra->s[i];
+    struct readahead_stream *t = &ra->s[i];
     if (t->last_use && offset <= t->next + slack &&
         offset + len + slack >= t->next) {
       st = t;
@@ -125,7 +125,7 @@ readahead_access (struct readahead *ra, uint64_t offset, uint64_t len,
     end_stream (ra, lru);
     st = lru;
     st->next = offset + len;
-    st->pf_end = 0;
+    st->prefetched_end = 0;
     st->window = ra->start_window;
     st->used = 0;
     st->seq = 0;
@@ -162,21 +162,21 @@ readahead_access (struct readahead *ra, uint64_t offset, uint64_t len,
   ra->stats.sequential++;
 
   w = window_of (ra, st);
-  if (st->pf_end >= ra->cfg.size)
+  if (st->prefetched_end >= ra->cfg.size)
     return false;               /* prefetched up to the end */
-  if (st->pf_end < st->next)
-    st->pf_end = st->next;      /* the client overtook the prefetch */
-  ahead = st->pf_end - st->next;
+  if (st->prefetched_end < st->next)
+    st->prefetched_end = st->next;      /* the client overtook the prefetch */
+  ahead = st->prefetched_end - st->next;
   if (2 * ahead >= w)
     return false;               /* enough ahead: wait */
 
-  lo = st->pf_end / ps * ps;
+  lo = st->prefetched_end / ps * ps;
   hi = (st->next + w + ps - 1) / ps * ps;
   if (hi > ra->cfg.size)
     hi = ra->cfg.size;
   if (hi <= lo)
     return false;
-  st->pf_end = hi;
+  st->prefetched_end = hi;
   io->offset = lo;
   io->len = hi - lo;
   io->window = w;
@@ -189,9 +189,9 @@ void
 readahead_cancel (struct readahead *ra, const struct readahead_io *io)
 {
   for (unsigned i = 0; i < READAHEAD_STREAMS; i++) {
-    struct ra_stream *t = &ra->s[i];
-    if (t->last_use && t->pf_end == io->offset + io->len) {
-      t->pf_end = io->offset;
+    struct readahead_stream *t = &ra->s[i];
+    if (t->last_use && t->prefetched_end == io->offset + io->len) {
+      t->prefetched_end = io->offset;
       ra->stats.issued--;
       ra->stats.issued_bytes -= io->len;
       return;
@@ -205,8 +205,8 @@ readahead_wasted (struct readahead *ra, uint64_t pages)
   if (pages == 0 || ra->cfg.mode != READAHEAD_AUTO)
     return;
   for (unsigned i = 0; i < READAHEAD_STREAMS; i++) {
-    struct ra_stream *t = &ra->s[i];
-    if (t->last_use && t->pf_end > t->next)
+    struct readahead_stream *t = &ra->s[i];
+    if (t->last_use && t->prefetched_end > t->next)
       shrink (ra, t);
   }
   ra->start_window = max64 (ra->start_window / 2, ra->cfg.min);
@@ -216,7 +216,7 @@ uint64_t
 readahead_stream_window (const struct readahead *ra, uint64_t next)
 {
   for (unsigned i = 0; i < READAHEAD_STREAMS; i++) {
-    const struct ra_stream *t = &ra->s[i];
+    const struct readahead_stream *t = &ra->s[i];
     if (t->last_use && t->next == next)
       return window_of (ra, t);
   }

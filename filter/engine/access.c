@@ -6,7 +6,7 @@
  * use instead of struct cache's fields (counts, sizes, configuration,
  * the background threads' state and hooks), and cache_set_mode.
  * Counts that change are read under c->lock; fields fixed at open are
- * read without it (lock table: cache-int.h).
+ * read without it (lock table: docs/design.md).
  */
 #include <pthread.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
  * before that page may change elsewhere: forget_evicted), waiting for
  * writeback when every slot is dirty or busy; and cache_give_slot,
  * which hands a slot back to a shared budget.  The page table and the
- * policy under c->lock (lock table: cache-int.h); entry I/O without it.
+ * policy under c->lock (lock table: docs/design.md); entry I/O without it.
  */
 #include <errno.h>
 #include <pthread.h>

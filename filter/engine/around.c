@@ -6,7 +6,7 @@
  * dirty pages in the way are written back first, stale entries
  * recorded, and the cached copies dropped.  Callers hold the range lock
  * of the pages; c->lock is taken by the slot helpers only (lock table:
- * cache-int.h).
+ * docs/design.md).
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -2,119 +2,10 @@
 /* nbdkit-ssdcache-filter: engine internals shared by the files of
  * engine/ and by the background threads (bg/).  Not a public header.
  *
- * THE LOCK TABLE.  Every lock of the filter, what it protects, whether
- * it is held across I/O, and the order in which they nest.  The
- * headers of the other files only point here.
- *
- *  lock                 kind     protects                      across I/O
- *  -------------------  -------  ----------------------------  ----------
- *  c->ranges            range    what is cached for a page:    yes (1)
- *   (core/rangelock)    locks    its slot, maps and data
- *  c->clean_lock        mutex    one cleaning pass at a time   yes (2)
- *                                (engine/clean.c), c->backoff
- *  ps->lock (a pass's)  mutex    the pass's next group, its    never
- *   (engine/clean.c)             done list and totals, and
- *                                c->backoff while it runs
- *  c->inplace           rwlock   rewrites of a slot in place   yes (3)
- *                                vs. a client flush's fdatasync
- *  c->lock              mutex    the page table (and its side  never
- *                                table, seq/epoch bases, pins),
- *                                the policy (c->ev), c->seq,
- *                                the epochs, c->syncs_head/
- *                                tail, c->sup, c->nfreeing,
- *                                c->ndirty, c->dirty_promised,
- *                                the unsealed list,
- *                                c->stale, c->seqcut, c->wseq, c->nhit,
- *                                the flush generations (order.c)
- *  c->space             cond     with c->lock: signalled when a slot
- *                                becomes free or clean, or a freeing
- *                                of superseded slots ends
- *  c->order_cond        cond     with c->lock: signalled when
- *                                c->gen_done moves or a backend write
- *                                of the flush order ends
- *  c->defer.apply       mutex    one writer of the deferred    yes (4)
- *   (io/defer)                   queue (writes it to the file)
- *  c->defer.lock        mutex    the deferred queue            never
- *  pool blk_locks[i]    mutex    read-modify-write of direct   yes (5)
- *   (io/pool)                    I/O blocks i mod N
- *  rl->lock (rangelock) mutex    the held ranges               never
- *  wb->lock             mutex    writeback requests/answers,   never
- *   (bg/writeback)               the stop flag; conds wake, done
- *  pc->lock             mutex    one connection's readahead    never
- *   (bg/prefetch)                state
- *  pf->lock             mutex    the prefetch queue, the range never
- *   (bg/prefetch)                being read, the stop flag
- *  m->lock (bg/metrics) mutex    the stop flag, the last       yes (6)
- *                                sample; cond wake
- *  w->lock (bg/warm)    mutex    the warm-up's stop flag;      never
- *                                cond wake
- *  e->bg_lock           mutex    one export's attach, its      yes (7)
- *   (filter/exports)             connection count, starting
- *                                and stopping its threads
- *  exports_lock         mutex    the export table, each        never
- *   (filter/exports)             export's state and references,
- *                                lenders and their in-flight
- *                                counts; conds lender_back (a
- *                                context is free again) and
- *                                exports_cond (an export left
- *                                OPENING or CLOSING)
- *  l->turn              mutex    one call at a time on a       yes (8)
- *   (filter/exports)             lender's context (serialising
- *                                plugins); global_turn when the
- *                                plugin serialises all requests
- *  wb_ptr_lock          mutex    each cache's writeback state  never
- *   (bg/writeback)               pointer and its users count;
- *                                nothing is taken under it
- *  control_lock         mutex    starting the control socket   never
- *   (filter/ssdcache.c)          once (first .prepare); it
- *                                nests exports_lock
- *
- *  (1) A request that changes what is cached for pages [a, b] holds
- *      their range across its backend and cache-file I/O; that is what
- *      serialises writers of one page.  Read hits take no range lock:
- *      they pin the slot (pins are under c->lock).  Background code
- *      (cleaning, eviction in can_take) only try-locks ranges.
- *      Blocking acquires of overlapping ranges are served in arrival
- *      order.  A mode switch (cache_set_mode) waits on a barrier until
- *      every range taken before it is released; it holds nothing back
- *      (a holder may be waiting for a pass whose try-locks must work).
- *  (2) Held across a pass's backend writes; only passes take it.  The
- *      pass's workers (ssdcache-writeback-depth threads) take groups
- *      under ps->lock, which nests a range try-lock (rl->lock) only.
- *      In the flush order a writer holding its ranges may run a pass
- *      (clean_order_enter) and so wait for it, or, once the cache is
- *      degraded, wait for the pass in progress to end: a pass only
- *      try-locks ranges, so that cannot deadlock.
- *  (3) Held shared by a rewrite in place from its copy-on-write
- *      decision to the end of its data writes; a client flush takes it
- *      exclusively, with no I/O, to wait for rewrites that decided
- *      before the flush began, and moves the epoch under it (so that
- *      their entries are of the epoch the flush seals).
- *  (4) Held while the queue is written out; the writers of a slot that
- *      has queued writes wait for it (defer_wait_slot).
- *  (5) Held across one block's pread and pwrite; nothing nests in it.
- *  (6) Held while the stats file is written; only the metrics thread
- *      and metrics_stop take it, and no request waits for it.
- *  (7) Held across an export's attach (page-table load) and the
- *      writeback at its last close: only connections of that export,
- *      in .prepare and .finalize, wait for it.  Every engine lock of
- *      that export's cache may be taken under it.
- *  (8) Held across that one backend call and nothing else; nothing is
- *      taken under it.
- *
- *  Lock order (a lock may be taken while holding the ones before it):
- *    c->clean_lock -> c->ranges -> c->inplace -> c->lock
- *    c->clean_lock -> ps->lock -> rl->lock
- *    c->ranges -> c->defer.apply -> c->defer.lock
- *    pc->lock -> pf->lock
- *    e->bg_lock -> (any engine or bg/ lock of e's cache)
- *    e->bg_lock -> exports_lock ; control_lock -> exports_lock
- *    exports_lock is taken under no engine lock and nothing is taken
- *    under it; a cache's reclaim hook runs holding no lock, so the
- *    locks of two exports' caches never nest.
- *  c->lock is the innermost engine lock: nothing is taken under it but
- *  a range try-lock (which never waits) and rl->lock.  No bg/ lock
- *  (wb->lock, pf->lock, pc->lock) is taken while holding c->lock.
+ * THE LOCK TABLE of every lock of the filter, what it protects,
+ * whether it is held across I/O and the order in which they nest,
+ * is in docs/design.md ("Locks"); the headers of the other files
+ * only point there.  Change it with the code that takes the locks.
  *
  * Durability of cache-file writes is tracked in sync epochs: a write
  * that completed while c->epoch was E is durable once a sync that
@@ -153,7 +44,7 @@
  *   fill.c    storing whole pages, reading slots back verified
  *   clean.c   writing dirty data back (passes, one page)
  *   patch.c   changing a cached page in place
- *   read.c    the read path, readahead fills, extents
+ *   read.c    the read path, prefetch fills, preload, extents
  *   around.c  requests that go around the cache, invalidation
  *   flush.c   a client flush
  *   write-page.c     one page of a write into the cache
@@ -252,8 +143,8 @@ struct cache {
   unsigned promote;              /* n-miss promotion: misses needed */
   uint32_t partial_pages;        /* side-table bound */
   struct admit_nhit *nhit;       /* its counters, or NULL (c->lock) */
-  unsigned ra_mode;              /* enum readahead_mode */
-  uint64_t ra_window, ra_max;
+  unsigned readahead_mode;              /* enum readahead_mode */
+  uint64_t readahead_window, readahead_max;
 
   /* Geometry (read-only after attach). */
   uint32_t page_size, sector_size, nsectors;

@@ -3,12 +3,12 @@
  *
  * Owns the running cache: the pool (cache file), the page table, the
  * eviction policy, the range locks and the counters, and implements
- * read, write, invalidate and prefetch on top of them.  It calls the
+ * read, write, invalidate and preload on top of them.  It calls the
  * backend only through struct cache_backend, so it has no nbdkit
  * dependency and is unit tested against a RAM backend.
  *
  * Locking: every lock, what it protects and the order they nest in
- * are in one table, at the top of cache-int.h.  Callers of this API
+ * are in one table, in docs/design.md ("Locks").  Callers of this API
  * hold none of them.
  */
 #ifndef SSDCACHE_CACHE_H
@@ -172,8 +172,8 @@ extern int cache_write (struct cache *c, const struct cache_backend *be,
 extern void cache_invalidate (struct cache *c, uint32_t count,
                               uint64_t offset);
 /* Bring [offset, offset+count) into the cache (NBD_CMD_CACHE). */
-extern int cache_prefetch (struct cache *c, const struct cache_backend *be,
-                           uint32_t count, uint64_t offset, int *err);
+extern int cache_preload (struct cache *c, const struct cache_backend *be,
+                          uint32_t count, uint64_t offset, int *err);
 /* Make cache contents durable on the cache device. */
 extern int cache_sync (struct cache *c, int *err);
 
@@ -267,10 +267,10 @@ struct prefetch_conn;
 struct cache_hooks {
   void (*wb_kick) (struct cache *c);       /* a writer found no slot */
   void (*wb_stop) (struct cache *c);       /* at close, if still running */
-  void (*ra_note_read) (struct cache *c, struct prefetch_conn *pc,
+  void (*readahead_note_read) (struct cache *c, struct prefetch_conn *pc,
                         uint64_t offset, uint32_t count, uint64_t used,
                         uint64_t fill_limit);
-  void (*ra_stop) (struct cache *c);
+  void (*readahead_stop) (struct cache *c);
   void (*warm_stop) (struct cache *c);
 };
 extern struct cache_hooks *cache_hooks (struct cache *c);
@@ -325,7 +325,7 @@ extern void cache_readahead_config (const struct cache *c,
  * 4 GiB - 1 page) and store them marked as prefetched.  Never evicts
  * dirty data, never waits for a slot.
  */
-extern int cache_readahead_fill (struct cache *c,
+extern int cache_prefetch_fill (struct cache *c,
                                  const struct cache_backend *be,
                                  uint64_t offset, uint64_t len, int *err);
 

@@ -11,7 +11,7 @@
  * Dropping a slot settles its older versions first.  The epochs, the
  * list of client syncs in flight and c->sup are under c->lock; a client
  * sync takes c->inplace exclusively for a moment (lock table:
- * cache-int.h).
+ * docs/design.md).
  */
 #include <errno.h>
 #include <pthread.h>

@@ -126,9 +126,9 @@ copy_config (struct cache *c, const struct cache_config *cfg)
   c->promote = cfg->promote;
   c->partial_pages = cfg->partial_pages == 0 ? PT_SIDE_DEFAULT
     : cfg->partial_pages == CACHE_PARTIAL_NONE ? 0 : cfg->partial_pages;
-  c->ra_mode = cfg->readahead_mode;
-  c->ra_window = cfg->readahead_window;
-  c->ra_max = cfg->readahead_max;
+  c->readahead_mode = cfg->readahead_mode;
+  c->readahead_window = cfg->readahead_window;
+  c->readahead_max = cfg->readahead_max;
   if (cfg->export_name &&
       (c->export_name = strdup (cfg->export_name)) == NULL) {
     log_error ("strdup: %m");
@@ -594,8 +594,8 @@ cache_close (struct cache *c)
     return;
   if (c->hooks.warm_stop)
     c->hooks.warm_stop (c);
-  if (c->hooks.ra_stop)
-    c->hooks.ra_stop (c);
+  if (c->hooks.readahead_stop)
+    c->hooks.readahead_stop (c);
   if (c->hooks.wb_stop)
     c->hooks.wb_stop (c);
   defer_stop (&c->defer);       /* writes its queue out */

@@ -16,7 +16,7 @@
  * generations first, which clean.c:clean_order_enter then writes back);
  * order_try_advance moves c->gen_done on once a generation is complete.
  * Everything here is under c->lock, waits on c->order_cond (lock table:
- * cache-int.h), and does no I/O but the backend flush of an advance.
+ * docs/design.md), and does no I/O but the backend flush of an advance.
  */
 #include <errno.h>
 #include <pthread.h>

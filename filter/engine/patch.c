@@ -6,7 +6,7 @@
  * the data CRC instead of recomputing it, and unsealing an unflushed
  * slot rewritten again (seal.c).  The caller holds the page's range
  * lock; c->inplace is held shared across a rewrite in place, c->lock
- * only around page-table updates (lock table: cache-int.h).
+ * only around page-table updates (lock table: docs/design.md).
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  * a pin only (try_hit); a miss reads the backend and fills the pages
  * the admission policy lets in (read_slow), under the range lock of the
  * pages it changes.  Also NBD_CMD_CACHE, the readahead thread's fills
- * and the extents query.  See the lock table in cache-int.h.
+ * and the extents query.  See the lock table in docs/design.md.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -166,8 +166,8 @@ struct read_opts {
   bool stop_when_full;    /* fill_uncached: stop when slots run out */
 };
 
-/* One read_slow request: [pos, pos+len) into dst (NULL: prefetch
- * only), as o says; *err gets the errno of a failure.
+/* One read_slow request: [pos, pos+len) into dst (NULL: only
+ * store it), as o says; *err gets the errno of a failure.
  */
 struct read_req {
   struct cache *c;
@@ -440,7 +440,7 @@ slow_run (const struct read_req *r, uint64_t pf, uint64_t pl)
   return 0;
 }
 
-/* Read [pos, pos+len) (dst may be NULL: prefetch only) with the pages
+/* Read [pos, pos+len) (dst may be NULL: only store) with the pages
  * range locked: serve what is cached, read the rest from the backend in
  * as few requests as possible and store it (as o says).
  */
@@ -576,14 +576,14 @@ cache_read_conn (struct cache *c, const struct cache_backend *be,
     pos = run_end;
   }
   /* Readahead learns from every read (never waits for its prefetch). */
-  if (pc && c->hooks.ra_note_read)
-    c->hooks.ra_note_read (c, pc, offset, count, used, fill_limit);
+  if (pc && c->hooks.readahead_note_read)
+    c->hooks.readahead_note_read (c, pc, offset, count, used, fill_limit);
   return 0;
 }
 
 int
-cache_prefetch (struct cache *c, const struct cache_backend *be,
-                uint32_t count, uint64_t offset, int *err)
+cache_preload (struct cache *c, const struct cache_backend *be,
+               uint32_t count, uint64_t offset, int *err)
 {
   struct read_opts o = { .nofill_from = UINT64_MAX };
 
@@ -659,7 +659,7 @@ fill_uncached (struct cache *c, const struct cache_backend *be,
 }
 
 int
-cache_readahead_fill (struct cache *c, const struct cache_backend *be,
+cache_prefetch_fill (struct cache *c, const struct cache_backend *be,
                       uint64_t offset, uint64_t len, int *err)
 {
   struct read_opts o = { .nofill_from = UINT64_MAX, .readahead = true,
@@ -712,10 +712,10 @@ cache_readahead_config (const struct cache *c, struct readahead_config *cfg)
   const uint64_t quarter = (uint64_t) c->nslots * c->page_size / 4;
 
   *cfg = (struct readahead_config) {
-    .mode = c->ra_mode,
-    .window = c->ra_window,
+    .mode = c->readahead_mode,
+    .window = c->readahead_window,
     .min = READAHEAD_MIN_WINDOW,
-    .max = c->ra_max,
+    .max = c->readahead_max,
     .page_size = c->page_size,
     .size = c->backend_size,
   };

@@ -3,7 +3,7 @@
  * dirty data, and of clean data in writethrough).
  *
  * A dirty slot whose data no client flush has covered yet may be
- * rewritten in place (cache-int.h).  Keeping its data checksum right
+ * rewritten in place (docs/design.md).  Keeping its data checksum right
  * costs a read of the old sectors and an entry write per client write.
  * Instead, the second rewrite in place "unseals" the slot: its entry is
  * written once with LAYOUT_ENT_UNSEALED, and from then on each rewrite

@@ -6,7 +6,7 @@
  * copied before a rewrite (cache_must_cow), and cache-device errors
  * (degraded mode).  Geometry is geom.c's, allocation alloc.c's.
  * Everything named *_locked, and the page table and policy calls, run
- * under c->lock (see the lock table in cache-int.h); entry and data I/O
+ * under c->lock (see the lock table in docs/design.md); entry and data I/O
  * run without it.
  */
 #include <errno.h>

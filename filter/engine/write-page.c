@@ -8,7 +8,7 @@
  * replaces it (copy on write, cow_slot); a whole page as a new version
  * (cache_fill_slot); a page the cache has no room for goes to the
  * backend (write_around).  The caller holds the page's range lock
- * across its backend and cache I/O (lock table: cache-int.h).
+ * across its backend and cache I/O (lock table: docs/design.md).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -386,7 +386,7 @@ cache_write_page (const struct page_write *w)
       return 0;                 /* partial page not cached: leave it */
     return write_fresh (w);
   }
-  /* Decide and rewrite in place under c->inplace (see cache-int.h). */
+  /* Decide and rewrite in place under c->inplace (docs/design.md). */
   cache_inplace_enter (c);
   pthread_mutex_lock (&c->lock);
   cow = cache_must_cow (c, s);

@@ -8,7 +8,7 @@
  * or go (writearound), and only then does the backend get the write: a
  * crash at any point never leaves a copy that verifies but is older
  * than the backend.  The caller holds the range lock of the write's
- * pages (lock table: cache-int.h).
+ * pages (lock table: docs/design.md).
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
  * Writethrough and writearound: the backend first (write-through.c),
  * then, in writethrough, whole pages not cached are added.  Degraded
  * (a failed cache device): around the cache (around.c).  Lock table:
- * cache-int.h.
+ * docs/design.md.
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -446,7 +446,7 @@ test_prefetch (void **state)
 
   rambackend_init (&rb, 64 * PS, 9);
   c = open_attach (&cfg, rb.size);
-  assert_int_equal (cache_prefetch (c, &rb.be, 10 * PS - 1, 5 * PS + 1,
+  assert_int_equal (cache_preload (c, &rb.be, 10 * PS - 1, 5 * PS + 1,
                                     &err), 0);
   assert_int_equal (rb.bytes_read, 10 * PS);     /* pages 5..14 */
   read_check (c, &rb, 5 * PS, 10 * PS);
@@ -546,7 +546,7 @@ test_backend_read_error (void **state)
   /* Prefetch errors propagate too. */
   rambackend_fail_next_read (&rb, EIO);
   err = 0;
-  assert_int_equal (cache_prefetch (c, &rb.be, PS, 20 * PS, &err), -1);
+  assert_int_equal (cache_preload (c, &rb.be, PS, 20 * PS, &err), -1);
   assert_int_equal (err, EIO);
   read_check (c, &rb, 20 * PS, PS);
   cache_close (c);

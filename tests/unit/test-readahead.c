@@ -373,7 +373,7 @@ test_unread_and_cancel (void **state)
 
 static struct cache *
 engine_open (uint64_t cache_size, uint64_t backend_size,
-             enum layout_mode mode, unsigned ra_mode, uint64_t window,
+             enum layout_mode mode, unsigned readahead_mode, uint64_t window,
              uint64_t max)
 {
   struct cache_config cfg = mode == LAYOUT_MODE_WRITEBACK
@@ -381,7 +381,7 @@ engine_open (uint64_t cache_size, uint64_t backend_size,
     : fixture_config (cache_size, EPS);
 
   /* What these tests are about: each chooses its readahead. */
-  cfg.readahead_mode = ra_mode;
+  cfg.readahead_mode = readahead_mode;
   cfg.readahead_window = window;
   cfg.readahead_max = max;
   struct cache *c = cache_open (&cfg);
@@ -470,7 +470,7 @@ test_engine_skips_cached (void **state)
   pc = prefetch_conn_new (c);
   assert_non_null (pc);
   for (uint64_t off = 0; off < size; off += 64 * K)
-    assert_int_equal (cache_prefetch (c, &rb.be, 32 * K, off, &err), 0);
+    assert_int_equal (cache_preload (c, &rb.be, 32 * K, off, &err), 0);
   rambackend_reset_counters (&rb);
 
   for (uint64_t off = 0; off < size; off += 8 * K) {

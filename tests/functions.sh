@@ -41,6 +41,8 @@
 #                             number after its name in TOOL --version)
 #                             is older than X.Y
 #   $tmpdir                   a private directory, removed at exit
+#   $img $cache $sock $pid    the usual names of a test's files in
+#   $log $ctl $trigger        $tmpdir (see below)
 #   $SSDCACHE_FILTER          absolute path of the filter under test
 #   $SSDCACHE_TOOL            absolute path of the ssdcache tool
 #   expect_check STATUS FILE [PATTERN...]
@@ -135,6 +137,18 @@ export TMPDIR="$tmpdir"
 # Nothing may land in the user's own cache directory.
 export NBDKIT_SSDCACHE_DIR="$tmpdir/default-cache-dir"
 export XDG_CACHE_HOME="$tmpdir/xdg-cache"
+
+# The usual names of a test's files, so that tests need not repeat
+# them (a test may still choose others): the backing image, the cache
+# file, nbdkit's socket, pid file and log, the control socket, and the
+# trigger file of the error filter or the faultio shim.
+img="$tmpdir/disk.img"
+cache="$tmpdir/disk.ssdcache"
+sock="$tmpdir/sock"
+pid="$tmpdir/nbdkit.pid"
+log="$tmpdir/nbdkit.log"
+ctl="$tmpdir/ctl.sock"
+trigger="$tmpdir/trigger"
 
 # nbdsh runs "python3 -mnbd": make sure "python3" is an interpreter
 # that has the libnbd bindings ($PYTHON), whatever comes first on PATH.

@@ -20,8 +20,6 @@ set -e -u -x
 requires nbdinfo --version
 requires nbdkit --filter=blocksize-policy null --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 truncate -s 16M "$img"
 
 # info ARGS...: nbdinfo of the filter over ARGS, in $tmpdir/info.

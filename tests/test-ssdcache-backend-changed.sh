@@ -24,8 +24,6 @@ set -e -x
 requires nbdcopy --version
 requires nbdsh --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 size=$((4 * 1024 * 1024))
 random_file "$img" $size
 cp "$img" "$tmpdir/old.img"

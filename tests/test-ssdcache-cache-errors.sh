@@ -14,9 +14,6 @@ requires "$PYTHON" -c 'import nbd'
 shim="$(shim_path faultio)"
 
 size=$((8 * 1024 * 1024))
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
-trigger="$tmpdir/trigger"
 
 run_case ()                 # run_case MODE OPS FAILING-MIX EXTRA-ARGS...
 {

@@ -17,7 +17,6 @@ set -e -x
 requires nbdkit null --version
 [ -x "$SSDCACHE_TOOL" ] || fail "ssdcache tool not found: $SSDCACHE_TOOL"
 
-cache="$tmpdir/c"
 nbdkit -U - --filter="$SSDCACHE_FILTER" null 16M ssdcache-file="$cache" \
     ssdcache-size=16M ssdcache-page-size=4K --run 'nbdinfo --size "$uri"'
 nslots=$((4 * 1024 * 1024))

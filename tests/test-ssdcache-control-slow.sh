@@ -14,9 +14,6 @@ set -e -x
 
 requires "$PYTHON" -c 'import socket'
 
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
-ctl="$tmpdir/ctl.sock"
 truncate -s 1M "$tmpdir/disk.img"
 
 # slow_client: connect, then one byte a second for 60 s (no newline);

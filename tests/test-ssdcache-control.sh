@@ -20,11 +20,9 @@ requires nbdsh --version
 [ -x "$SSDCACHE_TOOL" ] || fail "SSDCACHE_TOOL ($SSDCACHE_TOOL) not built"
 random_io="$abs_top_srcdir/tests/random-io.py"
 
-img="$tmpdir/disk.img"
 sock="$tmpdir/ctl.sock"
 size=$((8 * 1024 * 1024))
 random_file "$img" $size
-pid="$tmpdir/pid"
 
 ctl () { "$SSDCACHE_TOOL" ctl "$sock" "$@"; }
 # ctl_fails PATTERN ARGS...: the command fails (status 1) saying PATTERN.

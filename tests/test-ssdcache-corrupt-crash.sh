@@ -27,12 +27,8 @@ set -e -x
 
 requires "$PYTHON" -c 'import nbd'
 
-img="$tmpdir/disk.img"
 snap="$tmpdir/snap.ssdcache"
-cache="$tmpdir/disk.ssdcache"
 stats="$tmpdir/stats"
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
 page=4096
 size=$((1024 * 1024))
 pt=8192

@@ -24,8 +24,6 @@ requires nbdcopy --version
 requires "$PYTHON" --version
 requires nbdinfo --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 stats="$tmpdir/stats"
 page=65536
 size=$((2 * 1024 * 1024))

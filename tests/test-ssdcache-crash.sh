@@ -16,12 +16,8 @@ requires nbdsh --version
 requires "$PYTHON" -c 'import nbd'
 requires nbdkit --filter=stats null --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 stats="$tmpdir/ssdcache.stats"
 bstats="$tmpdir/backend.stats"
-sock="$tmpdir/sock"
-pid="$tmpdir/nbdkit.pid"
 size=$((8 * 1024 * 1024))
 random_file "$img" $size
 cp "$img" "$tmpdir/before.img"

@@ -12,7 +12,6 @@ set -e -x
 requires nbdcopy --version
 requires nbdkit --filter=stats null --version
 
-img="$tmpdir/disk.img"
 other="$tmpdir/other.img"
 size=$((2 * 1024 * 1024))
 random_file "$img" $size

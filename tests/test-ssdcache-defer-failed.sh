@@ -24,12 +24,6 @@ set -e -x
 requires "$PYTHON" -c 'import nbd'
 shim="$(shim_path faultio)"
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/c"
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
-trigger="$tmpdir/trigger"
-log="$tmpdir/nbdkit.log"
 truncate -s 1M "$img"
 
 args=( file "$img" ssdcache-file="$cache" ssdcache-page-size=4K

@@ -24,11 +24,7 @@ set -e -x
 requires "$PYTHON" -c 'import nbd'
 shim="$(shim_path faultio)"
 
-img="$tmpdir/disk.img"
 cache="$tmpdir/c"
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
-trigger="$tmpdir/trigger"
 stats="$tmpdir/stats"
 size=$((2 * 1024 * 1024))
 

@@ -20,11 +20,7 @@ set -e -x
 requires "$PYTHON" -c 'import nbd'
 requires nbdcopy --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 stats="$tmpdir/stats"
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
 size=$((16 * 1024 * 1024))
 seed="${RANDOM_IO_SEED:-$RANDOM}"
 echo "random-io seed: $seed"

@@ -16,9 +16,6 @@ requires "$PYTHON" -c 'import nbd'
 requires nbdsh --version
 requires nbdkit --filter=delay null --version
 
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
-ctl="$tmpdir/ctl.sock"
 dir="$tmpdir/images"
 mkdir "$dir"
 truncate -s 4M "$dir/a.img"

@@ -18,11 +18,6 @@ set -e -x
 requires nbdsh --version
 shim="$(shim_path faultio)"
 
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
-trigger="$tmpdir/trigger"
-log="$tmpdir/nbdkit.log"
-img="$tmpdir/disk.img"
 truncate -s 1M "$img"
 args=(file "$img" ssdcache-file="$tmpdir/c" ssdcache-size=1M
       ssdcache-page-size=64K ssdcache-mode=writeback

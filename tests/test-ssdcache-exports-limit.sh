@@ -21,8 +21,6 @@ requires nbdsh --version
 requires nbdcopy --version
 requires nbdkit --filter=stats null --version
 
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
 cache="$tmpdir/cache"
 uri_of () { echo "nbd+unix:///$1?socket=$sock"; }
 nbd () { bounded 60 nbdsh -u "$(uri_of "$1")" -c "$2"; }

@@ -14,8 +14,6 @@ set -e -x
 requires nbdkit sh --version
 requires nbdinfo --version
 
-img="$tmpdir/disk.img"
-trigger="$tmpdir/trigger"
 random_file "$img" $((1024 * 1024))
 cat > "$tmpdir/plugin.sh" <<EOF
 #!/usr/bin/env bash

@@ -17,9 +17,6 @@ set -e -x
 requires "$PYTHON" -c 'import nbd'
 requires nbdkit --filter=delay null --version
 
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
-img="$tmpdir/disk.img"
 truncate -s 4M "$img"
 start_ssdcache -P "$pid" -U "$sock" --filter=delay file "$img" \
     delay-write=2ms ssdcache-file="$tmpdir/c" ssdcache-size=4M \

@@ -27,7 +27,6 @@ requires nbdinfo --version
 requires nbdcopy --version
 requires truncate --version
 
-img="$tmpdir/disk.img"
 size=$((4 * 1024 * 1024))
 random_file "$img" $size
 notes=()

@@ -11,10 +11,6 @@ set -e -x
 requires nbdinfo --version
 requires nbdcopy --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
-sock="$tmpdir/sock"
-pid="$tmpdir/nbdkit.pid"
 random_file "$img" $((1024 * 1024))
 
 start_ssdcache -P "$pid" -U "$sock" \

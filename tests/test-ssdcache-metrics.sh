@@ -13,7 +13,6 @@ set -e -x
 requires fio --version
 requires nbdsh --version
 
-img="$tmpdir/disk.img"
 truncate -s 64M "$img"
 
 # check_json FILE / check_prom FILE / check_text FILE: parses, and

@@ -18,10 +18,6 @@ set -e -x
 requires "$PYTHON" -c 'import nbd'
 requires nbdsh --version
 
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
-ctl="$tmpdir/ctl.sock"
-img="$tmpdir/disk.img"
 cache="$tmpdir/c"
 truncate -s 1M "$img"
 

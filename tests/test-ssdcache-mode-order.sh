@@ -18,10 +18,6 @@ requires "$PYTHON" -c 'import nbd'
 requires nbdsh --version
 requires nbdkit --filter=delay null --version
 
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
-ctl="$tmpdir/ctl.sock"
-img="$tmpdir/disk.img"
 ready="$tmpdir/ready"
 truncate -s 4M "$img"
 mkfifo "$ready"

@@ -18,12 +18,8 @@ set -e -x
 requires "$PYTHON" -c 'import nbd'
 requires nbdkit --filter=error null --version
 
-img="$tmpdir/disk.img"
 cache="$tmpdir/c"
-sock="$tmpdir/sock"
 ctl="$tmpdir/ctl"
-pid="$tmpdir/pid"
-trigger="$tmpdir/trigger"
 truncate -s 1M "$img"
 
 start_ssdcache -P "$pid" -U "$sock" --filter=error file "$img" \

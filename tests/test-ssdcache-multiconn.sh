@@ -29,11 +29,7 @@ requires nbdcopy --version
 requires nbdkit --filter=multi-conn null --version
 requires nbdkit --filter=log null --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
-sock="$tmpdir/sock"
 ctl_sock="$tmpdir/ctl.sock"
-pid="$tmpdir/nbdkit.pid"
 belog="$tmpdir/backend.log"
 size=$((8 * 1024 * 1024))
 export sock size

@@ -24,13 +24,10 @@ requires nbdcopy --version
 requires nbdkit nbd --version
 requires nbdkit --filter=stats null --version
 
-img="$tmpdir/disk.img"
 size=$((8 * 1024 * 1024))
 random_file "$img" $size
 bsock="$tmpdir/backend.sock"
 bpid="$tmpdir/backend.pid"
-sock="$tmpdir/sock"
-pid="$tmpdir/nbdkit.pid"
 stats="$tmpdir/ssdcache.stats"
 bstats="$tmpdir/backend.stats"
 seed="${RANDOM_IO_SEED:-$RANDOM}"

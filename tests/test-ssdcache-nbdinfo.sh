@@ -10,8 +10,6 @@ requires nbdinfo --version
 requires nbdsh --version
 requires nbdcopy --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 size=$((4 * 1024 * 1024 + 12288))   # not a multiple of the page size
 random_file "$img" $size
 cp "$img" "$tmpdir/orig.img"

@@ -15,7 +15,6 @@ requires nbdcopy --version
 requires "$PYTHON" -c 'import nbd'
 
 size=130000
-img="$tmpdir/disk.img"
 export img size
 
 for ps in 64K 4K; do

@@ -23,10 +23,6 @@ requires "$PYTHON" -c 'import nbd'
 requires nbdsh --version
 requires nbdkit --filter=error null --version
 
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
-ctl="$tmpdir/ctl.sock"
-img="$tmpdir/disk.img"
 errfile="$tmpdir/backend-fails"
 truncate -s 8M "$img"
 touch "$errfile"

@@ -8,7 +8,6 @@ set -e -x
 
 requires nbdinfo --version
 
-img="$tmpdir/disk.img"
 random_file "$img" $((4 * 1024 * 1024))
 mkdir "$tmpdir/a-directory"
 

@@ -13,8 +13,6 @@ set -e -x
 requires "$PYTHON" -c 'import nbd'
 requires nbdcopy --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 stats="$tmpdir/stats"
 random_file "$img" $((16 * 1024 * 1024))
 cp "$img" "$tmpdir/before.img"

@@ -12,8 +12,6 @@ set -e -x
 requires nbdcopy --version
 requires nbdkit --filter=stats null --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 stats="$tmpdir/ssdcache.stats"
 bstats="$tmpdir/backend.stats"    # same path for both runs
 size=$((8 * 1024 * 1024))

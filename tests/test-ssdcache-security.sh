@@ -37,7 +37,6 @@ requires nbdinfo --version
 requires nbdsh --version
 requires nbdkit --filter=stats null --version
 
-img="$tmpdir/disk.img"
 size=$((2 * 1024 * 1024))
 random_file "$img" $size
 skipped=()

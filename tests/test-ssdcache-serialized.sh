@@ -28,11 +28,8 @@ requires nbdkit sh --version
 requires command -v flock
 requires nbdkit curl --version
 
-img="$tmpdir/disk.img"
 size=$((32 * 1024 * 1024))
 random_file "$img" $size
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
 
 cat > "$tmpdir/client.py" <<'PY'
 # Eight connections: random reads, bursts of sequential ones, and in

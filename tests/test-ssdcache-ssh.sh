@@ -30,7 +30,6 @@ requires command -v ssh-keygen
 
 start_sshd
 
-img="$tmpdir/disk.img"
 size=$((8 * 1024 * 1024))
 random_file "$img" $size
 
@@ -41,8 +40,6 @@ nbdkit -U - "${ssh_args[@]}" --run 'nbdinfo --size "$uri"' > "$tmpdir/size" ||
     fail "nbdkit's ssh plugin cannot read $img through the test's sshd"
 [ "$(cat "$tmpdir/size")" -eq $size ] || fail "ssh plugin size is $(cat "$tmpdir/size")"
 
-sock="$tmpdir/sock"
-pid="$tmpdir/nbdkit.pid"
 cache="$tmpdir/wt.ssdcache"
 stats="$tmpdir/ssdcache.stats"
 bstats="$tmpdir/backend.stats"

@@ -15,11 +15,6 @@ set -e -x
 requires nbdsh --version
 shim="$(shim_path faultio)"
 
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
-trigger="$tmpdir/trigger"
-log="$tmpdir/nbdkit.log"
-img="$tmpdir/disk.img"
 random_file "$img" $((1024 * 1024))
 args=(file "$img" ssdcache-file="$tmpdir/c" ssdcache-size=1M
       ssdcache-page-size=4K ssdcache-mode=writethrough

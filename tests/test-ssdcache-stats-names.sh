@@ -14,7 +14,6 @@ set -e -x
 requires "$PYTHON" -c 'import nbd'
 requires nbdkit sh --version
 
-img="$tmpdir/disk.img"
 truncate -s 1M "$img"
 cat > "$tmpdir/plugin.sh" <<EOF
 #!/usr/bin/env bash

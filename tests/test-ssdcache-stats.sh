@@ -10,8 +10,6 @@ set -e -x
 
 requires nbdsh --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 stats="$tmpdir/stats"
 size=$((2 * 1024 * 1024))
 random_file "$img" $size

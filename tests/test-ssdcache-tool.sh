@@ -31,11 +31,7 @@ requires flock --version
 tool="$SSDCACHE_TOOL"
 [ -x "$tool" ] || fail "$tool not built"
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 stats="$tmpdir/stats"
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
 size=$((1024 * 1024))
 random_file "$img" $size
 

@@ -18,12 +18,7 @@ requires "$PYTHON" -c 'import nbd'
 requires nbdsh --version
 shim="$(shim_path faultio)"
 
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
-ctl="$tmpdir/ctl.sock"
-img="$tmpdir/disk.img"
 cache="$tmpdir/c"
-trigger="$tmpdir/trigger"
 
 nbd () { bounded 60 nbdsh -u "$(sock_uri "$sock")" -c "$1"; }
 

@@ -14,8 +14,6 @@ requires nbdinfo --version
 requires nbdcopy --version
 requires "$PYTHON" -c 'import nbd'
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 stats="$tmpdir/stats"
 size=$((4 * 1024 * 1024))
 random_file "$img" $size

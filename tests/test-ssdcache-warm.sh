@@ -20,11 +20,8 @@ requires nbdcopy --version
 requires nbdkit --filter=stats null --version
 requires nbdkit curl --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 stats="$tmpdir/stats"
 bstats="$tmpdir/bstats"
-sock="$tmpdir/sock"
 size=$((32 * 1024 * 1024))
 random_file "$img" $size
 ctl () { "$SSDCACHE_TOOL" ctl "$tmpdir/ctl.sock" "$@"; }

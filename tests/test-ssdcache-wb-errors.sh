@@ -20,12 +20,6 @@ set -e -x
 requires "$PYTHON" -c 'import nbd'
 requires nbdkit --filter=error null --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
-sock="$tmpdir/sock"
-pid="$tmpdir/nbdkit.pid"
-trigger="$tmpdir/trigger"
-log="$tmpdir/nbdkit.log"
 size=$((16 * 1024 * 1024))
 random_file "$img" $size
 cp "$img" "$tmpdir/model0.img"

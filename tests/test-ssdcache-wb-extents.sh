@@ -15,10 +15,6 @@ requires nbdinfo --version
 requires nbdcopy --version
 requires "$PYTHON" -c 'import nbd'
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
-sock="$tmpdir/sock"
-pid="$tmpdir/nbdkit.pid"
 size=$((8 * 1024 * 1024))
 
 # 1M of data, then a hole.

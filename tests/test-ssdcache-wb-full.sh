@@ -18,10 +18,6 @@ set -e -x
 
 requires "$PYTHON" -c 'import nbd'
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
-sock="$tmpdir/sock"
-pid="$tmpdir/nbdkit.pid"
 size=$((32 * 1024 * 1024))
 random_file "$img" $size
 cp "$img" "$tmpdir/model0.img"

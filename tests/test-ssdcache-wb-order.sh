@@ -37,7 +37,6 @@ rm -rf "$tmpdir/flush"
 # The counters: the flush point the backend matches, and the lag.  40
 # flushes at cache speed over a slow backend (writes take 20 ms); once
 # the clients stop, the backend catches up with all of them.
-img="$tmpdir/disk.img"
 truncate -s 16M "$img"
 stats="$tmpdir/stats"
 cat > "$tmpdir/writes.sh" <<END

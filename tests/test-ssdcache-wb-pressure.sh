@@ -31,10 +31,7 @@ requires nbdkit sh --version
 requires "$PYTHON" -c 'import nbd'
 requires nbdsh --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 stats="$tmpdir/stats"
-sock="$tmpdir/sock"
 size=$((16 * 1024 * 1024))
 field () { awk -v k="$1:" '$1 == k { print $2 }'; }
 ctl () { "$SSDCACHE_TOOL" ctl "$tmpdir/ctl.sock" "$@"; }
@@ -64,7 +61,6 @@ cmp "$img" "$tmpdir/model1.img" ||
 # Pages 0-3 (64 KiB pages) of the backend fail to be written while the
 # trigger exists; the rest works.  With ssdcache-writeback-depth=16 a
 # pass writes groups of 4 MiB / 16 = 4 pages: 0-3 is one run.
-trigger="$tmpdir/trigger"
 cat > "$tmpdir/plugin.sh" <<EOF
 #!/usr/bin/env bash
 case "\$1" in

@@ -16,10 +16,6 @@ set -e -x
 requires "$PYTHON" -c 'import nbd'
 requires nbdkit --filter=stats null --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
-sock="$tmpdir/sock"
-pid="$tmpdir/nbdkit.pid"
 size=$((8 * 1024 * 1024))
 random_file "$img" $size
 cp "$img" "$tmpdir/orig.img"

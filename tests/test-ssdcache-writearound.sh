@@ -13,8 +13,6 @@ requires nbdcopy --version
 requires "$PYTHON" -c 'import nbd'
 requires nbdkit --filter=stats null --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/disk.ssdcache"
 stats="$tmpdir/stats"
 bstats="$tmpdir/backend.stats"
 size=$((4 * 1024 * 1024))

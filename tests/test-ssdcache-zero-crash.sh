@@ -26,10 +26,6 @@ set -e -x
 requires "$PYTHON" -c 'import nbd'
 requires nbdkit eval --version
 
-img="$tmpdir/disk.img"
-cache="$tmpdir/c"
-sock="$tmpdir/sock"
-pid="$tmpdir/pid"
 zeroed="$tmpdir/zeroed"
 release="$tmpdir/release"
 

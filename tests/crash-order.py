@@ -27,21 +27,20 @@
 # /usr/bin/python3.
 
 import argparse
-import array
 import os
 import random
 import resource
-import signal
-import subprocess
 import sys
 import time
-import zlib
 
 import nbd
 
-KiB = 1024
-MiB = 1024 * KiB
-SECTOR = 512
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ssdtest as T            # noqa: E402
+
+KiB = T.KiB
+MiB = T.MiB
+SECTOR = T.SECTOR
 
 
 def info(msg):
@@ -52,150 +51,107 @@ class Violation(Exception):
     pass
 
 
-def sector_hashes(data, first=0, n=None):
-    """CRC32 of every sector of data (from sector first, n of them)."""
-    if n is None:
-        n = len(data) // SECTOR - first
-    out = array.array("I", bytes(4 * n))
-    mv = memoryview(data)
-    for i in range(n):
-        o = (first + i) * SECTOR
-        out[i] = zlib.crc32(mv[o:o + SECTOR])
-    return out
+class KillHistory(T.FlushHistory):
+    """T.FlushHistory with what a kill -9 of nbdkit over the file plugin
+    leaves, as strong as this test has always checked (what ssdtest's
+    restart handling should offer as an option):
+
+    - a write in flight at the kill may be in the backing file between
+      the flush before it and the next flush only: the process is gone
+      and nothing of it lands later (FlushHistory.restarted keeps it
+      possible at every later flush point, as a remote backend may
+      still apply it);
+    - the export as read back after the restart is part of every later
+      flush point, but is no write allowed between two flushes
+      (FlushHistory.restarted adds it as a write completed at the
+      restart, allowed until the next flush, and numbers it from the
+      issue numbers alone, which can rank it before a write completed
+      just before the kill).
+
+    It uses FlushHistory's records: [issue seq, completion seq, first
+    sector, hashes]."""
+
+    def __init__(self, disk):
+        T.FlushHistory.__init__(self, disk)
+        self.disk = disk
+        self.readback = None    # (seq, sector -> hash): for the next flush
+
+    def restarted(self, cur):
+        # Numbers between the Disk's last one and its next (fractions:
+        # its counter is not this model's to move).
+        kill = self.disk.seq + 0.25
+        for rec in self.byw.values():
+            rec[1] = kill       # done at the kill: in V up to next flush
+        self.byw = {}
+        state = list(self.base)
+        for rec in sorted((r for r in self.writes if r[1] is not None),
+                          key=lambda r: r[1]):
+            for i, h in enumerate(rec[3]):
+                state[rec[2] + i] = next(iter(h))
+        now = T.sector_hashes(cur)
+        self.readback = (self.disk.seq + 0.5,
+                         {s: now[s] for s in range(len(now))
+                          if now[s] != state[s]})
+
+    def flushed(self, iseq, cseq):
+        # The export as read back joins the flush points from here on:
+        # completed before this flush, issued after every flush (so in
+        # no V).
+        if self.readback is not None:
+            seq, diff = self.readback
+            self.readback = None
+            for s, h in diff.items():
+                self.writes.append([float("inf"), seq, s, [{h}]])
+        T.FlushHistory.flushed(self, iseq, cseq)
 
 
-class History:
-    """F_k as sector hashes, and V_k: sector -> set of hashes."""
-
-    def __init__(self, image):
-        self.model = bytearray(image)
-        self.cur = sector_hashes(self.model)
-        self.flushes = [array.array("I", self.cur)]     # F_0
-        self.vals = [{}, {}]                             # V_0 (unused), V_1
-        self.changed = False
-
-    def write(self, off, data):
-        self.changed = True
-        self.model[off:off + len(data)] = data
-        first = off // SECTOR
-        hs = sector_hashes(data)
-        v = self.vals[-1]
-        for i, h in enumerate(hs):
-            self.cur[first + i] = h
-            v.setdefault(first + i, set()).add(h)
-
-    def flush(self):
-        # (Flushes with no write between them share one image.)
-        if self.changed:
-            self.flushes.append(array.array("I", self.cur))
-        else:
-            self.flushes.append(self.flushes[-1])
-        self.changed = False
-        self.vals.append({})
-
-    def restart(self, image):
-        """After a restart on the same cache: the export as read back."""
-        self.model = bytearray(image)
-        self.cur = sector_hashes(self.model)
-        self.changed = True
-
-    def match(self, got):
-        """The newest k the backing store may be at, or None."""
-        for k in range(len(self.flushes) - 1, -1, -1):
-            f = self.flushes[k]
-            v = self.vals[k + 1] if k + 1 < len(self.vals) else {}
-            if k + 1 < len(self.flushes) and f is self.flushes[k + 1] \
-               and not v:
-                continue                # the same flush point as k + 1
-            ok = True
-            for x in range(len(got)):
-                h = got[x]
-                if h != f[x] and h not in v.get(x, ()):
-                    ok = False
-                    break
-            if ok:
-                return k
-        return None
+def server_args(args, cfg):
+    """nbdkit's arguments after the ones ssdtest.Nbdkit adds."""
+    c = cfg
+    a = ["--filter=" + args.filter, "--filter=delay",
+         "file", args.image,
+         "delay-write=%dms" % c["delay_ms"],
+         "ssdcache-file=" + args.cache,
+         "ssdcache-size=%d" % c["cache_size"],
+         "ssdcache-page-size=%d" % c["page_size"],
+         "ssdcache-mode=writeback", "ssdcache-flush=cache",
+         "ssdcache-writeback-order=" + args.order,
+         "ssdcache-writeback-depth=%d" % c["depth"],
+         "ssdcache-writeback-high=%d" % c["high"],
+         "ssdcache-writeback-low=%d" % c["low"],
+         "ssdcache-writeback-idle=%d" % c["idle"],
+         "ssdcache-writeback-on-exit=false"]
+    if c["max_dirty"]:
+        a.append("ssdcache-writeback-max-dirty=%d%%" % c["max_dirty"])
+    return a
 
 
-class Server:
-    def __init__(self, args, cfg):
-        self.args = args
-        self.cfg = cfg
-        self.sock = os.path.join(args.workdir, "sock")
-        self.pidfile = os.path.join(args.workdir, "nbdkit.pid")
-        self.log = os.path.join(args.workdir, "nbdkit.log")
-        self.proc = None
-
-    def argv(self):
-        c = self.cfg
-        a = ["nbdkit", "-U", self.sock, "-P", self.pidfile, "-f",
-             "--filter=" + self.args.filter, "--filter=delay",
-             "file", self.args.image,
-             "delay-write=%dms" % c["delay_ms"],
-             "ssdcache-file=" + self.args.cache,
-             "ssdcache-size=%d" % c["cache_size"],
-             "ssdcache-page-size=%d" % c["page_size"],
-             "ssdcache-mode=writeback", "ssdcache-flush=cache",
-             "ssdcache-writeback-order=" + self.args.order,
-             "ssdcache-writeback-depth=%d" % c["depth"],
-             "ssdcache-writeback-high=%d" % c["high"],
-             "ssdcache-writeback-low=%d" % c["low"],
-             "ssdcache-writeback-idle=%d" % c["idle"],
-             "ssdcache-writeback-on-exit=false"]
-        if c["max_dirty"]:
-            a.append("ssdcache-writeback-max-dirty=%d%%" % c["max_dirty"])
-        return a
-
-    def start(self):
-        for f in (self.pidfile, self.sock):
-            if os.path.exists(f):
-                os.unlink(f)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=log)
-        deadline = time.monotonic() + 60
-        while not (os.path.exists(self.pidfile) and
-                   os.path.getsize(self.pidfile) > 0):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise Violation("nbdkit did not start: %s\n%s" % (
-                    " ".join(self.argv()), self.log_tail()))
-            time.sleep(0.01)
-
-    def log_tail(self, n=20):
-        try:
-            with open(self.log, "rb") as f:
-                return "\n".join(f.read().decode("utf-8", "replace")
-                                 .splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+def start(srv):
+    try:
+        srv.start(timeout=60)
+    except (T.StartError, T.Hang) as e:
+        raise Violation("nbdkit did not start: %s" % e)
 
 
 class Client:
-    def __init__(self, args, rng, hist, sock):
+    def __init__(self, args, rng, disk, srv):
         self.args = args
         self.rng = rng
-        self.hist = hist
-        self.h = nbd.NBD()
-        self.h.connect_unix(sock)
-        self.inflight = {}              # cookie -> (off, len)
+        self.disk = disk
+        self.h = srv.connect()
+        self.inflight = {}              # cookie -> (off, len, Write)
         self.writes = self.flushes = 0
 
     def overlaps(self, off, n):
         return any(off < o + l and o < off + n
-                   for o, l in self.inflight.values())
+                   for o, l, _ in self.inflight.values())
 
     def reap(self, block):
         if block and self.inflight:
             self.h.poll(-1)
         for cookie in list(self.inflight):
             if self.h.aio_command_completed(cookie):
-                del self.inflight[cookie]
+                self.disk.end(self.inflight.pop(cookie)[2], True)
 
     def issue_write(self):
         size = self.args.size
@@ -209,18 +165,19 @@ class Client:
         if self.overlaps(off, n):
             return
         data = self.rng.randbytes(n)
-        # The history first: the write may reach the backend at once.
-        self.hist.write(off, data)
+        # The model first: the write may reach the backend at once.
+        w = self.disk.begin("write", off, n, data)
         cookie = self.h.aio_pwrite(nbd.Buffer.from_bytearray(
             bytearray(data)), off)
-        self.inflight[cookie] = (off, n)
+        self.inflight[cookie] = (off, n, w)
         self.writes += 1
 
     def flush(self):
         while self.inflight:
             self.reap(True)
-        self.hist.flush()
+        tok = self.disk.flush_begin()
         self.h.flush()
+        self.disk.flush_end(tok)
         self.flushes += 1
 
     def run(self, seconds, flush_p):
@@ -258,16 +215,17 @@ def choose_cfg(rng):
 def iteration(args, rng, it):
     cfg = choose_cfg(rng)
     with open(args.image, "rb") as f:
-        hist = History(f.read())
+        disk = T.Disk(f.read())
+    disk.history = KillHistory(disk)    # (Disk.track_order, with it)
     if os.path.exists(args.cache):
         os.unlink(args.cache)
-    srv = Server(args, cfg)
-    srv.start()
+    srv = T.Nbdkit(server_args(args, cfg), args.workdir)
+    start(srv)
     restarts = rng.choice([0, 0, 1, 2])
     cl = None
     clients = []
     try:
-        cl = Client(args, rng, hist, srv.sock)
+        cl = Client(args, rng, disk, srv)
         clients.append(cl)
         for r in range(restarts + 1):
             cl.run(rng.uniform(0.2, args.seconds), rng.choice([0.02, 0.1]))
@@ -275,28 +233,28 @@ def iteration(args, rng, it):
             if r == restarts:
                 break
             # Restarted on the same cache: recovery, then more writes.
-            srv.start()
-            cl = Client(args, rng, hist, srv.sock)
+            start(srv)
+            cl = Client(args, rng, disk, srv)
             clients.append(cl)
-            hist.restart(cl.read_all())
+            disk.rebase(cl.read_all())
     finally:
         srv.kill()
     os.unlink(args.cache)               # the cache is lost for good
     with open(args.image, "rb") as f:
-        got = sector_hashes(f.read())
-    k = hist.match(got)
+        got = f.read()
+    k, _ = disk.check_order(got)
     desc = ("page %d KiB, cache %d MiB, delay %d ms, depth %d, %d restarts, "
             "%d writes, %d flushes" % (
                 cfg["page_size"] // KiB, cfg["cache_size"] // MiB,
                 cfg["delay_ms"], cfg["depth"], restarts, cl.writes if cl
-                else 0, len(hist.flushes) - 1))
+                else 0, len(disk.history.flushes)))
     if k is None:
         info("iteration %d: the backing file matches NO flush point (%s)"
              % (it, desc))
         return False
     if args.verbose:
         info("iteration %d: backing file at flush %d of %d (%s; %d MiB)" % (
-            it, k, len(hist.flushes) - 1, desc,
+            it, k, len(disk.history.flushes), desc,
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024))
     return True
 

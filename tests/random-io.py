@@ -5,9 +5,10 @@
 # Opens one or more NBD connections (to one or more servers) and issues
 # random reads, writes, zeroes, trims, flushes and cache (prefetch)
 # requests at unaligned offsets, round-robin over the connections and
-# with several requests in flight per connection.  An in-memory model
-# of the expected export contents is kept; every read is checked
-# against it, and at the end the whole export is read back and checked.
+# with several requests in flight per connection.  A model of the
+# expected export contents is kept (ssdtest.Disk, tests/ssdtest.py);
+# every read is checked against it, and at the end the whole export is
+# read back and checked.
 # Exits 0 when everything matched, 1 on any mismatch or request error,
 # 2 on a usage error.
 #
@@ -35,6 +36,9 @@ import sys
 import time
 
 import nbd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ssdtest as T            # noqa: E402
 
 MODIFYING = ("write", "zero", "trim")
 DEFAULT_MIX = "read=55,write=35,zero=4,trim=3,flush=2,cache=1"
@@ -70,71 +74,64 @@ def parse_mix(text):
     return mix
 
 
-class Model:
-    """Expected contents of the export, plus an optional mask of bytes
-    whose contents are undefined (trimmed, not known to read as zero)."""
+class Trimmed:
+    """Which bytes a trim left undefined, byte by byte: the one thing
+    the model (ssdtest.Disk) can not say here.  Disk makes every sector
+    a trim touches ANY as a whole, and a later partial write of an ANY
+    sector leaves it ANY; random-io.py trims and writes at any byte, and
+    checks every byte no trim left undefined.  So a trim (unless it must
+    read as zero) leaves the Disk's data alone and is marked here; a
+    completed write or zero clears its bytes."""
 
-    def __init__(self, data):
-        self.data = bytearray(data)
-        self.unknown = None
+    def __init__(self, size):
+        self.size = size
+        self.mask = None            # bytearray, 1 = undefined; lazily
 
-    @property
-    def size(self):
-        return len(self.data)
+    def mark(self, off, n):
+        if self.mask is None:
+            self.mask = bytearray(self.size)
+        self.mask[off:off + n] = b"\x01" * n
 
-    def _known(self, off, n):
-        if self.unknown is not None:
-            self.unknown[off:off + n] = bytes(n)
+    def clear(self, off, n):
+        if self.mask is not None:
+            self.mask[off:off + n] = bytes(n)
 
-    def write(self, off, buf):
-        self.data[off:off + len(buf)] = buf
-        self._known(off, len(buf))
+    def covers(self, off, n):
+        """Is any byte of [off, off+n) undefined?"""
+        return self.mask is not None and self.mask.find(1, off, off + n) >= 0
 
-    def zero(self, off, n):
-        self.data[off:off + n] = bytes(n)
-        self._known(off, n)
 
-    def trim(self, off, n, reads_zero):
-        if reads_zero:
-            self.zero(off, n)
-            return
-        if self.unknown is None:
-            self.unknown = bytearray(self.size)
-        self.unknown[off:off + n] = b"\x01" * n
-
-    @staticmethod
-    def _first_diff(a, b, base):
-        step = 4096
-        for i in range(0, len(a), step):
-            if a[i:i + step] != b[i:i + step]:
-                for j in range(i, min(i + step, len(a))):
-                    if a[j] != b[j]:
-                        return base + j, a[j], b[j]
-        return None
-
-    def check(self, off, got):
-        """None if got matches the model at off, else (offset, expected
-        byte, got byte) of the first difference."""
-        n = len(got)
-        exp = memoryview(self.data)[off:off + n]
-        if got == exp:
-            return None
-        if self.unknown is None:
-            return self._first_diff(exp, got, off)
-        mask = self.unknown[off:off + n]
+def first_diff(m, mask):
+    """(offset, expected byte, got byte) of the first byte of Mismatch m
+    that its sector's value does not allow, bytes marked in mask (None:
+    no byte) aside; None if a value allows every other byte."""
+    base = m.sector * T.SECTOR + m.lo
+    got = m.got
+    n = len(got)
+    vals = [m.expected] if isinstance(m.expected, bytes) else \
+        sorted(m.expected)
+    best = None
+    for v in vals:
+        exp = v[m.lo:m.lo + n]
+        d = None
         pos = 0
-        while pos < n:
-            start = mask.find(b"\x00", pos)
-            if start < 0:
-                break
-            end = mask.find(b"\x01", start)
-            if end < 0:
-                end = n
-            if got[start:end] != exp[start:end]:
-                return self._first_diff(exp[start:end], got[start:end],
-                                        off + start)
-            pos = end
-        return None
+        while pos < n and d is None:
+            a, b = pos, n           # the next run of defined bytes
+            if mask is not None:
+                a = mask.find(0, base + pos, base + n) - base
+                if a < 0:
+                    break
+                b = mask.find(1, base + a, base + n) - base
+                b = n if b < 0 else b
+            if exp[a:b] != got[a:b]:
+                j = next(j for j in range(a, b) if exp[j] != got[j])
+                d = (base + j, exp[j], got[j])
+            pos = b
+        if d is None:
+            return None
+        if best is None or d[0] > best[0]:
+            best = d
+    return best
 
 
 class Op:
@@ -179,7 +176,8 @@ class Runner:
         self.bytes = {k: 0 for k in KINDS}
         self.mismatches = 0
         self.errors = 0
-        self.model = None
+        self.disk = None            # ssdtest.Disk: the expected contents
+        self.trimmed = None         # Trimmed: what a trim left undefined
         self.durable_no = -1
 
     # -- connections -------------------------------------------------
@@ -235,7 +233,49 @@ class Runner:
             data = bytes(self.size)
         else:
             data = self.read_all(self.handles[0])
-        self.model = Model(data)
+        # Disk keeps whole sectors: pad an odd size (the padding is never
+        # addressed, and never saved).
+        self.disk = T.Disk(bytes(data) + bytes(-len(data) % T.SECTOR))
+        self.trimmed = Trimmed(self.size)
+
+    def contents(self):
+        """The expected contents now (a trimmed byte as it was before)."""
+        return memoryview(self.disk.cur)[:self.size]
+
+    def apply(self, op, ok):
+        """Op, a write, zero or trim, completed (ok) or failed (then each
+        sector holds the old or the new data, until a read says which).
+        Applied to the model only now, begin and end together: two
+        modifying requests in flight never share a byte but may share a
+        sector, and Disk.begin computes a partial sector's new value
+        when it is called, so the later of two such requests to complete
+        would erase the other's bytes."""
+        kind = op.kind
+        if kind == "trim":
+            if not self.args.trim_reads_zero:
+                self.trimmed.mark(op.off, op.n)
+                return
+            kind = "zero"
+        # fua=True: nothing here needs what the Disk would keep for a
+        # crash (its pending values would grow with every write).
+        w = self.disk.begin(kind, op.off, op.n, op.buf, fua=True)
+        self.disk.end(w, ok)
+        if ok:
+            self.trimmed.clear(op.off, op.n)
+
+    def check(self, off, got):
+        """None if a read of [off, off+len(got)) may return got, else
+        (offset, expected byte, got byte) of the first difference."""
+        mask = self.trimmed.mask if self.trimmed.covers(off, len(got)) \
+            else None
+        # With undefined bytes in the range every mismatch is needed:
+        # the first ones may be only there.
+        limit = 1 if mask is None else len(got) // T.SECTOR + 2
+        for m in self.disk.check_read(off, got, limit):
+            bad = first_diff(m, mask)
+            if bad is not None:
+                return bad
+        return None
 
     def read_all(self, h):
         out = bytearray()
@@ -318,7 +358,7 @@ class Runner:
             if self.args.durable_model:
                 # Writes completed before the flush is issued are the
                 # ones it must make durable.
-                op.snapshot = bytes(self.model.data)
+                op.snapshot = bytes(self.contents())
             op.cookie = h.aio_flush()
         self.inflight.append(op)
 
@@ -327,20 +367,17 @@ class Runner:
         if error is not None:
             self.errors += 1
             report("ERROR: %s failed: %s" % (op, error))
+            if op.kind in MODIFYING:
+                self.apply(op, False)
             return
         self.counts[op.kind] += 1
         self.bytes[op.kind] += op.n
-        m = self.model
         if op.kind == "read":
-            bad = m.check(op.off, op.buf)
+            bad = self.check(op.off, op.buf)
             if bad is not None:
                 self.mismatch(op, bad)
-        elif op.kind == "write":
-            m.write(op.off, op.buf)
-        elif op.kind == "zero":
-            m.zero(op.off, op.n)
-        elif op.kind == "trim":
-            m.trim(op.off, op.n, self.args.trim_reads_zero)
+        elif op.kind in MODIFYING:
+            self.apply(op, True)
         elif op.kind == "flush" and op.snapshot is not None:
             if op.no > self.durable_no:
                 self.durable_no = op.no
@@ -428,13 +465,12 @@ class Runner:
         self.summary(elapsed)
         if a.save_model:
             with open(a.save_model, "wb") as f:
-                f.write(self.model.data)
-            if self.model.unknown is not None and \
-               self.model.unknown.find(b"\x01") >= 0:
+                f.write(self.contents())
+            if self.trimmed.covers(0, self.size):
                 # Trimmed bytes are undefined: say which, so a caller
                 # can ignore them when comparing.
                 with open(a.save_model + ".unknown", "wb") as f:
-                    f.write(self.model.unknown)
+                    f.write(self.trimmed.mask)
                 info("%s.unknown marks the undefined (trimmed) bytes with "
                      "0x01" % a.save_model)
         if a.flush_at_end and self.caps["flush"]:
@@ -461,7 +497,7 @@ class Runner:
                 self.errors += 1
                 report("ERROR: %s failed: %s" % (op, e))
             else:
-                bad = self.model.check(off, data)
+                bad = self.check(off, data)
                 if bad is not None:
                     self.mismatch(op, bad)
             if self.too_many_failures():

@@ -947,8 +947,12 @@ class FlushHistory:
         now = sector_hashes(cur)
         diff = [s for s in range(len(now)) if now[s] != state[s]]
         if diff:
-            seq = (max([r[0] for r in self.writes] +
-                       [f[1] for f in self.flushes] + [0]) + 1)
+            # After every number recorded so far (issues, completions
+            # and flushes: all at most disk.seq) and before the next
+            # one the disk hands out (disk.seq + 1).
+            seq = max([r[0] for r in self.writes] +
+                      [r[1] for r in self.writes if r[1] is not None] +
+                      [x for f in self.flushes for x in f] + [0]) + 0.5
             for s in diff:
                 self.writes.append([seq, seq, s, [{now[s]}]])
 

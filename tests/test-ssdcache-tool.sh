@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# nbdkit-ssdcache-filter: the ssdcache tool (tools/ssdcache).
+# nbdkit-ssdcache-filter: the ssdcache tool (tools/ssdcache) on caches
+# in use, closed, and after kill -9 (usage and bad input:
+# test-ssdcache-tool-input.sh).
 #
-# 1. Usage: --help, --version, a missing, unknown or extra argument.
-# 2. Bad input to info and to check: a missing file, a directory, an
-#    empty, an all-zero and a foreign file, a cache cut short inside
-#    its page table or its superblocks, a future format version: exit
-#    2 and one line on stderr naming the file; nothing on stdout.
 # 3. A cache in use: with nbdkit running on it (writeback, nothing
 #    written back), info reports the geometry, the flags, the lock
 #    holder and as many dirty pages as the filter's own dirty_pages at
@@ -28,116 +25,7 @@ set -e -x
 requires "$PYTHON" -c 'import nbd'
 requires flock --version
 
-tool="$SSDCACHE_TOOL"
-[ -x "$tool" ] || fail "$tool not built"
-
-stats="$tmpdir/stats"
-size=$((1024 * 1024))
-random_file "$img" $size
-
-args=( file "$img" ssdcache-file="$cache"
-       ssdcache-size=256K ssdcache-page-size=4K ssdcache-mode=writeback
-       ssdcache-writeback-idle=0 ssdcache-writeback-high=100
-       ssdcache-writeback-on-exit=false ssdcache-stats="$stats" )
-
-# value FILE NAME: NAME's value in "name: value" output (any text).
-value ()
-{
-    awk -F': ' -v n="$2" '$1 == n { sub (/^[^:]*: /, ""); print; exit }' "$1"
-}
-
-# tool_fails ARGS...: the tool must exit 2 with nothing on stdout and
-# one line on stderr (left in $tmpdir/err).
-tool_fails ()
-{
-    local status=0
-    "$tool" "$@" > "$tmpdir/out" 2> "$tmpdir/err" || status=$?
-    cat "$tmpdir/out" "$tmpdir/err"
-    [ $status -eq 2 ] || fail "ssdcache $*: exit status $status, expected 2"
-    [ ! -s "$tmpdir/out" ] || fail "ssdcache $*: wrote to stdout"
-    [ "$(wc -l < "$tmpdir/err")" -eq 1 ] ||
-        fail "ssdcache $*: not one line on stderr"
-}
-
-# bad_input FILE PATTERN: info and check (and --json) refuse FILE with
-# one message naming it and matching PATTERN.
-bad_input ()
-{
-    local cmd
-    for cmd in info check "info --json" "check --json"; do
-        # shellcheck disable=SC2086
-        tool_fails $cmd "$1"
-        grep -Fq -- "$1" "$tmpdir/err" ||
-            fail "ssdcache $cmd: the message does not name $1"
-        grep -Eq -- "$2" "$tmpdir/err" ||
-            fail "ssdcache $cmd $1: the message does not match \"$2\""
-    done
-}
-
-json_ok ()
-{
-    "$PYTHON" -c 'import json, sys; json.load(sys.stdin)' < "$1" ||
-        fail "$1 is not valid JSON"
-}
-
-# -- 1. usage ---------------------------------------------------------------
-
-"$tool" --help > "$tmpdir/out"
-grep -q '^  info FILE' "$tmpdir/out" || fail "--help does not list info"
-grep -q '^  check FILE' "$tmpdir/out" || fail "--help does not list check"
-"$tool" --version | grep -Eq '^ssdcache [0-9]' || fail "--version"
-"$tool" info --help | grep -q -- '--json' || fail "info --help"
-"$tool" check --help | grep -q -- '--json' || fail "check --help"
-status=0; "$tool" > /dev/null 2>&1 || status=$?
-[ $status -eq 2 ] || fail "no arguments: exit status $status, expected 2"
-tool_fails frobnicate "$img"
-grep -q "unknown command 'frobnicate'" "$tmpdir/err" || fail "unknown command"
-tool_fails --frobnicate
-grep -q "unknown option '--frobnicate'" "$tmpdir/err" || fail "unknown option"
-tool_fails info --frobnicate "$img"
-grep -q "info: unknown option '--frobnicate'" "$tmpdir/err" ||
-    fail "unknown option of info"
-tool_fails check -x "$img"
-tool_fails info
-grep -q "no cache FILE" "$tmpdir/err" || fail "info without a file"
-tool_fails check "$img" "$img"
-grep -q "one FILE only" "$tmpdir/err" || fail "check with two files"
-
-# -- 2. bad input -------------------------------------------------------------
-
-bad_input "$tmpdir/missing.ssdcache" "cannot open: No such file or directory"
-mkdir "$tmpdir/dir"
-bad_input "$tmpdir/dir" "is a directory"
-: > "$tmpdir/empty"
-bad_input "$tmpdir/empty" "not an ssdcache cache file: it is empty"
-head -c 3M /dev/zero > "$tmpdir/zero"
-bad_input "$tmpdir/zero" "not an ssdcache cache file: .*all zeroes"
-bad_input "$img" "not an ssdcache cache file: no superblock"
-
-# A real cache to cut and change: made and closed by nbdkit.
-run_ssdcache "${args[@]}" --run 'nbdcopy "$uri" /dev/null'
-cp "$cache" "$tmpdir/cut"
-truncate -s 12000 "$tmpdir/cut"
-bad_input "$tmpdir/cut" "truncated: 12000 bytes, but its page table"
-truncate -s 5000 "$tmpdir/cut"
-bad_input "$tmpdir/cut" "truncated: 5000 bytes, too small"
-cp "$cache" "$tmpdir/future"
-"$PYTHON" - "$tmpdir/future" <<'PY'
-import struct, sys
-def crc32c(data):
-    crc = 0xffffffff
-    for b in data:
-        crc ^= b
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82f63b78 if crc & 1 else 0)
-    return crc ^ 0xffffffff
-with open(sys.argv[1], "r+b") as f:
-    raw = bytearray(f.read(4096))
-    struct.pack_into("<I", raw, 8, 2)
-    struct.pack_into("<I", raw, 4092, crc32c(bytes(raw[:4092])))
-    f.seek(0); f.write(raw)
-PY
-bad_input "$tmpdir/future" "copy A is in format version 2, newer than this tool"
+source "$(dirname "$0")/tool.sh-inc"
 
 # -- 3. a cache in use --------------------------------------------------------
 

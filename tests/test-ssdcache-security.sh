@@ -19,12 +19,7 @@
 #    an explicit ssdcache-file: a foreign file is never overwritten).
 # The normal default path still works: parents created 0700, the file
 # 0600, and the second run is warm (nbdkit's stats filter below the
-# cache counts backend reads).
-#
-# Encryption: nbdkit's luks filter above ssdcache round-trips data and
-# the cache file holds no plaintext of a known pattern (while with
-# luks below ssdcache it does: the check can see plaintext).  The LUKS
-# image is made with cryptsetup or qemu-img.
+# cache counts backend reads).  Encryption: test-ssdcache-luks.sh.
 #
 # Needs root (to act as a second user, nobody, with setpriv or
 # runuser); cases that cannot run here are listed, and the test then
@@ -270,79 +265,6 @@ refused "(byte $((40 << 20)) is not zero)" "$tmpdir/sparse" \
 truncate -s 0 "$tmpdir/sparse"
 truncate -s 64M "$tmpdir/sparse"
 run -- ssdcache-file="$tmpdir/sparse"
-
-# -- encryption: nbdkit's luks filter above ssdcache --------------------------
-
-luks="$tmpdir/luks.img"
-printf 'correct horse battery staple' > "$tmpdir/pw"
-truncate -s 16M "$luks"
-made_luks=no
-if ! nbdkit --filter=luks null --version >/dev/null 2>&1; then
-    skipped+=("luks: nbdkit has no luks filter")
-elif command -v cryptsetup >/dev/null &&
-     cryptsetup luksFormat --batch-mode --type luks1 \
-                --pbkdf-force-iterations 1000 --key-file "$tmpdir/pw" "$luks"; then
-    made_luks=yes
-elif command -v qemu-img >/dev/null && rm -f "$luks" &&
-     qemu-img create -f luks --object secret,id=s0,file="$tmpdir/pw" \
-              -o key-secret=s0,iter-time=10 "$luks" 16M; then
-    made_luks=yes
-else
-    skipped+=("luks: neither cryptsetup nor qemu-img can make a LUKS image")
-fi
-if [ $made_luks = yes ]; then
-    marker="SSDCACHE-PLAINTEXT-MARKER"
-    write='
-m = b"'$marker'-%08d\n"
-data = b"".join(m % i for i in range(1024 * 1024 // len(m % 0)))
-data += bytes(1024 * 1024 - len(data))
-h.pwrite(data, 4096)
-h.flush()
-assert h.pread(len(data), 4096) == data
-'
-    check='
-m = b"'$marker'-%08d\n"
-data = b"".join(m % i for i in range(1024 * 1024 // len(m % 0)))
-data += bytes(1024 * 1024 - len(data))
-assert h.pread(len(data), 4096) == data, "LUKS data did not round-trip"
-'
-    export write check
-    # luks (first, the outermost) above ssdcache: ciphertext cached.
-    lc="$tmpdir/luks-above.ssdcache"
-    nbdkit -U - --filter=luks --filter="$SSDCACHE_FILTER" --filter=stats \
-           file "$luks" passphrase=+"$tmpdir/pw" ssdcache-file="$lc" \
-           statsfile="$bstats" --run 'nbdsh -u "$uri" -c "$write"'
-    rm -f "$bstats"
-    nbdkit -U - --filter=luks --filter="$SSDCACHE_FILTER" --filter=stats \
-           file "$luks" passphrase=+"$tmpdir/pw" ssdcache-file="$lc" \
-           statsfile="$bstats" ssdcache-stats="$stats" \
-           --run 'nbdsh -u "$uri" -c "$check"'
-    [ "$(stat_get "$stats" loaded_slots)" -gt 0 ] || fail "luks: the cache was not used"
-    b="$(backend_read_bytes "$bstats")"
-    [ "$b" -le $((256 * 1024)) ] || fail "luks: the restart read $b bytes from the backend: the ciphertext was not cached"
-    if grep -aqF "$marker" "$lc"; then
-        fail "luks above ssdcache: the cache file holds plaintext"
-    fi
-    if grep -aqF "$marker" "$luks"; then
-        fail "the LUKS image holds plaintext: not encrypted?"
-    fi
-    if grep -aqF "correct horse" "$lc"; then
-        fail "the passphrase is in the cache file"
-    fi
-    # The control: luks below ssdcache caches plaintext, and the check
-    # above would have seen it.  Here ssdcache sees the passphrase
-    # (given in the clear this time): the identity summary in the
-    # cache file must mask it.
-    lb="$tmpdir/luks-below.ssdcache"
-    nbdkit -U - --filter="$SSDCACHE_FILTER" --filter=luks file "$luks" \
-           passphrase="$(cat "$tmpdir/pw")" ssdcache-file="$lb" \
-           --run 'nbdsh -u "$uri" -c "$check"'
-    grep -aqF "$marker" "$lb" ||
-        fail "luks below ssdcache: no plaintext found in the cache: the check cannot see it"
-    if grep -aqF "correct horse" "$lb"; then
-        fail "luks below ssdcache: the passphrase is in the cache file"
-    fi
-fi
 
 if [ ${#skipped[@]} -gt 0 ]; then
     for s in "${skipped[@]}"; do

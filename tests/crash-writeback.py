@@ -44,18 +44,18 @@ import argparse
 import os
 import random
 import select
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 
 import nbd
 
-MiB = 1024 * 1024
-KiB = 1024
-SECTOR = 512
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ssdtest as T            # noqa: E402
+
+MiB = T.MiB
+KiB = T.KiB
+SECTOR = T.SECTOR
 
 
 def info(msg):
@@ -66,53 +66,48 @@ class Violation(Exception):
     pass
 
 
-class EnvError(Exception):
-    pass
-
-
 # -- the server --------------------------------------------------------
 
-class Server:
-    """One nbdkit process on the shared backing file and cache file."""
+class Server(T.Nbdkit):
+    """One nbdkit (ssdtest.Nbdkit) on the shared backing file and cache
+    file, with the configuration it runs with."""
 
     counter = 0
 
     def __init__(self, args, cfg, mode, on_exit):
         Server.counter += 1
         self.no = Server.counter
-        self.args = args
         self.cfg = cfg
         self.mode = mode
         self.on_exit = on_exit
         wd = args.workdir
-        self.sock = os.path.join(wd, "sock")
-        self.pidfile = os.path.join(wd, "nbdkit.pid")
         self.stats = os.path.join(wd, "stats.%d" % self.no)
-        self.ctl = os.path.join(wd, "ctl.%d" % self.no)
-        self.logname = os.path.join(wd, "nbdkit.%d.log" % self.no)
-        self.proc = None
+        self.control = os.path.join(wd, "ctl.%d" % self.no)
+        T.Nbdkit.__init__(self, self.nbdkit_args(args), wd,
+                          verbose=args.debug,
+                          debug=["ssdcache.verbose=1"] if args.debug else [],
+                          log=os.path.join(wd, "nbdkit.%d.log" % self.no))
 
-    def argv(self):
+    def nbdkit_args(self, args):
+        """nbdkit's arguments after the ones ssdtest.Nbdkit adds."""
         c = self.cfg
-        a = ["nbdkit"] + (["-v", "-D", "ssdcache.verbose=1"]
-                          if self.args.debug else []) + ["-U", self.sock, "-P", self.pidfile, "-f",
-             "--filter=" + self.args.filter,
+        a = ["--filter=" + args.filter,
              # Writeback's own writes fail while the trigger file exists
              # (an error window, Client.error_window): clients send
              # nothing then.
              "--filter=error",
-             "file", self.args.image,
+             "file", args.image,
              "error-pwrite=EIO", "error-pwrite-rate=50%",
-             "error-file=" + self.args.trigger,
-             "ssdcache-file=" + self.args.cache,
+             "error-file=" + args.trigger,
+             "ssdcache-file=" + args.cache,
              "ssdcache-size=%d" % c["cache_size"],
              "ssdcache-page-size=%d" % c["page_size"],
              "ssdcache-mode=" + self.mode,
              "ssdcache-stats=" + self.stats,
-             "ssdcache-control=" + self.ctl,
+             "ssdcache-control=" + self.control,
              "ssdcache-writeback-on-exit=" + ("true" if self.on_exit
                                               else "false")]
-        if self.args.direct:
+        if args.direct:
             a += ["ssdcache-direct=true"]
         if self.mode == "writeback":
             a += ["ssdcache-flush=" + c["flush"],
@@ -128,61 +123,28 @@ class Server:
         return a
 
     def describe(self):
-        return "server #%d: %s" % (self.no, " ".join(self.argv()))
+        return "server #%d: %s" % (self.no, self.command())
 
     def start(self):
-        for f in (self.pidfile, self.sock):
-            try:
-                os.unlink(f)
-            except FileNotFoundError:
-                pass
-        log = open(self.logname, "wb")
-        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
-                                     stdout=log, stderr=log)
-        log.close()
-        LIVE.append(self)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if os.path.exists(self.pidfile) and \
-               os.path.getsize(self.pidfile) > 0:
-                return
-            if self.proc.poll() is not None:
-                raise Violation("nbdkit exited with status %d during "
-                                "start-up\n%s\n%s" % (
-                                    self.proc.returncode, self.describe(),
-                                    self.log_tail()))
-            time.sleep(0.01)
-        raise Violation("nbdkit did not start in 60 s\n" + self.describe())
-
-    def log_tail(self, n=30):
         try:
-            with open(self.logname, "rb") as f:
-                lines = f.read().decode("utf-8", "replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join("  nbdkit: " + l for l in lines[-n:])
+            T.Nbdkit.start(self, timeout=60)
+        except (T.StartError, T.Hang) as e:
+            raise Violation("server #%d: %s" % (self.no, e))
 
-    def kill(self):
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+    def handles(self, n):
+        return [self.connect(name="crash-wb-%d" % i) for i in range(n)]
 
     def get_counter(self, name):
         """A counter of the running server (its control socket)."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as so:
-            so.settimeout(30)
-            so.connect(self.ctl)
-            so.sendall(b"stats\n")
-            out = b""
-            while True:
-                b = so.recv(65536)
-                if not b:
-                    break
-                out += b
-        for line in out.decode().splitlines():
+        r = T.ctl(self.control, "stats")
+        if not r.ok:
+            raise Violation("%s: ssdcache ctl stats: %s" % (
+                self.describe(), r))
+        for line in r.out.splitlines():
             k, _, v = line.partition(":")
             if k.strip() == name:
                 return int(v)
-        raise EnvError("counter %s missing from the control socket" % name)
+        raise T.EnvError("counter %s missing from the control socket" % name)
 
     def switch_mode(self, mode):
         """Switch the running server to mode over its control socket (a
@@ -192,13 +154,8 @@ class Server:
         """
         def run():
             try:
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as so:
-                    so.settimeout(120)
-                    so.connect(self.ctl)
-                    so.sendall(("mode %s\n" % mode).encode())
-                    while so.recv(65536):
-                        pass
-            except OSError:
+                T.ctl(self.control, "mode", mode, timeout=120)
+            except T.Hang:
                 pass
         t = threading.Thread(target=run, daemon=True)
         t.start()
@@ -206,13 +163,10 @@ class Server:
 
     def stop(self):
         """Clean shutdown; returns the counters of the stats file."""
-        self.proc.send_signal(signal.SIGTERM)
         try:
-            rc = self.proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise Violation("nbdkit did not exit within 90 s of SIGTERM\n" +
-                            self.describe())
+            rc = T.Nbdkit.stop(self, timeout=90)
+        except T.Hang as e:
+            raise Violation("server #%d: %s" % (self.no, e))
         if rc != 0:
             raise Violation("nbdkit exited with status %d after SIGTERM\n"
                             "%s\n%s" % (rc, self.describe(), self.log_tail()))
@@ -231,18 +185,6 @@ class Server:
             raise Violation("nbdkit did not write its stats file %s\n%s" % (
                 self.stats, self.describe()))
         return stats
-
-    def connect(self, n):
-        hs = []
-        for i in range(n):
-            h = nbd.NBD()
-            h.set_handle_name("crash-wb-%d" % i)
-            h.connect_unix(self.sock)
-            hs.append(h)
-        return hs
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
 
 
 # -- what must survive --------------------------------------------------
@@ -901,7 +843,7 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
     if True:
         t0 = time.monotonic()
         last = it + 1 == args.iterations
-        hs = server.connect(2)
+        hs = server.handles(2)
         state.history.start(it, state.model)
         client = Client(args, data_rng, state, hs, cfg)
         client.history = state.history
@@ -940,7 +882,7 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
                              on_exit=True if not same_geo
                              else rng.random() < 0.5)
         vserver.start()
-        h = vserver.connect(1)[0]
+        h = vserver.handles(1)[0]
         got = read_all(h, args.size)
         close_handles([h])
         bad = check_export(got, state.durable, state.w, args.size)
@@ -998,7 +940,7 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
                             on_exit=True if last else rng.random() < 0.5)
             server.start()
             if same_geo:
-                h = server.connect(1)[0]
+                h = server.handles(1)[0]
                 again = read_all(h, args.size)
                 close_handles([h])
                 if again != state.model:
@@ -1017,7 +959,7 @@ def finish(args, server, state, totals, t_start):
     stats = server.stop()
     check_stats(server, stats)
     if not server.on_exit:
-        raise EnvError("internal: the last server must write back at exit")
+        raise T.EnvError("internal: the last server must write back at exit")
     compare_backing(args, state.model, "final clean exit (writeback-on-exit"
                     "=true)")
     info("PASS: seed %d, %d iterations in %.1fs: %d writes, %d FUA writes, "
@@ -1126,25 +1068,16 @@ def main():
         print("crash-writeback: rerun with --seed %d; logs in %s" % (
             args.seed, args.workdir), file=sys.stderr)
         return 1
-    except EnvError as e:
+    except T.EnvError as e:
         print("crash-writeback: ERROR: %s" % e, file=sys.stderr)
         return 2
     finally:
-        kill_leftover(args)
+        T.kill_all()     # the servers this run started, if running
     if made:
         import shutil
         shutil.rmtree(args.workdir, ignore_errors=True)
     return 0
 
-
-def kill_leftover(args):
-    """Kill the server this run started, if one is still running."""
-    for srv in LIVE:
-        if srv.alive():
-            srv.kill()
-
-
-LIVE = []
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -51,7 +51,8 @@
 #   expect_predicted STATS    the counters that check (the last
 #                             expect_check) predicted for the next start
 #                             are those in ssdcache-stats file STATS
-#   $PYTHON, $random_io       interpreter with libnbd, random-io.py path
+#   $PYTHON, $random_io       interpreter with libnbd, random-io.py path;
+#                             PYTHONPATH lets its scripts import ssdtest
 
 # -- where things are ---------------------------------------------------
 
@@ -68,6 +69,8 @@ fi
 : "${PYTHON:=/usr/bin/python3}"
 random_io="$testsrcdir/random-io.py"
 export abs_top_srcdir abs_top_builddir SSDCACHE_FILTER PYTHON random_io
+# Python run by a test (a heredoc too) can "import ssdtest".
+export PYTHONPATH="$testsrcdir${PYTHONPATH:+:$PYTHONPATH}"
 : "${SSDCACHE_TOOL:=$abs_top_builddir/tools/ssdcache}"
 export SSDCACHE_TOOL
 

@@ -26,6 +26,8 @@ does not grow its own copy:
   Sshd, Httpd      an OpenSSH server and a lighttpd of the test's own on
                    loopback, for the ssh and curl plugins
   wait_for         poll a condition with a deadline
+  crc32c           the checksum of the cache file's format (to forge
+                   superblocks and entries in tests)
 
 Conventions: sizes in bytes; a "sector" is 512 bytes; a value of a
 sector is its 512 bytes, a frozenset of such values (any of them), or
@@ -102,6 +104,16 @@ def shim_path(name):
 
 
 # -- waiting --------------------------------------------------------------
+
+def crc32c(data):
+    """CRC32C (Castagnoli), as the cache file's format uses it."""
+    crc = 0xffffffff
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82f63b78 if crc & 1 else 0)
+    return crc ^ 0xffffffff
+
 
 def wait_for(cond, timeout, what, poll=0.05, event=None):
     """Return once cond() is true; Hang if it is still false after

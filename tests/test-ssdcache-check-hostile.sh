@@ -22,13 +22,7 @@ nbdkit -U - --filter="$SSDCACHE_FILTER" null 16M ssdcache-file="$cache" \
 nslots=$((4 * 1024 * 1024))
 "$PYTHON" - "$cache" $nslots <<'PY'
 import os, struct, sys
-def crc32c(data):
-    crc = 0xffffffff
-    for b in data:
-        crc ^= b
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82f63b78 if crc & 1 else 0)
-    return crc ^ 0xffffffff
+from ssdtest import crc32c
 path, nslots = sys.argv[1], int(sys.argv[2])
 mib = 1 << 20
 pool = (8192 + nslots * 64 + mib - 1) // mib * mib

@@ -68,13 +68,7 @@ cache_tool ()
     "$PYTHON" - "$cache" "$@" <<'PY'
 import os, struct, sys
 path, cmd, args = sys.argv[1], sys.argv[2], [int(a) for a in sys.argv[3:]]
-def crc32c(data):
-    crc = 0xffffffff
-    for b in data:
-        crc ^= b
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82f63b78 if crc & 1 else 0)
-    return crc ^ 0xffffffff
+from ssdtest import crc32c
 def sb_ok(raw):
     return raw[:8] == b"NBDKSSDC" and \
         struct.unpack_from("<I", raw, 4092)[0] == crc32c(raw[:4092])

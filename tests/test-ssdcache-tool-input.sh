@@ -60,13 +60,7 @@ bad_input "$tmpdir/cut" "truncated: 5000 bytes, too small"
 cp "$cache" "$tmpdir/future"
 "$PYTHON" - "$tmpdir/future" <<'PY'
 import struct, sys
-def crc32c(data):
-    crc = 0xffffffff
-    for b in data:
-        crc ^= b
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82f63b78 if crc & 1 else 0)
-    return crc ^ 0xffffffff
+from ssdtest import crc32c
 with open(sys.argv[1], "r+b") as f:
     raw = bytearray(f.read(4096))
     struct.pack_into("<I", raw, 8, 2)

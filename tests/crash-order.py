@@ -64,9 +64,7 @@ class KillHistory(T.FlushHistory):
     - the export as read back after the restart is part of every later
       flush point, but is no write allowed between two flushes
       (FlushHistory.restarted adds it as a write completed at the
-      restart, allowed until the next flush, and numbers it from the
-      issue numbers alone, which can rank it before a write completed
-      just before the kill).
+      restart, allowed until the next flush).
 
     It uses FlushHistory's records: [issue seq, completion seq, first
     sector, hashes]."""
@@ -83,11 +81,7 @@ class KillHistory(T.FlushHistory):
         for rec in self.byw.values():
             rec[1] = kill       # done at the kill: in V up to next flush
         self.byw = {}
-        state = list(self.base)
-        for rec in sorted((r for r in self.writes if r[1] is not None),
-                          key=lambda r: r[1]):
-            for i, h in enumerate(rec[3]):
-                state[rec[2] + i] = next(iter(h))
+        state = self.completed_state()
         now = T.sector_hashes(cur)
         self.readback = (self.disk.seq + 0.5,
                          {s: now[s] for s in range(len(now))

@@ -945,17 +945,22 @@ class FlushHistory:
     def flushed(self, iseq, cseq):
         self.flushes.append((iseq, cseq))
 
+    def completed_state(self):
+        """Each sector's hash after every completed write, in order."""
+        state = list(self.base)
+        for rec in sorted((r for r in self.writes if r[1] is not None),
+                          key=lambda r: r[1]):
+            for i, h in enumerate(rec[3]):
+                state[rec[2] + i] = next(iter(h))
+        return state
+
     def restarted(self, cur):
         """After a restart on the same cache the export read as cur:
         the sectors that differ from the newest state are a write
         completed now (recovery's data), and writes in flight at the
         kill stay possible."""
         self.byw = {}
-        state = list(self.base)
-        for rec in sorted((r for r in self.writes if r[1] is not None),
-                          key=lambda r: r[1]):
-            for i, h in enumerate(rec[3]):
-                state[rec[2] + i] = next(iter(h))
+        state = self.completed_state()
         now = sector_hashes(cur)
         diff = [s for s in range(len(now)) if now[s] != state[s]]
         if diff:

@@ -186,10 +186,7 @@ class Client:
             self.reap(False)
 
     def read_all(self):
-        out = bytearray()
-        for off in range(0, self.args.size, 4 * MiB):
-            out += self.h.pread(min(4 * MiB, self.args.size - off), off)
-        return out
+        return T.read_all(self.h, self.args.size)
 
 
 def choose_cfg(rng):

@@ -7,18 +7,22 @@
 # time), opens two connections and sends batches of random
 # asynchronous writes (unaligned offsets and lengths, 1 KiB writes,
 # multi-page writes) with flushes and FUA writes in between.  What was
-# durable is tracked as:
+# durable is tracked by ssdtest.Disk, per 512-byte sector:
 #
-#   D  the contents the export must have kept: the data every completed
-#      write had when the last completed FLUSH was issued, plus the data
-#      of every completed FUA write;
-#   W  every write issued since (complete or not), in issue order.
+#   D  the data the export must have kept: the data every completed
+#      write had when the last completed FLUSH was issued, plus that of
+#      every completed FUA write;
+#   W  the value after each write completed since, and the value of
+#      each write in flight.
 #
 # nbdkit is then killed with SIGKILL at a random moment with writes in
 # flight, restarted on the same cache file, and the whole export is
-# read back: every byte must equal its value in D or the value of some
-# write in W covering it.  The data read back is the starting point of
-# the next iteration.  Per iteration the flush semantics
+# read back (Disk.check_after_crash): every sector must hold its value
+# in D or in W; a sector of a write in flight at the kill, or one that
+# two writes in flight shared (bytes apart), may mix them byte by byte.
+# Reads during the run must return the completed writes
+# (Disk.check_read).  The data read back is the starting point of the
+# next iteration.  Per iteration the flush semantics
 # (ssdcache-flush=cache|backend), page size, cache size, watermarks
 # and idle time are chosen at random; sometimes the server restarts in
 # writethrough or writearound mode (which must write all dirty data
@@ -29,8 +33,8 @@
 #
 # With --mode writethrough every server runs in writethrough mode
 # (ssdcache-defer-writes on, the default: small rewrites of cached data
-# reach the cache file from a background thread): the same D/W check
-# holds after each kill, and besides, the restarted server must serve
+# reach the cache file from a background thread): the same check holds
+# after each kill, and besides, the restarted server must serve
 # exactly the backing file, which has every completed write: a cached
 # copy older than the backend (an update lost with the kill, not
 # dropped at the restart) shows up as a difference.
@@ -41,6 +45,7 @@
 # Needs the libnbd Python bindings: run with /usr/bin/python3.
 
 import argparse
+import itertools
 import os
 import random
 import select
@@ -189,26 +194,59 @@ class Server(T.Nbdkit):
 
 # -- what must survive --------------------------------------------------
 
-class Entry:
-    """A write issued since the last completed flush (maybe trimmed)."""
-    __slots__ = ("id", "off", "data", "fua", "done")
+def format_mismatches(bad, page_size):
+    """The Mismatches of the crash check, with the page of each and how
+    many of its bytes no allowed value explains."""
+    return "\n".join("  %s (page %d, 512-byte sector %d of it; %d bad "
+                     "byte(s) in this sector)" % (
+                         m, m.sector * SECTOR // page_size,
+                         m.sector * SECTOR % page_size // SECTOR,
+                         m.odd_bytes())
+                     for m in bad)
 
-    def __init__(self, id, off, data, fua):
-        self.id = id
-        self.off = off
-        self.data = data
-        self.fua = fua
-        self.done = False
 
-    @property
-    def end(self):
-        return self.off + len(self.data)
+class Model:
+    """What the export must hold: the model disk (ssdtest.Disk), where
+    its data came from (ssdtest.Origins), the next write's number."""
 
+    def __init__(self, data):
+        self.disk = T.Disk(data)
+        self.origins = T.Origins(unit="iterations")
+        self.ids = itertools.count()
+
+
+def read_all(h, size):
+    try:
+        return T.read_all(h, size)
+    except T.ReadError as e:
+        raise Violation(str(e))
+
+
+def read_backing(args):
+    with open(args.image, "rb") as f:
+        return f.read()
+
+
+def compare_backing(args, disk, what):
+    """The backing file must hold every completed write (disk.cur)."""
+    bad = disk.check_current(read_backing(args), flight=False,
+                             limit=disk.nsect)
+    if bad:
+        fb = bad[0].first_byte()
+        raise Violation("%s: the backing file differs from the model at %s; "
+                        "%d 4K blocks differ" % (
+                            what, "offset %d (expected 0x%02x, got 0x%02x)"
+                            % fb if fb else bad[0],
+                            len({m.sector * SECTOR // 4096 for m in bad})))
+
+
+# -- the client ---------------------------------------------------------
 
 class Op:
-    __slots__ = ("kind", "conn", "cookie", "off", "n", "buf", "entry",
-                 "expect", "snapshot", "keep_from", "incomplete",
-                 "issued", "subs")
+    """A request in flight: w is a write's ssdtest.Write, token a
+    flush's (Disk.flush_begin)."""
+    __slots__ = ("kind", "conn", "cookie", "off", "n", "buf", "w", "id",
+                 "fua", "token", "issued", "subs")
 
     def __init__(self, kind, conn):
         self.kind = kind
@@ -217,11 +255,10 @@ class Op:
         self.off = 0
         self.n = 0
         self.buf = None
-        self.entry = None
-        self.expect = None
-        self.snapshot = None
-        self.keep_from = 0
-        self.incomplete = None
+        self.w = None
+        self.id = None
+        self.fua = False
+        self.token = None
         self.issued = time.monotonic()
         self.subs = None
 
@@ -229,186 +266,22 @@ class Op:
         s = "%s conn=%d" % (self.kind, self.conn)
         if self.kind in ("write", "read"):
             s += " off=%d len=%d" % (self.off, self.n)
-        if self.entry is not None:
-            s += " id=%d%s" % (self.entry.id, " FUA" if self.entry.fua else "")
+        if self.id is not None:
+            s += " id=%d%s" % (self.id, " FUA" if self.fua else "")
         return s
 
 
-class State:
-    """The model: D (durable), W (issued since), model (completed)."""
-
-    def __init__(self, data):
-        self.model = bytearray(data)
-        self.durable = bytearray(data)
-        self.w = []
-        self.next_id = 0
-        self.flushes_done = 0
-        self.fuas_done = 0
-
-    def rebase(self, data):
-        self.model = bytearray(data)
-        self.durable = bytearray(data)
-        self.w = []
-
-
-def trim_entries(entries, lo, hi):
-    """Remove [lo, hi) from every entry: a durable FUA write there
-    is newer than all of them."""
-    out = []
-    for e in entries:
-        if e.end <= lo or e.off >= hi:
-            out.append(e)
-            continue
-        if e.off < lo:
-            p = Entry(e.id, e.off, e.data[:lo - e.off], e.fua)
-            p.done = e.done
-            out.append(p)
-        if e.end > hi:
-            p = Entry(e.id, hi, e.data[hi - e.off:], e.fua)
-            p.done = e.done
-            out.append(p)
-    return out
-
-
-def check_export(got, durable, entries, size, limit=20):
-    """Every byte of got must be durable[b] or the byte of an entry that
-    covers b.  Returns a list of violations (at most limit)."""
-    bad = []
-    bounds = {0, size}
-    for e in entries:
-        bounds.add(e.off)
-        bounds.add(e.end)
-    bounds = sorted(bounds)
-    by_off = sorted(entries, key=lambda e: e.off)
-    active = []
-    k = 0
-    for a, b in zip(bounds, bounds[1:]):
-        while k < len(by_off) and by_off[k].off <= a:
-            active.append(by_off[k])
-            k += 1
-        active = [e for e in active if e.end > a]
-        g = got[a:b]
-        if g == durable[a:b]:
-            continue
-        if any(e.data[a - e.off:b - e.off] == g for e in active):
-            continue
-        # A mixture (e.g. part of a write in flight reached the cache):
-        # go sector by sector, then byte by byte.
-        s = a
-        while s < b:
-            t = min(b, (s // SECTOR + 1) * SECTOR)
-            gs = got[s:t]
-            if gs != durable[s:t] and \
-               not any(e.data[s - e.off:t - e.off] == gs for e in active):
-                first, nbad = None, 0
-                for j in range(s, t):
-                    v = got[j]
-                    if v == durable[j]:
-                        continue
-                    if any(e.data[j - e.off] == v for e in active):
-                        continue
-                    nbad += 1
-                    if first is None:
-                        first = j
-                if first is not None:
-                    j = first
-                    bad.append((j, nbad, durable[j],
-                                [(e.id, e.data[j - e.off], e.fua, e.done)
-                                 for e in active], got[j]))
-                    if len(bad) >= limit:
-                        return bad
-            s = t
-    return bad
-
-
-def format_violations(bad, size, page_size):
-    lines = []
-    for off, nbad, dval, cands, got in bad:
-        c = ", ".join("write #%d%s%s=0x%02x" % (
-            i, " FUA" if f else "", "" if d else " (in flight)", v)
-            for i, v, f, d in cands)
-        lines.append("  offset %d (page %d, 512-byte sector %d of it; %d "
-                     "bad byte(s) in this sector): got 0x%02x; expected one "
-                     "of: last flushed 0x%02x%s" % (
-                         off, off // page_size,
-                         (off % page_size) // SECTOR, nbad, got, dval,
-                         (", " + c) if c else ""))
-    return "\n".join(lines)
-
-
-class History:
-    """Where a sector's bytes came from, for diagnosing a violation: the
-    512-byte sectors of every write of the last few iterations, and of
-    the export as read back at the start of each of them."""
-
-    KEEP = 6
-
-    def __init__(self):
-        self.iters = []          # [(iteration, {hash: [description]})]
-
-    def start(self, it, image):
-        d = {}
-        for s in range(0, len(image), SECTOR):
-            d.setdefault(hash(bytes(image[s:s + SECTOR])), []).append(
-                "the export's sector at offset %d at the start of "
-                "iteration %d" % (s, it))
-        self.iters.append((it, d))
-        del self.iters[:-self.KEEP]
-
-    def add_write(self, e):
-        if not self.iters:
-            return
-        it, d = self.iters[-1]
-        first = -(-e.off // SECTOR) * SECTOR
-        for s in range(first, e.end - SECTOR + 1, SECTOR):
-            d.setdefault(hash(e.data[s - e.off:s - e.off + SECTOR]), []).append(
-                "write #%d%s of iteration %d, at offset %d" % (
-                    e.id, " FUA" if e.fua else "", it, s))
-
-    def whence(self, sector):
-        h = hash(bytes(sector))
-        out = []
-        for it, d in self.iters:
-            out += d.get(h, [])
-        return out
-
-
-def explain(bad, got, args, history, limit=4):
-    """Origins of the first bad sectors' bytes, and what the backing
-    file holds there."""
-    lines = []
-    try:
-        with open(args.image, "rb") as f:
-            backing = f.read()
-    except OSError:
-        backing = b""
-    seen = set()
-    for off, _, _, _, _ in bad:
-        s = off - off % SECTOR
-        if s in seen:
-            continue
-        seen.add(s)
-        if len(seen) > limit:
-            break
-        sec = got[s:s + SECTOR]
-        w = history.whence(sec)
-        lines.append("  sector at %d: its bytes are %s; the backing file "
-                     "there %s" % (
-                         s, "; ".join(w[:4]) if w else
-                         "from nowhere known (no write or read-back image "
-                         "of the last %d iterations)" % History.KEEP,
-                         "holds the same bytes" if backing[s:s + SECTOR] == sec
-                         else "differs"))
-    return "\n".join(lines)
-
-
-# -- the client ---------------------------------------------------------
-
 class Client:
-    def __init__(self, args, rng, state, handles, cfg):
+    """Requests on the handles against the model disk (ssdtest.Disk);
+    the writes are numbered by ids (shared across iterations) and
+    recorded in origins (ssdtest.Origins)."""
+
+    def __init__(self, args, rng, disk, handles, cfg, ids, origins):
         self.args = args
         self.rng = rng
-        self.st = state
+        self.disk = disk
+        self.ids = ids
+        self.origins = origins
         self.h = handles
         self.cfg = cfg
         self.size = args.size
@@ -421,7 +294,6 @@ class Client:
         self.hot = rng.randrange(0, self.size - args.hot_size + 1, 4096)
         self.seq_pos = rng.randrange(0, self.size, 64 * KiB)
         self.seq_around = 0
-        self.history = None
 
     # generating
 
@@ -482,12 +354,11 @@ class Client:
         op.off, op.n = off, n
         data = self.rng.randbytes(n)
         op.buf = bytearray(data)
-        e = Entry(self.st.next_id, off, data, fua)
-        self.st.next_id += 1
-        if self.history is not None:
-            self.history.add_write(e)
-        op.entry = e
-        self.st.w.append(e)
+        op.id = next(self.ids)
+        op.fua = fua
+        op.w = self.disk.begin("write", off, n, data, fua=fua)
+        self.origins.add_write(op.w, "write #%d%s" % (
+            op.id, " FUA" if fua else ""))
         op.cookie = self.h[conn].aio_pwrite(
             nbd.Buffer.from_buffer(op.buf), off,
             flags=nbd.CMD_FLAG_FUA if fua else 0)
@@ -497,10 +368,7 @@ class Client:
     def issue_flush(self, conn):
         """FLUSH covers the writes completed before it is issued."""
         op = Op("flush", conn)
-        op.snapshot = bytearray(self.st.model)
-        op.keep_from = self.st.next_id
-        op.incomplete = {o.entry.id for o in self.inflight
-                         if o.kind == "write"}
+        op.token = self.disk.flush_begin()
         if self.multi_conn:
             op.cookie = self.h[conn].aio_flush()
             op.subs = None
@@ -513,30 +381,19 @@ class Client:
 
     def complete(self, op):
         self.inflight.remove(op)
-        st = self.st
         if op.kind == "write":
-            e = op.entry
-            e.done = True
-            st.model[op.off:op.off + op.n] = op.buf
-            if e.fua:
-                st.durable[op.off:op.off + op.n] = op.buf
-                st.w = trim_entries(st.w, op.off, op.off + op.n)
-                if self.pending_flush is not None:
-                    self.pending_flush.snapshot[op.off:op.off + op.n] = op.buf
-                st.fuas_done += 1
+            self.disk.end(op.w, True)
         elif op.kind == "read":
-            if op.buf != op.expect:
-                j = next(i for i in range(op.n) if op.buf[i] != op.expect[i])
-                raise Violation("read %s returned wrong data at offset %d: "
-                                "expected 0x%02x, got 0x%02x" % (
-                                    op, op.off + j, op.expect[j], op.buf[j]))
+            bad = self.disk.check_read(op.off, op.buf, limit=1)
+            if bad:
+                fb = bad[0].first_byte()
+                raise Violation("read %s returned wrong data at %s" % (
+                    op, "offset %d: expected 0x%02x, got 0x%02x" % fb
+                    if fb else bad[0]))
             self.counts["read"] += 1
         elif op.kind == "flush":
-            st.durable = op.snapshot
-            st.w = [e for e in st.w
-                    if e.id >= op.keep_from or e.id in op.incomplete]
+            self.disk.flush_end(op.token)
             self.pending_flush = None
-            st.flushes_done += 1
             self.counts["flush"] += 1
 
     def cmd_done(self, op):
@@ -664,7 +521,6 @@ class Client:
             return
         op = Op("read", conn)
         op.off, op.n = off, n
-        op.expect = bytes(self.st.model[off:off + n])
         op.buf = bytearray(n)
         op.cookie = self.h[conn].aio_pread(nbd.Buffer.from_buffer(op.buf),
                                            off)
@@ -743,44 +599,6 @@ def describe_cfg(cfg):
                 cfg["seq"]))
 
 
-def read_all(h, size):
-    out = bytearray()
-    chunk = 4 * MiB
-    off = 0
-    while off < size:
-        n = min(chunk, size - off)
-        try:
-            out += h.pread(n, off)
-        except nbd.Error as e:
-            raise Violation("reading back [%d, %d) failed: %s" % (
-                off, off + n, e))
-        off += n
-    return bytes(out)
-
-
-def first_diff(a, b):
-    step = 65536
-    for i in range(0, min(len(a), len(b)), step):
-        if a[i:i + step] != b[i:i + step]:
-            for j in range(i, min(i + step, len(a), len(b))):
-                if a[j] != b[j]:
-                    return j
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def compare_backing(args, expected, what):
-    with open(args.image, "rb") as f:
-        data = f.read()
-    if data != expected:
-        j = first_diff(expected, data)
-        n = sum(1 for i in range(0, len(data), 4096)
-                if data[i:i + 4096] != expected[i:i + 4096])
-        raise Violation("%s: the backing file differs from the model at "
-                        "offset %d (expected 0x%02x, got 0x%02x); %d 4K "
-                        "blocks differ" % (
-                            what, j, expected[j], data[j], n))
-
-
 def check_stats(server, stats):
     for k in ("dirty_lost", "writeback_errors"):
         if stats.get(k, 0) != 0:
@@ -820,8 +638,7 @@ def run(args):
         os.unlink(args.trigger)
     if os.path.exists(args.cache):
         os.unlink(args.cache)
-    state = State(make_backing(args, rng))
-    state.history = History()
+    state = Model(make_backing(args, rng))
     totals = {"unsealed": 0, "seq_around": 0, "write": 0, "fua": 0, "flush": 0, "read": 0, "inflight": 0,
               "restart_wt": 0, "clean_restart": 0, "new_cache": 0}
 
@@ -844,9 +661,10 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
         t0 = time.monotonic()
         last = it + 1 == args.iterations
         hs = server.handles(2)
-        state.history.start(it, state.model)
-        client = Client(args, data_rng, state, hs, cfg)
-        client.history = state.history
+        disk = state.disk
+        state.origins.start("iteration %d" % it, disk.cur)
+        client = Client(args, data_rng, disk, hs, cfg, state.ids,
+                        state.origins)
         client.server = server
         client.kill_rng = random.Random(rng.random())
         nwrites = rng.randint(args.min_writes, args.max_writes)
@@ -885,8 +703,9 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
         h = vserver.handles(1)[0]
         got = read_all(h, args.size)
         close_handles([h])
-        bad = check_export(got, state.durable, state.w, args.size)
+        bad = disk.check_after_crash(got, limit=20)
         if bad:
+            done, flying = disk.unflushed()
             raise Violation(
                 "after kill -9 and restart, %s%s sector(s) hold bytes that "
                 "are neither the last flushed data nor data written since:"
@@ -897,22 +716,22 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
                 "log of the crashed server:\n%s\n"
                 "log of the restarted server:\n%s" % (
                     len(bad), "+" if len(bad) >= 20 else "",
-                    format_violations(bad, args.size, cfg["page_size"]),
-                    explain(bad, got, args, state.history),
+                    format_mismatches(bad, cfg["page_size"]),
+                    state.origins.explain(bad, got, read_backing(args)),
                     server.describe(), vserver.describe(),
-                    len({e.id for e in state.w}), in_flight,
+                    done + flying, in_flight,
                     server.log_tail(), vserver.log_tail()))
+        disk.rebase(got)
         if args.mode == "writethrough":
-            compare_backing(args, got, "iteration %d: restarted after kill "
+            compare_backing(args, disk, "iteration %d: restarted after kill "
                             "-9 in writethrough mode (the backing file has "
                             "every completed write; the cache must not "
                             "serve an older copy)" % it)
         elif vmode != "writeback":
             totals["restart_wt"] += 1
-            compare_backing(args, got, "iteration %d: restarted in %s mode "
+            compare_backing(args, disk, "iteration %d: restarted in %s mode "
                             "(dirty data must be written back before "
                             "serving)" % (it, vmode))
-        state.rebase(got)
         line = ("iteration %d: %s; %d writes, %d FUA, %d flushes, %d reads, "
                 "%d in flight at kill; restart %s" % (
                     it, describe_cfg(cfg), client.counts["write"],
@@ -925,7 +744,7 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
             check_stats(vserver, stats)
             totals["unsealed"] += stats.get("unsealed_dropped", 0)
             if vserver.on_exit or vmode != "writeback":
-                compare_backing(args, state.model,
+                compare_backing(args, disk,
                                 "iteration %d: clean exit of %s" % (
                                     it, vserver.describe()))
             if not same_geo:
@@ -943,13 +762,14 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
                 h = server.handles(1)[0]
                 again = read_all(h, args.size)
                 close_handles([h])
-                if again != state.model:
-                    j = first_diff(state.model, again)
+                bad = disk.check_current(again, flight=False, limit=1)
+                if bad:
+                    fb = bad[0].first_byte()
                     raise Violation(
                         "iteration %d: after a clean restart the export "
-                        "changed at offset %d: expected 0x%02x, got 0x%02x"
-                        "\nstopped: %s\nstarted: %s" % (
-                            it, j, state.model[j], again[j],
+                        "changed at %s\nstopped: %s\nstarted: %s" % (
+                            it, "offset %d: expected 0x%02x, got 0x%02x" % fb
+                            if fb else bad[0],
                             vserver.describe(), server.describe()))
         info(line + " (%.1fs)" % (time.monotonic() - t0))
         return next_cfg, server
@@ -960,7 +780,7 @@ def finish(args, server, state, totals, t_start):
     check_stats(server, stats)
     if not server.on_exit:
         raise T.EnvError("internal: the last server must write back at exit")
-    compare_backing(args, state.model, "final clean exit (writeback-on-exit"
+    compare_backing(args, state.disk, "final clean exit (writeback-on-exit"
                     "=true)")
     info("PASS: seed %d, %d iterations in %.1fs: %d writes, %d FUA writes, "
          "%d flushes, %d checked reads, %d writes in flight at kills, %d "
@@ -997,7 +817,7 @@ def main():
                    "(default: a new directory under /var/tmp, removed "
                    "after a pass)")
     p.add_argument("--size", type=int, default=32 * MiB,
-                   help="backing file size (default 32M)")
+                   help="backing file size, a multiple of 512 (default 32M)")
     p.add_argument("--hot-size", type=int, default=6 * MiB,
                    help="size of the region most writes go to (default 6M)")
     p.add_argument("--min-writes", type=int, default=50)
@@ -1032,6 +852,10 @@ def main():
     args = p.parse_args()
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little")
+    if args.size <= 0 or args.size % SECTOR:
+        print("crash-writeback: --size must be a multiple of 512",
+              file=sys.stderr)
+        return 2
     for kv in args.fix:
         k, _, v = kv.partition("=")
         if k not in ("page_size", "cache_size", "flush", "high", "low",

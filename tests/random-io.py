@@ -245,11 +245,10 @@ class Runner:
     def apply(self, op, ok):
         """Op, a write, zero or trim, completed (ok) or failed (then each
         sector holds the old or the new data, until a read says which).
-        Applied to the model only now, begin and end together: two
-        modifying requests in flight never share a byte but may share a
-        sector, and Disk.begin computes a partial sector's new value
-        when it is called, so the later of two such requests to complete
-        would erase the other's bytes."""
+        Applied to the model only now, begin and end together: no
+        crash is checked here, so the model needs nothing of what is in
+        flight (two modifying requests in flight never share a byte but
+        may share a sector)."""
         kind = op.kind
         if kind == "trim":
             if not self.args.trim_reads_zero:
@@ -278,14 +277,7 @@ class Runner:
         return None
 
     def read_all(self, h):
-        out = bytearray()
-        chunk = 1 << 20
-        off = 0
-        while off < self.size:
-            n = min(chunk, self.size - off)
-            out += h.pread(n, off)
-            off += n
-        return out
+        return T.read_all(h, self.size, chunk=1 << 20)
 
     # -- generating requests -----------------------------------------
 

@@ -14,12 +14,16 @@ does not grow its own copy:
                    SIGTERM and waited for (a bound: a hang otherwise),
                    killed with SIGKILL and reaped; the stacks of all
                    its threads (gdb) and the tail of its log
+  read_all         a whole export through a libnbd handle
   ctl              `ssdcache ctl SOCKET CMD...` with a timeout
   Disk             a model of one export: per 512-byte sector the
                    value(s) a read may return now, what a kill -9 may
                    leave, and optionally the flush history that
                    ssdcache-writeback-order=flush promises for the
-                   backing store alone (FlushHistory)
+                   backing store alone (FlushHistory); its checks
+                   return Mismatches
+  Origins          where a sector's data came from (the writes and
+                   starting images of the last rounds), for reports
   RangeTable       which byte ranges have requests in flight, so that
                    a driver never issues overlapping requests of which
                    one modifies (the model stays exact)
@@ -33,7 +37,8 @@ Conventions: sizes in bytes; a "sector" is 512 bytes; a value of a
 sector is its 512 bytes, a frozenset of such values (any of them), or
 ANY (anything: trimmed data).  Exceptions: Hang (something took longer
 than its bound), StartError, EnvError (the environment lacks
-something; a harness may skip), and the harness's own failures.
+something; a harness may skip), ReadError (read_all), and the
+harness's own failures.
 
 Needs Python 3.9+; Nbdkit.connect and Nbdkit.wait_serving use the
 libnbd bindings (run with /usr/bin/python3 on Debian).
@@ -350,6 +355,30 @@ class Nbdkit:
         return log_tail(self.log, n)
 
 
+class ReadError(Exception):
+    """A read of read_all failed: off, n and the nbd.Error."""
+
+    def __init__(self, off, n, error):
+        Exception.__init__(self, "reading back [%d, %d) failed: %s" % (
+            off, off + n, error))
+        self.off = off
+        self.n = n
+        self.error = error
+
+
+def read_all(h, size, chunk=4 * MiB):
+    """The bytes [0, size) of the export of libnbd handle h, read
+    chunk bytes at a time; ReadError if a read fails."""
+    out = bytearray()
+    for off in range(0, size, chunk):
+        n = min(chunk, size - off)
+        try:
+            out += h.pread(n, off)
+        except nbd.Error as e:
+            raise ReadError(off, n, e)
+    return bytes(out)
+
+
 def log_tail(path, n=40):
     """The last n lines of a log file, indented."""
     try:
@@ -534,18 +563,59 @@ class Mismatch:
             self.sector, self.sector * SECTOR, part,
             describe_value(self.expected), got)
 
+    def candidates(self):
+        """The values allowed, as a list (empty for ANY)."""
+        if self.expected is ANY:
+            return []
+        if isinstance(self.expected, frozenset):
+            return sorted(self.expected)
+        return [self.expected]
+
+    def first_byte(self):
+        """(offset, expected byte, got byte) of the first byte that
+        differs, when one value is expected; None otherwise."""
+        if not isinstance(self.expected, (bytes, bytearray)):
+            return None
+        for j, g in enumerate(self.got):
+            e = self.expected[self.lo + j]
+            if e != g:
+                return self.sector * SECTOR + self.lo + j, e, g
+        return None
+
+    def odd_bytes(self):
+        """How many bytes of got no allowed value has at their place
+        (those that no byte-by-byte mix of the candidates explains)."""
+        c = self.candidates()
+        if not c:
+            return 0
+        return sum(1 for j, g in enumerate(self.got)
+                   if all(v[self.lo + j] != g for v in c))
+
 
 class Write:
-    """A modifying request in flight in a Disk (see Disk.begin)."""
-    __slots__ = ("first", "vals", "iseq", "epoch", "fua", "kind")
+    """A modifying request in flight in a Disk (see Disk.begin): its
+    sectors' values when it was issued (vals), the change it makes to
+    each sector it covers in part (parts: index in vals -> (first byte,
+    new bytes, or None for a trim)), and the sectors it shares with
+    another modifying request in flight (shared, or None)."""
+    __slots__ = ("first", "vals", "iseq", "epoch", "fua", "kind", "parts",
+                 "shared")
 
-    def __init__(self, first, vals, iseq, epoch, fua, kind):
+    def __init__(self, first, vals, iseq, epoch, fua, kind, parts=None):
         self.first = first
         self.vals = vals
         self.iseq = iseq
         self.epoch = epoch
         self.fua = fua
         self.kind = kind
+        self.parts = parts or {}
+        self.shared = None
+
+    def value_on(self, s, base):
+        """Sector s (one it covers in part) once this request changed
+        base."""
+        lo, piece = self.parts[s - self.first]
+        return ANY if piece is None else patch(base, lo, piece)
 
 
 class Disk:
@@ -563,9 +633,13 @@ class Disk:
               durable value, or the value of a write in flight.
 
     The caller serialises the calls (one lock) and never has two
-    overlapping requests in flight of which one modifies, nor two that
-    modify the same sector (RangeTable).
-    Requests may be unaligned; the model keeps whole sectors.
+    requests in flight that overlap (in bytes) of which one modifies
+    (RangeTable).  Requests may be unaligned; the model keeps whole
+    sectors.  Two modifying requests in flight may share a sector, their
+    bytes apart: the server may apply them in either order, so such a
+    sector ("torn") takes its new value when each completes, and until
+    it is durable a crash may leave any byte-by-byte mix of its
+    candidates; a FUA one makes only its own bytes durable there.
     The size must be a multiple of 512.
     """
 
@@ -581,6 +655,8 @@ class Disk:
         self.dalt = {}
         self.pend = {}
         self.flight = set()
+        self.partial = {}       # sector -> Writes in flight covering part
+        self.torn = set()       # pending sectors shared by such Writes
         self.seq = 0
         self.dseq = 0
         self.epoch = 0          # bumped by rebase: older Writes are void
@@ -612,35 +688,52 @@ class Disk:
             self.alt[s] = v
 
     def _new_values(self, kind, off, n, data):
-        """The values [off, off+n) takes after the request."""
+        """The values [off, off+n) takes after the request, and the
+        changes to the sectors it covers in part (see Write)."""
         first = off // SECTOR
         last = (off + n - 1) // SECTOR
         vals = []
+        parts = {}
         for s in range(first, last + 1):
             so = s * SECTOR
             lo = max(off, so) - so
             hi = min(off + n, so + SECTOR) - so
+            whole = lo == 0 and hi == SECTOR
             if kind == "trim":
                 vals.append(ANY)
+                if not whole:
+                    parts[s - first] = (lo, None)
                 continue
             if kind == "zero":
                 piece = ZERO_SECTOR[:hi - lo]
             else:
                 piece = bytes(data[so + lo - off:so + hi - off])
-            if lo == 0 and hi == SECTOR:
+            if whole:
                 vals.append(piece)
             else:
                 vals.append(patch(self.value(s), lo, piece))
-        return first, vals
+                parts[s - first] = (lo, piece)
+        return first, vals, parts
 
     # -- requests ----------------------------------------------------------
 
     def begin(self, kind, off, n, data=None, fua=False):
         """A write ("write", data), zero or trim of [off, off+n) is
         issued: returns its Write, to pass to end()."""
-        first, vals = self._new_values(kind, off, n, data)
+        first, vals, parts = self._new_values(kind, off, n, data)
         self.seq += 1
-        w = Write(first, vals, self.seq, self.epoch, fua, kind)
+        w = Write(first, vals, self.seq, self.epoch, fua, kind, parts)
+        for i in parts:
+            s = first + i
+            others = self.partial.setdefault(s, set())
+            for o in others:
+                for x in (o, w):
+                    if x.shared is None:
+                        x.shared = set()
+                    x.shared.add(s)
+            if others and self.history is not None:
+                self.history.shared(s)
+            others.add(w)
         self.flight.add(w)
         if self.history is not None:
             self.history.issued(w)
@@ -653,20 +746,39 @@ class Disk:
         if w.epoch != self.epoch or w not in self.flight:
             return False
         self.flight.discard(w)
+        for i in w.parts:
+            ws = self.partial.get(w.first + i)
+            ws.discard(w)
+            if not ws:
+                del self.partial[w.first + i]
         self.seq += 1
         cseq = self.seq
         for i, v in enumerate(w.vals):
             s = w.first + i
+            shared = w.shared is not None and s in w.shared
+            if shared:
+                # Another request changed other bytes of it meanwhile.
+                v = w.value_on(s, self.value(s))
             if not ok:
                 v = union(self.value(s), v)
             self._set(s, v)
-            if w.fua and ok:
+            if w.fua and ok and shared:
+                # Durable now, but only its own bytes: the others'
+                # may have been applied before or after it.
+                self._set_durable(s, w.value_on(s, self.durable_value(s)))
+                if s in self.pend:
+                    self.pend[s] = [(c, w.value_on(s, x))
+                                    for c, x in self.pend[s]]
+            elif w.fua and ok:
                 # Durable now; every older pending value is superseded
                 # (no overlapping write was in flight with this one).
                 self.pend.pop(s, None)
+                self.torn.discard(s)
                 self._set_durable(s, v)
             else:
                 self.pend.setdefault(s, []).append((cseq, v))
+                if shared:
+                    self.torn.add(s)
         if self.history is not None:
             self.history.completed(w, cseq, ok)
         return True
@@ -698,6 +810,7 @@ class Disk:
                 del lst[:k]
                 if not lst:
                     del self.pend[s]
+                    self.torn.discard(s)
 
     def _set_durable(self, s, v):
         o = s * SECTOR
@@ -751,18 +864,30 @@ class Disk:
         out = []
         for w in self.flight:
             if w.first <= s < w.first + len(w.vals):
-                out.append(w.vals[s - w.first])
+                if w.shared is not None and s in w.shared:
+                    # Its bytes on the sector as it is now (checked as
+                    # a mix: the sector is in flight).
+                    out.append(w.value_on(s, self.value(s)))
+                else:
+                    out.append(w.vals[s - w.first])
         return out
+
+    def unflushed(self):
+        """How many completed writes are not durable yet (on some
+        sector), and how many are in flight."""
+        return (len({c for lst in self.pend.values() for c, _ in lst}),
+                len(self.flight))
 
     def check_after_crash(self, got, limit=8):
         """The whole export as read after kill -9 and a restart (got)
         against what may survive: the mismatches.  A sector of a write
-        in flight may be torn (allows_torn)."""
+        in flight may be torn (allows_torn), and so may one that writes
+        in flight together changed (see the class)."""
         flight = self._flight_sectors()
         return self._check_image(got, self.dur, self.dalt,
                                  set(self.pend) | flight,
                                  lambda s: self.crash_value(s), limit,
-                                 torn=flight)
+                                 torn=flight | self.torn)
 
     def check_current(self, got, flight=True, limit=8):
         """An image (e.g. the backing file in writethrough mode) against
@@ -818,6 +943,7 @@ class Disk:
             self.alt[s] = ANY
             self.dalt[s] = ANY
             self.pend.pop(s, None)
+            self.torn.discard(s)
 
     # -- new starting points --------------------------------------------------
 
@@ -830,6 +956,8 @@ class Disk:
         self.dalt = {}
         self.pend = {}
         self.flight = set()
+        self.partial = {}
+        self.torn = set()
         self.epoch += 1
         if self.history is not None:
             self.history.restarted(self.cur)
@@ -840,6 +968,7 @@ class Disk:
         self.dur = bytearray(self.cur)
         self.dalt = dict(self.alt)
         self.pend = {}
+        self.torn = set()
         self.dseq = self.seq
 
     def image_hashes(self):
@@ -904,9 +1033,10 @@ class FlushHistory:
     Kept as CRC32s per sector: the base (the data when the history
     started, which the backing store had), then each completed write
     with its issue and completion sequence numbers, and each completed
-    flush with its issue and completion numbers.  Failed writes and
-    trims make their sectors free for the rest of the history ("loose"):
-    the model cannot say which value the backend got.
+    flush with its issue and completion numbers.  Failed writes, trims
+    and the sectors that two writes in flight shared make their sectors
+    free for the rest of the history ("loose"): the model cannot say
+    which value the backend got.
     """
 
     def __init__(self, disk):
@@ -934,13 +1064,18 @@ class FlushHistory:
         rec = self.byw.pop(w, None)
         if rec is None:
             return
-        if ok and w.kind != "trim" and all(
+        if ok and w.kind != "trim" and not w.shared and all(
                 h is not None and len(h) == 1 for h in rec[3]):
             rec[1] = cseq
         else:
             for i, v in enumerate(w.vals):
                 self._loosen(w.first + i, v)
             rec[1] = None       # never part of an F_k; always possible
+
+    def shared(self, s):
+        """Two writes in flight share sector s: its value depends on
+        their order, which the history does not keep."""
+        self._loosen(s, ANY)
 
     def flushed(self, iseq, cseq):
         self.flushes.append((iseq, cseq))
@@ -1037,15 +1172,87 @@ class FlushHistory:
                       for s in bad[:limit]]
 
 
+class Origins:
+    """Where the data of a sector came from, for reports: each sector
+    value that the writes of the last few rounds (a harness's
+    iterations) left, and each sector of the image each of them started
+    from, by hash."""
+
+    def __init__(self, keep=6, unit="rounds"):
+        self.keep = keep
+        self.unit = unit        # what a round is called, in reports
+        self.rounds = []        # [(label, {hash: [description]})]
+
+    def start(self, label, image):
+        """A new round (label: "iteration 3") starting from image."""
+        d = {}
+        for s in range(0, len(image) - SECTOR + 1, SECTOR):
+            d.setdefault(hash(bytes(image[s:s + SECTOR])), []).append(
+                "the export's sector at offset %d at the start of %s" % (
+                    s, label))
+        self.rounds.append((label, d))
+        del self.rounds[:-self.keep]
+
+    def add_write(self, w, what):
+        """A request of the current round (w: its Disk Write; what:
+        "write #12 FUA"): the sector values it leaves."""
+        if not self.rounds:
+            return
+        label, d = self.rounds[-1]
+        for i, v in enumerate(w.vals):
+            if isinstance(v, bytes):
+                d.setdefault(hash(v), []).append("%s of %s, at offset %d" % (
+                    what, label, (w.first + i) * SECTOR))
+
+    def whence(self, sector):
+        """The descriptions of where these 512 bytes were seen."""
+        h = hash(bytes(sector))
+        out = []
+        for _, d in self.rounds:
+            out += d.get(h, [])
+        return out
+
+    def explain(self, bad, image, backing=None, limit=4):
+        """For the first sectors of the Mismatches bad (of image): where
+        their bytes and the values allowed come from, and whether
+        backing (the backing store's bytes, if given) holds the same
+        there."""
+        lines = []
+        seen = set()
+        for m in bad:
+            s = m.sector * SECTOR
+            if s in seen:
+                continue
+            seen.add(s)
+            if len(seen) > limit:
+                break
+            sec = bytes(image[s:s + SECTOR])
+            w = self.whence(sec)
+            allowed = []
+            for v in m.candidates()[:4]:
+                o = self.whence(v) if len(v) == SECTOR else []
+                allowed.append(o[-1] if o else "crc32 %08x (no write or "
+                               "starting image known)" % zlib.crc32(v))
+            lines.append("  sector at %d: its bytes are %s%s; allowed: %s" % (
+                s, "; ".join(w[:4]) if w else
+                "from nowhere known (no write or starting image of the "
+                "last %d %s)" % (self.keep, self.unit),
+                "" if backing is None else "; the backing file there " + (
+                    "holds the same bytes" if backing[s:s + SECTOR] == sec
+                    else "differs"),
+                "any data" if m.expected is ANY else
+                " or ".join(allowed)))
+        return "\n".join(lines)
+
+
 # -- ranges in flight ---------------------------------------------------------
 
 class RangeTable:
     """Ranges of requests in flight, to keep the model exact: a read
     must not overlap (in bytes) a request that modifies, and two
     requests that modify must not share a 512-byte sector even where
-    their bytes differ: Disk computes a partial sector's new value when
-    the request is issued, so the later of two such requests to
-    complete would erase the other's bytes in the model.  Not locked:
+    their bytes differ: Disk would have to take such a sector as torn
+    after a crash, and the flush history as anything.  Not locked:
     the caller holds its model lock."""
 
     def __init__(self):

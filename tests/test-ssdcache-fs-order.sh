@@ -13,6 +13,13 @@
 # logged before the last checkpoint must be there with its checksum,
 # and e2fsck -fn must find nothing.  The next round starts a new cache
 # on that backing file (and expects every file it holds intact).
+#
+# FS_ORDER_ORDER=offset runs it with the offset order instead (whose
+# gauges stay 0: every checkpoint passes at once), FS_ORDER_ARGS adds
+# nbdkit parameters.  With writeback held back, the offset order fails
+# it and the flush order passes (docs/design.md, invariant 9):
+#   FS_ORDER_ORDER=offset FS_ORDER_ARGS="ssdcache-writeback-idle=600000
+#   ssdcache-writeback-high=30 ssdcache-writeback-low=0" FS_ORDER_ROUNDS=4
 
 source "$(dirname "$0")/functions.sh"
 set -e -x
@@ -22,6 +29,7 @@ requires_fs_stack
 size=$((128 * 1024 * 1024))
 rounds="${FS_ORDER_ROUNDS:-3}"
 seed="${FS_ORDER_SEED:-$$}"
+order="${FS_ORDER_ORDER:-flush}"
 echo "seed: $seed"
 RANDOM=$seed
 
@@ -37,8 +45,8 @@ marks="$d/checkpoints"          # lines of $log behind the flush point
 truncate -s $size "$img"
 args=( -U "$d/sock" --filter=delay file "$img" delay-write=10ms
        ssdcache-file="$cache" ssdcache-size=32M ssdcache-mode=writeback
-       ssdcache-flush=cache ssdcache-writeback-order=flush
-       ssdcache-stats="$stats" ssdcache-stats-interval=1 )
+       ssdcache-flush=cache ssdcache-writeback-order=$order
+       ssdcache-stats="$stats" ssdcache-stats-interval=1 ${FS_ORDER_ARGS:-} )
 
 # caught_up: the stats file, computed after now, shows the backend
 # holding every client flush.  (A new file is computed after the one

@@ -108,47 +108,94 @@ make_entry (struct layout_entry *e, uint64_t page, uint64_t seq,
   e->data_crc = 0xdeadbeef ^ (uint32_t) page;
 }
 
-int
-main (int argc, char *argv[])
+/* sb encoded into buf (LAYOUT_SB_SIZE bytes) and written as name. */
+static void
+emit_sb (const char *name, uint8_t control, uint8_t nseed,
+         const struct layout_sb *sb, uint8_t *buf)
 {
-  static uint8_t buf[LAYOUT_SB_SIZE + 16 * LAYOUT_ENTRY_SIZE];
+  layout_sb_encode (sb, buf);
+  emit (name, control, nseed, buf, LAYOUT_SB_SIZE);
+}
+
+/* e encoded into buf (LAYOUT_ENTRY_SIZE bytes) and written as name. */
+static void
+emit_entry (const char *name, uint8_t nseed, const struct layout_entry *e,
+            uint8_t *buf)
+{
+  layout_entry_encode (e, buf);
+  emit (name, 0, nseed, buf, LAYOUT_ENTRY_SIZE);
+}
+
+/* An entry input: make_entry's arguments, its name and nsectors byte. */
+struct entry_seed {
+  const char *name;
+  uint8_t nseed;
+  uint64_t page, seq;
+  uint8_t state;
+  unsigned nvalid, ndirty;
+};
+
+static void
+emit_entries (const struct entry_seed *t, size_t n, uint8_t *buf)
+{
+  struct layout_entry e;
+
+  for (size_t i = 0; i < n; i++) {
+    make_entry (&e, t[i].page, t[i].seq, t[i].state, t[i].nvalid,
+                t[i].ndirty);
+    emit_entry (t[i].name, t[i].nseed, &e, buf);
+  }
+}
+
+/* A superblock input with len bytes at off set to c, and its CRC made
+ * right again (so that the field checks are reached).
+ */
+struct sb_patch {
+  const char *name;
+  size_t off;
+  uint8_t c;
+  size_t len;
+};
+
+static void
+emit_sb_patches (const struct layout_sb *sb, const struct sb_patch *t,
+                 size_t n, uint8_t *buf)
+{
+  for (size_t i = 0; i < n; i++) {
+    layout_sb_encode (sb, buf);
+    memset (buf + t[i].off, t[i].c, t[i].len);
+    fix_sb_crc (buf);
+    emit (t[i].name, 0, 0, buf, LAYOUT_SB_SIZE);
+  }
+}
+
+/* Valid superblocks, alone and followed by a page table. */
+static void
+seeds_sb_valid (uint8_t *buf, size_t size)
+{
   static uint8_t sbuf[LAYOUT_SB_SIZE];
   uint8_t *ents = buf + LAYOUT_SB_SIZE;
   struct layout_sb sb;
   struct layout_entry e;
-  char name[64];
+  char id[LAYOUT_ID_MAX];
 
-  if (argc != 2) {
-    fprintf (stderr, "usage: make-seeds DIR\n");
-    return 2;
-  }
-  dir = argv[1];
-
-  /* Valid superblocks. */
   make_sb (&sb, 4096, 1, LAYOUT_MODE_WRITETHROUGH, LAYOUT_SB_CLEAN,
            "file:/var/tmp/disk.img");
-  layout_sb_encode (&sb, sbuf);
-  emit ("sb-valid-4k", 0, 7, sbuf, sizeof sbuf);
+  emit_sb ("sb-valid-4k", 0, 7, &sb, sbuf);
 
   make_sb (&sb, 65536, 16384, LAYOUT_MODE_WRITEBACK, LAYOUT_SB_DIRTY,
            "ssh:host=server path=/images/disk.img");
-  layout_sb_encode (&sb, sbuf);
-  emit ("sb-valid-64k-writeback", 0, 127, sbuf, sizeof sbuf);
+  emit_sb ("sb-valid-64k-writeback", 0, 127, &sb, sbuf);
 
   make_sb (&sb, LAYOUT_MAX_PAGE, UINT32_MAX - 1, LAYOUT_MODE_WRITEAROUND,
            0, "");
-  layout_sb_encode (&sb, sbuf);
-  emit ("sb-valid-2m-maxslots", 0, 0, sbuf, sizeof sbuf);
+  emit_sb ("sb-valid-2m-maxslots", 0, 0, &sb, sbuf);
 
-  {
-    char id[LAYOUT_ID_MAX];
-    memset (id, 'x', sizeof id - 1);
-    id[sizeof id - 1] = '\0';
-    make_sb (&sb, 8192, 1000, LAYOUT_MODE_WRITEBACK,
-             LAYOUT_SB_CLEAN | LAYOUT_SB_DIRTY, id);
-    layout_sb_encode (&sb, sbuf);
-    emit ("sb-valid-longest-id", 0, 15, sbuf, sizeof sbuf);
-  }
+  memset (id, 'x', sizeof id - 1);
+  id[sizeof id - 1] = '\0';
+  make_sb (&sb, 8192, 1000, LAYOUT_MODE_WRITEBACK,
+           LAYOUT_SB_CLEAN | LAYOUT_SB_DIRTY, id);
+  emit_sb ("sb-valid-longest-id", 0, 15, &sb, sbuf);
 
   /* A superblock followed by a page table: one input for both decoders. */
   make_sb (&sb, 65536, 16, LAYOUT_MODE_WRITEBACK, LAYOUT_SB_DIRTY,
@@ -162,9 +209,21 @@ main (int argc, char *argv[])
                 st == LAYOUT_DIRTY ? 1 + i % 5 : 0);
     layout_entry_encode (&e, ents + i * LAYOUT_ENTRY_SIZE);
   }
-  emit ("sbpt-valid-64k", 0, 127, buf, sizeof buf);
+  emit ("sbpt-valid-64k", 0, 127, buf, size);
+}
 
-  /* Superblock corruptions. */
+/* A valid superblock with bits flipped, with and without its CRC made
+ * right again.
+ */
+static void
+seeds_sb_flips (uint8_t *buf)
+{
+  static const size_t flips[] = { 8, 12, 33, 36, 40, 47, 48, 56, 64, 96, 100,
+                                  104, 360, 2000, 4092 };
+  static uint8_t sbuf[LAYOUT_SB_SIZE];
+  struct layout_sb sb;
+  char name[64];
+
   make_sb (&sb, 65536, 16384, LAYOUT_MODE_WRITEBACK, LAYOUT_SB_DIRTY,
            "file:/var/tmp/disk.img");
   layout_sb_encode (&sb, sbuf);
@@ -173,8 +232,6 @@ main (int argc, char *argv[])
   buf[0] ^= 0x20;
   emit ("sb-bad-magic", 0, 0, buf, LAYOUT_SB_SIZE);
 
-  static const size_t flips[] = { 8, 12, 33, 36, 40, 47, 48, 56, 64, 96, 100,
-                                  104, 360, 2000, 4092 };
   for (size_t i = 0; i < sizeof flips / sizeof flips[0]; i++) {
     memcpy (buf, sbuf, sizeof sbuf);
     buf[flips[i]] ^= 1u << (i % 8);
@@ -186,57 +243,49 @@ main (int argc, char *argv[])
   }
 
   sb.version = LAYOUT_VERSION + 1;
-  layout_sb_encode (&sb, buf);
-  emit ("sb-future-version", 0, 0, buf, LAYOUT_SB_SIZE);
+  emit_sb ("sb-future-version", 0, 0, &sb, buf);
   buf[200] ^= 0xff;             /* a newer format, other CRC */
   emit ("sb-future-version-badcrc", 0, 0, buf, LAYOUT_SB_SIZE);
   sb.version = 0;
-  layout_sb_encode (&sb, buf);
-  emit ("sb-version-0", 0, 0, buf, LAYOUT_SB_SIZE);
+  emit_sb ("sb-version-0", 0, 0, &sb, buf);
   sb.version = LAYOUT_VERSION;
 
   sb.page_size = 3 * 4096;
-  layout_sb_encode (&sb, buf);
-  emit ("sb-page-not-pow2", 0, 0, buf, LAYOUT_SB_SIZE);
+  emit_sb ("sb-page-not-pow2", 0, 0, &sb, buf);
+}
+
+/* Superblocks with a wrong field (a right CRC), bytes that must be
+ * zero, damaged and truncated.
+ */
+static void
+seeds_sb_fields (uint8_t *buf)
+{
+  static const struct sb_patch patches[] = {
+    { "sb-id-unterminated", 104, 'y', LAYOUT_ID_MAX },  /* no NUL */
+    { "sb-id-junk-after-nul", 110, 'z', 20 },           /* after the NUL */
+    { "sb-reserved-100", 100, 1, 1 },                   /* reserved word */
+    { "sb-reserved-tail", 3000, 1, 1 },                 /* reserved tail */
+  };
+  struct layout_sb sb;
+
   make_sb (&sb, 65536, 16384, LAYOUT_MODE_WRITEBACK, LAYOUT_SB_DIRTY, "id");
   sb.sector_size = 512;
-  layout_sb_encode (&sb, buf);
-  emit ("sb-wrong-sector", 0, 0, buf, LAYOUT_SB_SIZE);
+  emit_sb ("sb-wrong-sector", 0, 0, &sb, buf);
   make_sb (&sb, 65536, 16384, LAYOUT_MODE_WRITEBACK, LAYOUT_SB_DIRTY, "id");
   sb.nslots = UINT64_MAX / 64;
-  layout_sb_encode (&sb, buf);
-  emit ("sb-nslots-overflow", 0, 0, buf, LAYOUT_SB_SIZE);
+  emit_sb ("sb-nslots-overflow", 0, 0, &sb, buf);
   sb.nslots = 0;
-  layout_sb_encode (&sb, buf);
-  emit ("sb-nslots-0", 0, 0, buf, LAYOUT_SB_SIZE);
+  emit_sb ("sb-nslots-0", 0, 0, &sb, buf);
   make_sb (&sb, 65536, 16384, LAYOUT_MODE_WRITEBACK, LAYOUT_SB_DIRTY, "id");
   sb.pool_offset += LAYOUT_POOL_ALIGN;
-  layout_sb_encode (&sb, buf);
-  emit ("sb-pool-offset", 0, 0, buf, LAYOUT_SB_SIZE);
+  emit_sb ("sb-pool-offset", 0, 0, &sb, buf);
   make_sb (&sb, 65536, 16384, 3, LAYOUT_SB_DIRTY, "id");
-  layout_sb_encode (&sb, buf);
-  emit ("sb-mode-3", 0, 0, buf, LAYOUT_SB_SIZE);
+  emit_sb ("sb-mode-3", 0, 0, &sb, buf);
   make_sb (&sb, 65536, 16384, 2, 4, "id");
-  layout_sb_encode (&sb, buf);
-  emit ("sb-flags-4", 0, 0, buf, LAYOUT_SB_SIZE);
+  emit_sb ("sb-flags-4", 0, 0, &sb, buf);
 
   make_sb (&sb, 65536, 16384, 2, LAYOUT_SB_DIRTY, "id");
-  layout_sb_encode (&sb, buf);
-  memset (buf + 104, 'y', LAYOUT_ID_MAX);      /* identity not terminated */
-  fix_sb_crc (buf);
-  emit ("sb-id-unterminated", 0, 0, buf, LAYOUT_SB_SIZE);
-  layout_sb_encode (&sb, buf);
-  memset (buf + 110, 'z', 20);                 /* bytes after the NUL */
-  fix_sb_crc (buf);
-  emit ("sb-id-junk-after-nul", 0, 0, buf, LAYOUT_SB_SIZE);
-  layout_sb_encode (&sb, buf);
-  buf[100] = 1;                                /* reserved word */
-  fix_sb_crc (buf);
-  emit ("sb-reserved-100", 0, 0, buf, LAYOUT_SB_SIZE);
-  layout_sb_encode (&sb, buf);
-  buf[3000] = 1;                               /* reserved tail */
-  fix_sb_crc (buf);
-  emit ("sb-reserved-tail", 0, 0, buf, LAYOUT_SB_SIZE);
+  emit_sb_patches (&sb, patches, sizeof patches / sizeof patches[0], buf);
 
   layout_sb_encode (&sb, buf);
   memset (buf + 512, 0, 1024);                 /* a zeroed region */
@@ -248,28 +297,33 @@ main (int argc, char *argv[])
   layout_sb_encode (&sb, buf);
   emit ("sb-truncated-100", 0, 0, buf, 100);
   emit ("sb-truncated-4000", CTRL_FIX_SB, 0, buf, 4000);
+}
 
-  /* Valid entries, alone. */
-  make_entry (&e, 0, 0, LAYOUT_FREE, 0, 0);
-  layout_entry_encode (&e, buf);
-  emit ("ent-free", 0, 0, buf, LAYOUT_ENTRY_SIZE);
-  make_entry (&e, 12345, 7, LAYOUT_CLEAN, 128, 0);
-  layout_entry_encode (&e, buf);
-  emit ("ent-clean-full", 0, 127, buf, LAYOUT_ENTRY_SIZE);
-  make_entry (&e, 99, 8, LAYOUT_CLEAN, 8, 0);
-  layout_entry_encode (&e, buf);
-  emit ("ent-clean-8", 0, 7, buf, LAYOUT_ENTRY_SIZE);
-  make_entry (&e, UINT64_MAX, UINT64_MAX, LAYOUT_DIRTY, 128, 64);
-  layout_entry_encode (&e, buf);
-  emit ("ent-dirty-full", 0, 127, buf, LAYOUT_ENTRY_SIZE);
-  make_entry (&e, 5, 1, LAYOUT_DIRTY, 1, 1);
-  layout_entry_encode (&e, buf);
-  emit ("ent-dirty-1", 0, 0, buf, LAYOUT_ENTRY_SIZE);
-  make_entry (&e, 6, 2, LAYOUT_DIRTY, 16, 3);
-  layout_entry_encode (&e, buf);
-  emit ("ent-dirty-16-seed3", 0, 2, buf, LAYOUT_ENTRY_SIZE);
+/* Page-table entries, valid and corrupted (most with the CRC fixed, to
+ * reach the checks).
+ */
+static void
+seeds_entries (uint8_t *buf)
+{
+  static const struct entry_seed valid[] = {
+    { "ent-free", 0, 0, 0, LAYOUT_FREE, 0, 0 },
+    { "ent-clean-full", 127, 12345, 7, LAYOUT_CLEAN, 128, 0 },
+    { "ent-clean-8", 7, 99, 8, LAYOUT_CLEAN, 8, 0 },
+    { "ent-dirty-full", 127, UINT64_MAX, UINT64_MAX, LAYOUT_DIRTY, 128, 64 },
+    { "ent-dirty-1", 0, 5, 1, LAYOUT_DIRTY, 1, 1 },
+    { "ent-dirty-16-seed3", 2, 6, 2, LAYOUT_DIRTY, 16, 3 },
+  };
+  static const struct entry_seed bad[] = {
+    { "ent-past-page", 7, 6, 2, LAYOUT_CLEAN, 100, 0 },   /* past 8 sectors */
+    { "ent-state-3", 127, 6, 2, 3, 4, 0 },
+    { "ent-free-with-data", 127, 6, 2, LAYOUT_FREE, 4, 0 },
+    { "ent-clean-empty", 127, 6, 2, LAYOUT_CLEAN, 0, 0 },
+    { "ent-dirty-no-dirty-bits", 127, 6, 2, LAYOUT_DIRTY, 4, 0 },
+  };
+  struct layout_entry e;
 
-  /* Entry corruptions (most with the CRC fixed, to reach the checks). */
+  emit_entries (valid, sizeof valid / sizeof valid[0], buf);
+
   make_entry (&e, 6, 2, LAYOUT_DIRTY, 16, 3);
   layout_entry_encode (&e, buf);
   buf[20] ^= 4;
@@ -278,23 +332,8 @@ main (int argc, char *argv[])
 
   make_entry (&e, 6, 2, LAYOUT_CLEAN, 4, 0);
   layout_bit_set (e.dirty, 9);                 /* dirty, not valid */
-  layout_entry_encode (&e, buf);
-  emit ("ent-dirty-not-valid", 0, 127, buf, LAYOUT_ENTRY_SIZE);
-  make_entry (&e, 6, 2, LAYOUT_CLEAN, 100, 0); /* past 8 sectors */
-  layout_entry_encode (&e, buf);
-  emit ("ent-past-page", 0, 7, buf, LAYOUT_ENTRY_SIZE);
-  make_entry (&e, 6, 2, 3, 4, 0);
-  layout_entry_encode (&e, buf);
-  emit ("ent-state-3", 0, 127, buf, LAYOUT_ENTRY_SIZE);
-  make_entry (&e, 6, 2, LAYOUT_FREE, 4, 0);
-  layout_entry_encode (&e, buf);
-  emit ("ent-free-with-data", 0, 127, buf, LAYOUT_ENTRY_SIZE);
-  make_entry (&e, 6, 2, LAYOUT_CLEAN, 0, 0);
-  layout_entry_encode (&e, buf);
-  emit ("ent-clean-empty", 0, 127, buf, LAYOUT_ENTRY_SIZE);
-  make_entry (&e, 6, 2, LAYOUT_DIRTY, 4, 0);
-  layout_entry_encode (&e, buf);
-  emit ("ent-dirty-no-dirty-bits", 0, 127, buf, LAYOUT_ENTRY_SIZE);
+  emit_entry ("ent-dirty-not-valid", 127, &e, buf);
+  emit_entries (bad, sizeof bad / sizeof bad[0], buf);
   make_entry (&e, 6, 2, LAYOUT_CLEAN, 4, 0);
   layout_entry_encode (&e, buf);
   buf[55] = 0x80;                              /* reserved byte */
@@ -317,7 +356,22 @@ main (int argc, char *argv[])
   }
   memset (buf + 5 * LAYOUT_ENTRY_SIZE, 0, 512);
   emit ("pt-torn-sector", 0, 127, buf, 16 * LAYOUT_ENTRY_SIZE);
+}
 
+int
+main (int argc, char *argv[])
+{
+  static uint8_t buf[LAYOUT_SB_SIZE + 16 * LAYOUT_ENTRY_SIZE];
+
+  if (argc != 2) {
+    fprintf (stderr, "usage: make-seeds DIR\n");
+    return 2;
+  }
+  dir = argv[1];
+  seeds_sb_valid (buf, sizeof buf);
+  seeds_sb_flips (buf);
+  seeds_sb_fields (buf);
+  seeds_entries (buf);
   fprintf (stderr, "make-seeds: wrote %u files in %s\n", nfiles, dir);
   return 0;
 }

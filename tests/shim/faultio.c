@@ -140,41 +140,23 @@ should_fail (int fd, char op, size_t size)
   static __typeof__ (name) *next_##name; \
   if (!next_##name) next_##name = dlsym (RTLD_NEXT, #name)
 
-ssize_t
-pread (int fd, void *buf, size_t count, off_t offset)
-{
-  NEXT (pread);
-  if (should_fail (fd, 'r', count))
-    return -1;
-  return next_pread (fd, buf, count, offset);
-}
+/* name (a pread or pwrite of the C library, buf of type buf_type),
+ * failing where should_fail says for op.
+ */
+#define FAULT_IO(name, buf_type, op)                            \
+  ssize_t                                                       \
+  name (int fd, buf_type buf, size_t count, off_t offset)       \
+  {                                                             \
+    NEXT (name);                                                \
+    if (should_fail (fd, op, count))                            \
+      return -1;                                                \
+    return next_##name (fd, buf, count, offset);                \
+  }
 
-ssize_t
-pread64 (int fd, void *buf, size_t count, off_t offset)
-{
-  NEXT (pread64);
-  if (should_fail (fd, 'r', count))
-    return -1;
-  return next_pread64 (fd, buf, count, offset);
-}
-
-ssize_t
-pwrite (int fd, const void *buf, size_t count, off_t offset)
-{
-  NEXT (pwrite);
-  if (should_fail (fd, 'w', count))
-    return -1;
-  return next_pwrite (fd, buf, count, offset);
-}
-
-ssize_t
-pwrite64 (int fd, const void *buf, size_t count, off_t offset)
-{
-  NEXT (pwrite64);
-  if (should_fail (fd, 'w', count))
-    return -1;
-  return next_pwrite64 (fd, buf, count, offset);
-}
+FAULT_IO (pread, void *, 'r')
+FAULT_IO (pread64, void *, 'r')
+FAULT_IO (pwrite, const void *, 'w')
+FAULT_IO (pwrite64, const void *, 'w')
 
 int
 fdatasync (int fd)

@@ -32,36 +32,26 @@ refused (const char *path, int flags)
   static __typeof__ (name) *next_##name; \
   if (!next_##name) next_##name = dlsym (RTLD_NEXT, #name)
 
-int
-open (const char *path, int flags, ...)
-{
-  mode_t mode = 0;
-
-  NEXT (open);
-  if (flags & (O_CREAT | O_TMPFILE)) {
-    va_list ap;
-    va_start (ap, flags);
-    mode = va_arg (ap, mode_t);
-    va_end (ap);
+/* name (open or open64), failing where refused says.  The mode is
+ * there only with O_CREAT or O_TMPFILE.
+ */
+#define NODIRECT_OPEN(name)                                     \
+  int                                                           \
+  name (const char *path, int flags, ...)                       \
+  {                                                             \
+    mode_t mode = 0;                                            \
+                                                                \
+    NEXT (name);                                                \
+    if (flags & (O_CREAT | O_TMPFILE)) {                        \
+      va_list ap;                                               \
+      va_start (ap, flags);                                     \
+      mode = va_arg (ap, mode_t);                               \
+      va_end (ap);                                              \
+    }                                                           \
+    if (refused (path, flags))                                  \
+      return -1;                                                \
+    return next_##name (path, flags, mode);                     \
   }
-  if (refused (path, flags))
-    return -1;
-  return next_open (path, flags, mode);
-}
 
-int
-open64 (const char *path, int flags, ...)
-{
-  mode_t mode = 0;
-
-  NEXT (open64);
-  if (flags & (O_CREAT | O_TMPFILE)) {
-    va_list ap;
-    va_start (ap, flags);
-    mode = va_arg (ap, mode_t);
-    va_end (ap);
-  }
-  if (refused (path, flags))
-    return -1;
-  return next_open64 (path, flags, mode);
-}
+NODIRECT_OPEN (open)
+NODIRECT_OPEN (open64)

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -70,16 +71,8 @@ read_check (struct cache *c, struct rambackend *rb, uint64_t off,
     fail_msg ("cache_read off=%llu len=%u failed, err=%d",
               (unsigned long long) off, len, err);
   rambackend_peek (rb, exp, len, off);
-  if (memcmp (buf, exp, len) != 0) {
-    uint32_t i = 0;
-    while (buf[i] == exp[i])
-      i++;
-    fail_msg ("cache_read off=%llu len=%u: wrong data at backend offset "
-              "%llu (page %llu): got 0x%02x, backend has 0x%02x",
-              (unsigned long long) off, len, (unsigned long long) (off + i),
-              (unsigned long long) ((off + i) / cache_page_size (c)), buf[i],
-              exp[i]);
-  }
+  compare (buf, exp, off, len, cache_page_size (c),
+           "cache_read (expected: the backend's data)");
   free (buf);
   free (exp);
 }
@@ -123,6 +116,44 @@ write_check (struct cache *c, struct rambackend *rb, uint64_t off,
   free (got);
 }
 
+struct cache *
+fixture_open (struct rambackend *rb, const struct cache_config *cfg,
+              uint64_t size, unsigned seed)
+{
+  rambackend_init (rb, size, seed);
+  return testfile_open_attach (cfg, size);
+}
+
+void
+fixture_close (struct cache *c, struct rambackend *rb)
+{
+  cache_close (c);
+  rambackend_free (rb);
+}
+
+void
+open_read_all_check (const struct cache_config *cfg, struct rambackend *rb,
+                     uint32_t chunk)
+{
+  struct cache *c = testfile_open_attach (cfg, rb->size);
+
+  read_all_check (c, rb, chunk);
+  cache_close (c);
+}
+
+void
+warm_check (const struct cache_config *cfg, struct rambackend *rb,
+            uint32_t chunk)
+{
+  const uint64_t reads = rb->reads;
+  struct cache *c = testfile_open_attach (cfg, rb->size);
+
+  read_all_check (c, rb, chunk);
+  assert_int_equal (rb->reads, reads);
+  assert_int_equal (ST (c, verify_failures), 0);
+  cache_close (c);
+}
+
 uint64_t
 rnd64 (uint64_t *s)
 {
@@ -130,6 +161,18 @@ rnd64 (uint64_t *s)
   *s ^= *s >> 7;
   *s ^= *s << 17;
   return *s;
+}
+
+struct extent
+rnd_extent (uint64_t *s, uint64_t size, uint32_t max)
+{
+  struct extent x;
+
+  x.off = rnd64 (s) % size;
+  x.len = 1 + rnd64 (s) % max;
+  if (x.len > size - x.off)
+    x.len = size - x.off;
+  return x;
 }
 
 /*----------------------------------------------------------------------
@@ -279,6 +322,103 @@ model_new (struct rambackend *rb)
   assert_non_null (m);
   rambackend_peek (rb, m, rb->size, 0);
   return m;
+}
+
+/* The rest of env, over its RAM backend (made). */
+static void
+tenv_over_rb (struct tenv *env)
+{
+  tbe_init (&env->t, &env->rb);
+  env->be = &env->t.be;
+  env->model = model_new (&env->rb);
+}
+
+void
+tenv_init (struct tenv *env, uint64_t size, unsigned seed)
+{
+  rambackend_init (&env->rb, size, seed);
+  tenv_over_rb (env);
+}
+
+void
+tenv_free (struct tenv *env)
+{
+  rambackend_free (&env->rb);
+  free (env->model);
+}
+
+struct cache *
+tenv_open (struct tenv *env, const struct cache_config *cfg, uint64_t size,
+           unsigned seed)
+{
+  struct cache *c = fixture_open (&env->rb, cfg, size, seed);
+
+  tenv_over_rb (env);
+  return c;
+}
+
+void
+tenv_close (struct tenv *env, struct cache *c)
+{
+  fixture_close (c, &env->rb);
+  free (env->model);
+}
+
+void
+tenv_write (struct tenv *env, struct cache *c, uint64_t off, uint32_t len,
+            unsigned seed)
+{
+  mwrite (c, env->be, env->model, off, len, seed);
+}
+
+void
+tenv_read_check (struct tenv *env, struct cache *c, uint64_t off,
+                 uint32_t len)
+{
+  mread_check (c, env->be, env->model, off, len);
+}
+
+void
+tenv_read_all_check (struct tenv *env, struct cache *c, uint32_t chunk)
+{
+  mread_all_check (c, env->be, env->model, env->rb.size, chunk);
+}
+
+void
+tenv_writeback_check (struct tenv *env, struct cache *c)
+{
+  int err = 0;
+
+  if (cache_writeback_all (c, env->be, &err) != 0)
+    fail_msg ("cache_writeback_all failed, err=%d (%s)", err,
+              strerror (err));
+  backend_check (&env->rb, env->model, cache_page_size (c));
+}
+
+/*----------------------------------------------------------------------
+ * A child process.
+ */
+
+pid_t
+fixture_fork (void)
+{
+  pid_t pid;
+
+  fflush (stdout);
+  fflush (stderr);
+  pid = fork ();
+  assert_true (pid >= 0);
+  return pid;
+}
+
+void
+fixture_wait (pid_t pid)
+{
+  int status;
+
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status));
+  assert_int_equal (WEXITSTATUS (status), 0);
 }
 
 /*----------------------------------------------------------------------

@@ -3,17 +3,9 @@
  *
  * log_error always prints; log_debug prints only when the environment
  * variable SSDCACHE_TEST_DEBUG is set.  Tests that need to check that an
- * error was reported, and what it said, declare
- *
- *   extern int log_error_count;
- *   extern char log_error_last[512];
- *
- * and read them (they are not thread safe beyond a mutex around the
- * update; tests only read them from the main thread).  To look for a
- * message among all errors logged since a point, declare
- *
- *   extern void log_errors_forget (void);
- *   extern int log_errors_contain (const char *text);
+ * error was reported, and what it said, include log-stderr.h: the count
+ * and the last error, and a look for a message among all errors logged
+ * since a point.
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -22,6 +14,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "log-stderr.h"
 
 int ssdcache_debug_verbose;
 int ssdcache_debug_recovery;
@@ -36,9 +29,6 @@ char log_error_last[512];
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static char seen[65536];          /* errors since log_errors_forget */
 static size_t nseen;
-
-void log_errors_forget (void);
-int log_errors_contain (const char *text);
 
 void
 log_errors_forget (void)

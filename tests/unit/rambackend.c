@@ -38,16 +38,17 @@ maybe_delay (struct rambackend *rb)
   nanosleep (&ts, NULL);
 }
 
+/* Under rb->lock: whether the call fails, an injected failure (*fail,
+ * then cleared) or one past the end.  If it does, rb->lock is released
+ * and *err set.
+ */
 static int
-rb_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
+rb_refuse (struct rambackend *rb, int *fail, uint32_t count, uint64_t offset,
+           int *err)
 {
-  struct rambackend *rb = h;
-
-  pthread_mutex_lock (&rb->lock);
-  atomic_fetch_add (&rb->reads, 1);
-  if (rb->fail_read_errno) {
-    *err = rb->fail_read_errno;
-    rb->fail_read_errno = 0;
+  if (*fail) {
+    *err = *fail;
+    *fail = 0;
     rb->failed++;
     pthread_mutex_unlock (&rb->lock);
     return -1;
@@ -58,6 +59,18 @@ rb_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
     *err = EIO;
     return -1;
   }
+  return 0;
+}
+
+static int
+rb_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
+{
+  struct rambackend *rb = h;
+
+  pthread_mutex_lock (&rb->lock);
+  atomic_fetch_add (&rb->reads, 1);
+  if (rb_refuse (rb, &rb->fail_read_errno, count, offset, err) == -1)
+    return -1;
   memcpy (buf, rb->data + offset, count);
   atomic_fetch_add (&rb->bytes_read, count);
   pthread_mutex_unlock (&rb->lock);
@@ -75,19 +88,8 @@ rb_pwrite (void *h, const void *buf, uint32_t count, uint64_t offset,
     _exit (0);
   pthread_mutex_lock (&rb->lock);
   atomic_fetch_add (&rb->writes, 1);
-  if (rb->fail_write_errno) {
-    *err = rb->fail_write_errno;
-    rb->fail_write_errno = 0;
-    rb->failed++;
-    pthread_mutex_unlock (&rb->lock);
+  if (rb_refuse (rb, &rb->fail_write_errno, count, offset, err) == -1)
     return -1;
-  }
-  if (offset > rb->size || count > rb->size - offset) {
-    atomic_fetch_add (&rb->out_of_range, 1);
-    pthread_mutex_unlock (&rb->lock);
-    *err = EIO;
-    return -1;
-  }
   memcpy (rb->data + offset, buf, count);
   atomic_fetch_add (&rb->bytes_written, count);
   if (fua)

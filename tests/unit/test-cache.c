@@ -36,18 +36,7 @@
 #include "fixture.h"
 #include "testfile.h"
 
-extern int log_error_count;
-extern char log_error_last[512];
-
 #define PS 4096u
-#define ST(c, f) STATS_GET (cache_stats (c), f)
-
-/* The temporary cache file and the watchdog: tests/unit/testfile.h. */
-#define cache_path testfile_path
-#define setup_file testfile_setup
-#define teardown_file testfile_teardown
-#define read_file_sb testfile_read_sb
-#define open_attach testfile_open_attach
 
 /*----------------------------------------------------------------------
  * Basic reads and hits.
@@ -62,15 +51,14 @@ test_new_file_reads_and_hits (void **state)
   struct layout_sb sb;
   uint64_t reads;
 
-  rambackend_init (&rb, 64 * PS, 1);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 64 * PS, 1);
   assert_int_equal (cache_page_size (c), PS);
   assert_int_equal (cache_nslots (c), 64);
 
   /* The file carries a valid superblock for this cache, not clean
    * while open.
    */
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   assert_int_equal (sb.page_size, PS);
   assert_int_equal (sb.nslots, 64);
   assert_int_equal (sb.backend_size, rb.size);
@@ -80,7 +68,7 @@ test_new_file_reads_and_hits (void **state)
   assert_int_equal (sb.flags & LAYOUT_SB_CLEAN, 0);
   {
     struct stat st;
-    assert_int_equal (stat (cache_path, &st), 0);
+    assert_int_equal (stat (testfile_path, &st), 0);
     assert_true ((uint64_t) st.st_size >= sb.pool_offset + 64 * PS);
     assert_int_equal (sb.pool_offset % LAYOUT_POOL_ALIGN, 0);
   }
@@ -123,7 +111,7 @@ test_new_file_reads_and_hits (void **state)
 
   cache_close (c);
   /* Closed cleanly. */
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   assert_int_equal (sb.flags & LAYOUT_SB_CLEAN, LAYOUT_SB_CLEAN);
   rambackend_free (&rb);
 }
@@ -136,17 +124,13 @@ test_unaligned (void **state)
   struct cache *c;
   uint64_t s = 12345;
 
-  rambackend_init (&rb, 256 * PS, 2);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 256 * PS, 2);
   for (int i = 0; i < 600; ++i) {
-    uint64_t off = rnd64 (&s) % rb.size;
-    uint32_t len = 1 + rnd64 (&s) % 20000;
-    if (len > rb.size - off)
-      len = rb.size - off;
+    struct extent x = rnd_extent (&s, rb.size, 20000);
     if (i % 3 == 0)
-      write_check (c, &rb, off, len, i);
+      write_check (c, &rb, x.off, x.len, i);
     else
-      read_check (c, &rb, off, len);
+      read_check (c, &rb, x.off, x.len);
   }
   /* Reads spanning many pages, starting/ending mid-page. */
   read_check (c, &rb, 1, rb.size - 2);
@@ -160,8 +144,7 @@ test_unaligned (void **state)
     assert_int_equal (cache_read (c, &rb.be, &b, 0, 100, &err), 0);
   }
   assert_int_equal (rb.out_of_range, 0);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 static void
@@ -173,8 +156,7 @@ test_odd_size (void **state)
   struct cache *c;
   uint64_t s = 777, reads;
 
-  rambackend_init (&rb, size, 3);
-  c = open_attach (&cfg, size);
+  c = fixture_open (&rb, &cfg, size, 3);
   /* Never more slots than backend pages plus the spare ones for older
    * versions (a quarter, at least 16).
    */
@@ -199,27 +181,23 @@ test_odd_size (void **state)
   assert_int_equal (rb.reads, reads);
 
   for (int i = 0; i < 300; ++i) {
-    uint64_t off = rnd64 (&s) % size;
-    uint32_t len = 1 + rnd64 (&s) % 9000;
-    if (len > size - off)
-      len = size - off;
+    struct extent x = rnd_extent (&s, size, 9000);
     if (i % 2)
-      write_check (c, &rb, off, len, 100 + i);
+      write_check (c, &rb, x.off, x.len, 100 + i);
     else
-      read_check (c, &rb, off, len);
+      read_check (c, &rb, x.off, x.len);
   }
   read_check (c, &rb, 0, size);
   assert_int_equal (rb.out_of_range, 0);
   cache_close (c);
 
   /* Warm restart over the odd size: all hits, right data. */
-  c = open_attach (&cfg, size);
+  c = testfile_open_attach (&cfg, size);
   rambackend_reset_counters (&rb);
   read_check (c, &rb, 0, size);
   read_check (c, &rb, size - 1, 1);
   assert_int_equal (rb.reads, 0);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 /*----------------------------------------------------------------------
@@ -234,19 +212,16 @@ test_writethrough_updates_cache (void **state)
   struct cache *c;
   uint64_t s = 99;
 
-  rambackend_init (&rb, 64 * PS, 4);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 64 * PS, 4);
   read_all_check (c, &rb, 64 * PS);          /* everything cached */
   rambackend_reset_counters (&rb);
 
   for (int i = 0; i < 300; ++i) {
-    uint64_t off = rnd64 (&s) % rb.size;
-    uint32_t len = 1 + rnd64 (&s) % 10000;
-    if (len > rb.size - off)
-      len = rb.size - off;
-    write_check (c, &rb, off, len, i);
-    read_check (c, &rb, off > 100 ? off - 100 : 0, len + 200 > rb.size - off
-                ? rb.size - (off > 100 ? off - 100 : 0) : len + 200);
+    struct extent x = rnd_extent (&s, rb.size, 10000);
+    uint64_t lo = x.off > 100 ? x.off - 100 : 0;   /* 100 bytes around */
+    write_check (c, &rb, x.off, x.len, i);
+    read_check (c, &rb, lo, x.len + 200 > rb.size - x.off
+                ? rb.size - lo : x.len + 200);
   }
   read_all_check (c, &rb, 64 * PS);
   /* The cache was updated, not dropped: not one backend read. */
@@ -257,10 +232,7 @@ test_writethrough_updates_cache (void **state)
   cache_close (c);
 
   /* And the updates persisted. */
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 64 * PS);
-  assert_int_equal (rb.reads, 0);
-  cache_close (c);
+  warm_check (&cfg, &rb, 64 * PS);
   rambackend_free (&rb);
 }
 
@@ -271,8 +243,7 @@ test_write_uncached (void **state)
   struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
 
-  rambackend_init (&rb, 64 * PS, 5);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 64 * PS, 5);
 
   /* A partial page that is not cached is not added... */
   write_check (c, &rb, 10, 100, 1);
@@ -305,8 +276,7 @@ test_write_uncached (void **state)
     read_check (c, &rb, 11 * PS, PS);
     assert_int_equal (rb.reads, 3);
   }
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 static void
@@ -317,8 +287,7 @@ test_writearound (void **state)
   struct cache *c;
 
   cfg.mode = LAYOUT_MODE_WRITEAROUND;
-  rambackend_init (&rb, 64 * PS, 6);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 64 * PS, 6);
   read_check (c, &rb, 0, 8 * PS);
   rambackend_reset_counters (&rb);
 
@@ -337,8 +306,7 @@ test_writearound (void **state)
   write_check (c, &rb, 20 * PS, PS, 2);
   read_check (c, &rb, 20 * PS, PS);
   assert_int_equal (rb.bytes_read, 4 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 /*----------------------------------------------------------------------
@@ -353,24 +321,20 @@ test_eviction_small_cache (void **state)
   struct cache *c;
   uint64_t s = 4242;
 
-  rambackend_init (&rb, 256 * PS, 7);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 256 * PS, 7);
   assert_int_equal (cache_nslots (c), 4);
 
   for (int i = 0; i < 1500; ++i) {
-    uint64_t off = rnd64 (&s) % rb.size;
-    uint32_t len = 1 + rnd64 (&s) % (6 * PS);
-    if (len > rb.size - off)
-      len = rb.size - off;
+    struct extent x = rnd_extent (&s, rb.size, 6 * PS);
     switch (rnd64 (&s) % 4) {
     case 0:
-      write_check (c, &rb, off, len, i);
+      write_check (c, &rb, x.off, x.len, i);
       break;
     case 1:   /* a small working set that should mostly hit */
       read_check (c, &rb, (rnd64 (&s) % 3) * PS, PS);
       break;
     default:
-      read_check (c, &rb, off, len);
+      read_check (c, &rb, x.off, x.len);
     }
   }
   read_all_check (c, &rb, 3 * PS + 1);
@@ -380,11 +344,10 @@ test_eviction_small_cache (void **state)
   cache_close (c);
 
   /* After the churn, a restart still serves right data. */
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   assert_true (ST (c, loaded_slots) <= 4);
   read_all_check (c, &rb, 5 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 static void
@@ -396,8 +359,7 @@ test_invalidate (void **state)
   uint8_t newdata[2 * PS];
   uint64_t reads;
 
-  rambackend_init (&rb, 64 * PS, 8);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 64 * PS, 8);
   read_check (c, &rb, 0, 8 * PS);
   reads = rb.reads;
 
@@ -428,12 +390,11 @@ test_invalidate (void **state)
   cache_invalidate (c, PS, 0);
   cache_close (c);
   rambackend_poke (&rb, newdata + 7, PS, 0);
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   rambackend_reset_counters (&rb);
   read_check (c, &rb, 0, 8 * PS);
   assert_int_equal (rb.bytes_read, PS);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 static void
@@ -444,16 +405,14 @@ test_prefetch (void **state)
   struct cache *c;
   int err = 0;
 
-  rambackend_init (&rb, 64 * PS, 9);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 64 * PS, 9);
   assert_int_equal (cache_preload (c, &rb.be, 10 * PS - 1, 5 * PS + 1,
                                     &err), 0);
   assert_int_equal (rb.bytes_read, 10 * PS);     /* pages 5..14 */
   read_check (c, &rb, 5 * PS, 10 * PS);
   assert_int_equal (rb.bytes_read, 10 * PS);
   assert_int_equal (cache_sync (c, &err), 0);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 /* Writethrough: a partial write to a cached page whose sectors it
@@ -468,8 +427,7 @@ test_write_uncached_sectors (void **state)
   struct cache *c;
   uint64_t upd;
 
-  rambackend_init (&rb, 16 * PS, 21);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 16 * PS, 21);
   read_check (c, &rb, 3 * PS, 512);           /* page 3: sector 0 only */
   assert_int_equal (rb.reads, 1);
   assert_int_equal (ST (c, fills), 1);
@@ -498,9 +456,7 @@ test_write_uncached_sectors (void **state)
   cache_close (c);
 
   /* The cache file agrees after a restart. */
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, PS);
-  cache_close (c);
+  open_read_all_check (&cfg, &rb, PS);
   rambackend_free (&rb);
 }
 
@@ -518,8 +474,7 @@ test_backend_read_error (void **state)
   int err;
   uint64_t fills;
 
-  rambackend_init (&rb, 64 * PS, 22);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 64 * PS, 22);
 
   rambackend_fail_next_read (&rb, EIO);
   err = 0;
@@ -549,8 +504,7 @@ test_backend_read_error (void **state)
   assert_int_equal (cache_preload (c, &rb.be, PS, 20 * PS, &err), -1);
   assert_int_equal (err, EIO);
   read_check (c, &rb, 20 * PS, PS);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 static void
@@ -562,8 +516,7 @@ test_backend_write_error (void **state)
   uint8_t buf[3 * PS];
   int err;
 
-  rambackend_init (&rb, 64 * PS, 23);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 64 * PS, 23);
   read_check (c, &rb, 0, 8 * PS);
 
   fill_pattern (buf, sizeof buf, 5);
@@ -586,8 +539,7 @@ test_backend_write_error (void **state)
   /* Then it works again. */
   write_check (c, &rb, PS + 100, 3 * PS, 6);
   read_check (c, &rb, 0, 8 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 /*----------------------------------------------------------------------
@@ -641,12 +593,11 @@ thread_main (void *arg)
     bool shared = op >= 2;
     uint64_t base = shared ? SHARED_OFF : own;
     uint64_t span = shared ? shared_bytes : OWN_BYTES;
-    uint64_t off = rnd64 (&s) % span;
-    uint32_t len = 1 + rnd64 (&s) % (3 * PS);
+    struct extent x = rnd_extent (&s, span, 3 * PS);
+    uint64_t off = x.off;
+    uint32_t len = x.len;
     int err = 0;
 
-    if (len > span - off)
-      len = span - off;
     if (op % 2 == 0) {
       if (cache_read (t->c, &t->rb->be, buf, len, base + off, &err) != 0) {
         t->failures++;
@@ -731,8 +682,7 @@ run_threads (uint64_t cache_bytes, enum layout_mode mode,
   cfg.reset = true;
   shared_bytes = shared;
   thread_ops = ops;
-  rambackend_init (&rb, SHARED_OFF + SHARED_MAX, 24);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, SHARED_OFF + SHARED_MAX, 24);
   /* Warm part of it so there are hits to race with. */
   read_check (c, &rb, 0, rb.size / 2);
   atomic_store (&rb.delay_max_us, delay_us);
@@ -779,9 +729,7 @@ run_threads (uint64_t cache_bytes, enum layout_mode mode,
 
   /* And after a restart. */
   cfg.reset = false;
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 3 * PS);
-  cache_close (c);
+  open_read_all_check (&cfg, &rb, 3 * PS);
   rambackend_free (&rb);
   free (t);
 }
@@ -891,8 +839,7 @@ test_threads_readonly_big_pages (void **state)
   pthread_t th[NTHREADS];
 
   cfg.page_size = RO_PAGE;
-  rambackend_init (&rb, RO_PAGES * RO_PAGE - 12345, 31);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, RO_PAGES * RO_PAGE - 12345, 31);
   assert_int_equal (cache_nslots (c), 3);
   for (int i = 0; i < NTHREADS; ++i) {
     t[i] = (struct ro_thr) { .id = i, .c = c, .rb = &rb, .ops = 120 };
@@ -909,41 +856,37 @@ test_threads_readonly_big_pages (void **state)
   cache_close (c);
 
   /* Warm restart with big pages, short last page. */
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   read_check (c, &rb, 0, rb.size);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
-
-#define T(f) cmocka_unit_test_setup_teardown (f, setup_file, teardown_file)
 
 int
 main (void)
 {
   const struct CMUnitTest tests[] = {
-    T (test_new_file_reads_and_hits),
-    T (test_unaligned),
-    T (test_odd_size),
-    T (test_writethrough_updates_cache),
-    T (test_write_uncached_sectors),
-    T (test_write_uncached),
-    T (test_writearound),
-    T (test_eviction_small_cache),
-    T (test_invalidate),
-    T (test_prefetch),
-    T (test_backend_read_error),
-    T (test_backend_write_error),
-    T (test_threads_small_cache),
-    T (test_threads_big_cache),
-    T (test_threads_writearound),
-    T (test_threads_slow_backend),
-    T (test_threads_slow_backend_evicting),
-    T (test_threads_readonly_big_pages),
+    TESTFILE_TEST (test_new_file_reads_and_hits),
+    TESTFILE_TEST (test_unaligned),
+    TESTFILE_TEST (test_odd_size),
+    TESTFILE_TEST (test_writethrough_updates_cache),
+    TESTFILE_TEST (test_write_uncached_sectors),
+    TESTFILE_TEST (test_write_uncached),
+    TESTFILE_TEST (test_writearound),
+    TESTFILE_TEST (test_eviction_small_cache),
+    TESTFILE_TEST (test_invalidate),
+    TESTFILE_TEST (test_prefetch),
+    TESTFILE_TEST (test_backend_read_error),
+    TESTFILE_TEST (test_backend_write_error),
+    TESTFILE_TEST (test_threads_small_cache),
+    TESTFILE_TEST (test_threads_big_cache),
+    TESTFILE_TEST (test_threads_writearound),
+    TESTFILE_TEST (test_threads_slow_backend),
+    TESTFILE_TEST (test_threads_slow_backend_evicting),
+    TESTFILE_TEST (test_threads_readonly_big_pages),
   };
 
   testfile_name = "test-cache";
   testfile_watchdog_seconds = 300;
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
-
 

@@ -33,35 +33,37 @@
 #include <sys/stat.h>
 #include <pthread.h>
 #include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
 #include "cache.h"
 #include "fixture.h"
 #include "layout.h"
+#include "log-stderr.h"
 #include "rambackend.h"
 #include "stats.h"
 #include "testfile.h"
 #include "writeback.h"
 
-extern int log_error_count;
-extern char log_error_last[512];
-extern void log_errors_forget (void);
-extern int log_errors_contain (const char *text);
-
 #define PS 4096u
-#define ST(c, f) STATS_GET (cache_stats (c), f)
-
-/* The temporary cache file and the watchdog: tests/unit/testfile.h. */
-#define cache_path testfile_path
-#define read_file_sb testfile_read_sb
-#define open_attach testfile_open_attach
 
 /* Kept reachable on purpose: the child "crashes" with them open. */
 static struct cache *crash_cache;
 static struct rambackend crash_rb;
 static struct tbe crash_tbe;
+
+/* In a child: crash_rb over size bytes from seed, crash_tbe over it,
+ * and crash_cache (cfg) attached; the child exits (1) if it cannot.
+ */
+static void
+crash_start (const struct cache_config *cfg, uint64_t size, unsigned seed)
+{
+  rambackend_init (&crash_rb, size, seed);
+  tbe_init (&crash_tbe, &crash_rb);
+  crash_cache = cache_open (cfg);
+  if (crash_cache == NULL || cache_attach (crash_cache, size) != 0)
+    _exit (1);
+}
 
 /*----------------------------------------------------------------------
  * 1. Writethrough: a crash with writes cached, queued (defer.h) or
@@ -105,23 +107,13 @@ wt_crash_writes (struct cache *c, struct rambackend *rb)
 static void
 crash_reopen_child (const struct cache_config *cfg, bool flush)
 {
-  pid_t pid;
-  int status;
+  pid_t pid = fixture_fork ();
 
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
   if (pid == 0) {
     uint8_t *buf = malloc (64 * PS);
     int err;
 
-    rambackend_init (&crash_rb, 64 * PS, 11);
-    crash_cache = cache_open (cfg);
-    if (crash_cache == NULL)
-      _exit (1);
-    if (cache_attach (crash_cache, crash_rb.size) != 0)
-      _exit (2);
+    crash_start (cfg, 64 * PS, 11);
     if (cache_read (crash_cache, &crash_rb.be, buf, 64 * PS, 0, &err) != 0)
       _exit (4);
     wt_crash_writes (crash_cache, &crash_rb);
@@ -132,21 +124,7 @@ crash_reopen_child (const struct cache_config *cfg, bool flush)
     free (buf);
     _exit (0);                  /* no cache_close: a crash */
   }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
-}
-
-/* Open the 64-page cache: every read is a hit that verifies. */
-static void
-check_all_warm (const struct cache_config *cfg, struct rambackend *rb)
-{
-  struct cache *c = open_attach (cfg, rb->size);
-
-  read_all_check (c, rb, 64 * PS);
-  assert_int_equal (rb->reads, 0);
-  assert_int_equal (ST (c, verify_failures), 0);
-  cache_close (c);
+  fixture_wait (pid);
 }
 
 static void
@@ -161,10 +139,10 @@ test_crash_reopen (void **state)
   crash_reopen_child (&cfg, false);
   wt_crash_writes (NULL, &rb);
 
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   assert_int_equal (sb.flags & LAYOUT_SB_CLEAN, 0);   /* not closed */
 
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   /* Warm, but for the pages the writes changed: those were rewritten
    * unsealed (before the backend write: a crash must undo them), so
    * recovery drops them and they are read again.  The six writes touch
@@ -179,7 +157,7 @@ test_crash_reopen (void **state)
 
   /* All cached again, and sealed by the clean close. */
   rambackend_reset_counters (&rb);
-  check_all_warm (&cfg, &rb);
+  warm_check (&cfg, &rb, 64 * PS);
   rambackend_free (&rb);
 }
 
@@ -192,11 +170,11 @@ test_crash_reopen_flushed (void **state)
   struct rambackend rb;
   struct cache_config cfg = fixture_config (64 * PS, PS);
 
-  unlink (cache_path);
+  unlink (testfile_path);
   rambackend_init (&rb, 64 * PS, 11);
   crash_reopen_child (&cfg, true);
   wt_crash_writes (NULL, &rb);
-  check_all_warm (&cfg, &rb);
+  warm_check (&cfg, &rb, 64 * PS);
   rambackend_free (&rb);
 }
 
@@ -212,12 +190,12 @@ test_crash_reopen_deferred (void **state)
   struct cache_config cfg = fixture_config (64 * PS, PS);
   struct cache *c;
 
-  unlink (cache_path);
+  unlink (testfile_path);
   crash_small = true;
   rambackend_init (&rb, 64 * PS, 11);
   crash_reopen_child (&cfg, false);
   wt_crash_writes (NULL, &rb);
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   assert_int_equal (ST (c, loaded_slots), 64 - 10);
   assert_int_equal (ST (c, unsealed_dropped), 10);
   read_all_check (c, &rb, 64 * PS);
@@ -237,12 +215,12 @@ test_crash_reopen_deferred_flushed (void **state)
   struct rambackend rb;
   struct cache_config cfg = fixture_config (64 * PS, PS);
 
-  unlink (cache_path);
+  unlink (testfile_path);
   crash_small = true;
   rambackend_init (&rb, 64 * PS, 11);
   crash_reopen_child (&cfg, true);
   wt_crash_writes (NULL, &rb);
-  check_all_warm (&cfg, &rb);
+  warm_check (&cfg, &rb, 64 * PS);
   crash_small = false;
   rambackend_free (&rb);
 }
@@ -264,20 +242,13 @@ test_evicted_entry_gone (void **state)
 {
   struct cache_config cfg = fixture_config (2 * PS, PS);
   struct rambackend rb;
-  struct cache *c;
   uint8_t buf[PS];
   pid_t pid;
-  int status, err = 0;
+  int err = 0;
 
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
+  pid = fixture_fork ();
   if (pid == 0) {
-    rambackend_init (&crash_rb, 4 * PS, 31);
-    crash_cache = cache_open (&cfg);
-    if (crash_cache == NULL || cache_attach (crash_cache, crash_rb.size) != 0)
-      _exit (1);
+    crash_start (&cfg, 4 * PS, 31);
     for (int p = 0; p < 2; p++)     /* pages 0 and 1 fill both slots */
       if (cache_read (crash_cache, &crash_rb.be, buf, PS, p * PS, &err) != 0)
         _exit (2);
@@ -296,18 +267,14 @@ test_evicted_entry_gone (void **state)
       _exit (5);
     _exit (0);                  /* no cache_close: a crash */
   }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
+  fixture_wait (pid);
 
   rambackend_init (&rb, 4 * PS, 31);
   for (int p = 0; p < 2; p++) {     /* what the child's backend got */
     fill_pattern (buf, 1024, 70 + p);
     rambackend_poke (&rb, buf, 1024, p * PS + 512);
   }
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, PS);
-  cache_close (c);
+  open_read_all_check (&cfg, &rb, PS);
   rambackend_free (&rb);
 }
 
@@ -324,22 +291,14 @@ wt_crash_check (uint32_t off, uint32_t len, unsigned seed, unsigned pat,
 {
   struct cache_config cfg = fixture_config (4 * PS, PS);
   struct rambackend rb;
-  struct cache *c;
   uint8_t buf[2 * PS], orig[2 * PS];
   pid_t pid;
-  int status, err = 0;
+  int err = 0;
 
-  unlink (cache_path);
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
+  unlink (testfile_path);
+  pid = fixture_fork ();
   if (pid == 0) {
-    rambackend_init (&crash_rb, 4 * PS, seed);
-    crash_cache = cache_open (&cfg);
-    if (crash_cache == NULL ||
-        cache_attach (crash_cache, crash_rb.size) != 0)
-      _exit (1);
+    crash_start (&cfg, 4 * PS, seed);
     if (cache_read (crash_cache, &crash_rb.be, orig, 2 * PS, 0, &err) != 0)
       _exit (2);
     fill_pattern (buf, len, pat);
@@ -357,16 +316,12 @@ wt_crash_check (uint32_t off, uint32_t len, unsigned seed, unsigned pat,
     }
     _exit (4);                  /* not reached: exits in the write */
   }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
+  fixture_wait (pid);
 
   rambackend_init (&rb, 4 * PS, seed);
   fill_pattern (buf, len, pat);
   rambackend_poke (&rb, buf, len, off);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 512);
-  cache_close (c);
+  open_read_all_check (&cfg, &rb, 512);
   rambackend_free (&rb);
 }
 
@@ -421,18 +376,12 @@ test_fill_entry_lags (void **state)
   struct cache *c;
   uint8_t buf[1024];
   pid_t pid;
-  int status, err;
+  int err;
 
   rambackend_init (&rb, 16 * PS, 13);
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
+  pid = fixture_fork ();
   if (pid == 0) {
-    rambackend_init (&crash_rb, 16 * PS, 13);
-    crash_cache = cache_open (&cfg);
-    if (crash_cache == NULL || cache_attach (crash_cache, crash_rb.size) != 0)
-      _exit (1);
+    crash_start (&cfg, 16 * PS, 13);
     /* A new slot for page 3 (its entry is written), then more sectors
      * of it (the entry lags).
      */
@@ -440,16 +389,14 @@ test_fill_entry_lags (void **state)
         cache_read (crash_cache, &crash_rb.be, buf, 1024, 3 * PS + 2048,
                     &err) != 0)
       _exit (2);
-    if (STATS_GET (cache_stats (crash_cache), read_partial) != 1)
+    if (ST (crash_cache, read_partial) != 1)
       _exit (3);
     _exit (0);                  /* no cache_close: a crash */
   }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
+  fixture_wait (pid);
 
   /* After the crash: the page is there, with its first sector only. */
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   assert_int_equal (ST (c, loaded_slots), 1);
   read_check (c, &rb, 3 * PS, 512);
   assert_int_equal (rb.reads, 0);
@@ -459,13 +406,12 @@ test_fill_entry_lags (void **state)
   cache_close (c);
 
   /* After a clean close both parts are cached. */
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   read_check (c, &rb, 3 * PS, 512);
   read_check (c, &rb, 3 * PS + 2048, 1024);
   assert_int_equal (rb.reads, 1);
   assert_int_equal (ST (c, verify_failures), 0);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 /* Writethrough: a write of whole sectors into a cached clean page
@@ -481,18 +427,12 @@ test_wt_unsealed_clean (void **state)
   struct cache *c;
   uint8_t buf[PS];
   pid_t pid;
-  int status, err;
+  int err;
 
   rambackend_init (&rb, 16 * PS, 14);
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
+  pid = fixture_fork ();
   if (pid == 0) {
-    rambackend_init (&crash_rb, 16 * PS, 14);
-    crash_cache = cache_open (&cfg);
-    if (crash_cache == NULL || cache_attach (crash_cache, crash_rb.size) != 0)
-      _exit (1);
+    crash_start (&cfg, 16 * PS, 14);
     if (cache_read (crash_cache, &crash_rb.be, buf, PS, 5 * PS, &err) != 0)
       _exit (2);
     fill_pattern (buf, 1024, 77);
@@ -502,19 +442,17 @@ test_wt_unsealed_clean (void **state)
                      false, &err) != 0)
       _exit (3);
     /* Both writes went to the cache in place. */
-    if (STATS_GET (cache_stats (crash_cache), pages_updated) != 2)
+    if (ST (crash_cache, pages_updated) != 2)
       _exit (4);
     _exit (0);                  /* no cache_close: a crash */
   }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
+  fixture_wait (pid);
   /* The backend got the writes (writethrough). */
   fill_pattern (buf, 1024, 77);
   rambackend_poke (&rb, buf, 1024, 5 * PS + 1024);
   rambackend_poke (&rb, buf, 512, 5 * PS + 3072);
 
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   assert_int_equal (ST (c, loaded_slots), 0);
   assert_int_equal (ST (c, unsealed_dropped), 1);
   read_check (c, &rb, 5 * PS, PS);             /* right data */
@@ -525,12 +463,11 @@ test_wt_unsealed_clean (void **state)
   assert_int_equal (cache_write (c, &rb.be, buf, 512, 5 * PS, false, &err),
                     0);
   cache_close (c);
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   read_check (c, &rb, 5 * PS, PS);
   assert_int_equal (ST (c, verify_failures), 0);
   assert_int_equal (rb.reads, 1);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 /*----------------------------------------------------------------------
@@ -569,6 +506,7 @@ wb_crash_writes (struct cache *c, const struct cache_backend *be,
 static const uint64_t crash_pages[] = {
   0, 3, 5, 6, 7, 12, 14, 20, 21, 25, 26, 27, 30
 };
+#define CRASH_NPAGES (sizeof crash_pages / sizeof crash_pages[0])
 
 /* A crash scenario: in a forked child, open the cache (cfg) over a RAM
  * backend of size bytes made from seed, run body, and exit without
@@ -579,25 +517,14 @@ static void
 crash_in_child (const struct cache_config *cfg, uint64_t size, unsigned seed,
                 int (*body) (struct cache *c, const struct cache_backend *be))
 {
-  pid_t pid;
-  int status;
+  pid_t pid = fixture_fork ();
 
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
   if (pid == 0) {
     alarm (60);                 /* a hung child must not hang us */
-    rambackend_init (&crash_rb, size, seed);
-    tbe_init (&crash_tbe, &crash_rb);
-    crash_cache = cache_open (cfg);
-    if (crash_cache == NULL || cache_attach (crash_cache, size) != 0)
-      _exit (1);
+    crash_start (cfg, size, seed);
     _exit (body (crash_cache, &crash_tbe.be));
   }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
+  fixture_wait (pid);
 }
 
 static bool crash_second_phase;  /* crash_body: also the unflushed writes */
@@ -634,36 +561,44 @@ crash_child (const struct cache_config *cfg, uint64_t size, unsigned seed,
   crash_in_child (cfg, size, seed, crash_body);
 }
 
+/* The crash scenario with both phases, in a child over a backend like
+ * env's (seed); env's model then has the writes of both.
+ */
+static void
+crash_child_both (struct tenv *env, const struct cache_config *cfg,
+                  unsigned seed)
+{
+  crash_child (cfg, env->rb.size, seed, true);
+  wb_crash_writes (NULL, NULL, env->model, 0);
+  wb_crash_writes (NULL, NULL, env->model, 1);
+}
+
 static void
 test_wb_crash_recovery (void **state)
 {
   const uint64_t size = 40 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache *c;
   struct layout_sb sb;
-  uint8_t *model, *orig, *synced;
-  const size_t npages = sizeof crash_pages / sizeof crash_pages[0];
+  uint8_t *orig, *synced;
   int err = 0;
 
-  rambackend_init (&rb, size, 8);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  orig = model_new (&rb);
-  synced = model_new (&rb);
+  tenv_init (&env, size, 8);
+  orig = model_new (&env.rb);
+  synced = model_new (&env.rb);
 
   /* Flushed writes only, then the crash. */
   crash_child (&cfg, size, 8, false);
   wb_crash_writes (NULL, NULL, synced, 0);
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   assert_false (sb.flags & LAYOUT_SB_CLEAN);
   assert_true (sb.flags & LAYOUT_SB_DIRTY);
-  c = open_attach (&cfg, size);
+  c = testfile_open_attach (&cfg, size);
   assert_int_equal (cache_dirty_pages (c), 9);      /* phase 0 pages */
-  mread_all_check (c, &t.be, synced, size, 3 * PS + 1);
-  assert_int_equal (rb.writes, 0);
-  backend_check (&rb, orig, PS);                    /* never got it */
+  mread_all_check (c, env.be, synced, size, 3 * PS + 1);
+  assert_int_equal (env.rb.writes, 0);
+  backend_check (&env.rb, orig, PS);                    /* never got it */
   assert_int_equal (ST (c, verify_failures), 0);
   assert_int_equal (ST (c, dirty_lost), 0);
   cache_close (c);
@@ -671,33 +606,28 @@ test_wb_crash_recovery (void **state)
   /* Clean close kept it dirty; a new crash on top with unflushed
    * writes too (a process crash keeps what reached the cache file).
    */
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   assert_true (sb.flags & LAYOUT_SB_CLEAN);
   assert_true (sb.flags & LAYOUT_SB_DIRTY);
-  crash_child (&cfg, size, 8, true);
-  wb_crash_writes (NULL, NULL, model, 0);
-  wb_crash_writes (NULL, NULL, model, 1);
-  c = open_attach (&cfg, size);
-  assert_int_equal (cache_dirty_pages (c), npages);
-  mread_all_check (c, &t.be, model, size, 5 * PS - 3);
-  assert_int_equal (rb.writes, 0);
+  crash_child_both (&env, &cfg, 8);
+  c = testfile_open_attach (&cfg, size);
+  assert_int_equal (cache_dirty_pages (c), CRASH_NPAGES);
+  tenv_read_all_check (&env, c, 5 * PS - 3);
+  assert_int_equal (env.rb.writes, 0);
   assert_int_equal (ST (c, dirty_lost), 0);
 
   /* Written back: the backend alone is complete. */
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
   assert_int_equal (cache_dirty_pages (c), 0);
-  backend_check (&rb, model, PS);
-  assert_true (t.flushes >= 1);
+  backend_check (&env.rb, env.model, PS);
+  assert_true (env.t.flushes >= 1);
   cache_close (c);
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   assert_false (sb.flags & LAYOUT_SB_DIRTY);
-  c = open_attach (&cfg, size);
+  c = testfile_open_attach (&cfg, size);
   assert_int_equal (cache_dirty_pages (c), 0);
-  mread_all_check (c, &t.be, model, size, 4 * PS);
-  cache_close (c);
-
-  rambackend_free (&rb);
-  free (model);
+  tenv_read_all_check (&env, c, 4 * PS);
+  tenv_close (&env, c);
   free (orig);
   free (synced);
 }
@@ -710,53 +640,45 @@ static void
 test_wb_crash_reopen_writethrough (void **state)
 {
   const uint64_t size = 40 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache_config wt = cfg;
   struct cache *c;
   struct layout_sb sb;
-  uint8_t *model, *orig;
-  const size_t npages = sizeof crash_pages / sizeof crash_pages[0];
+  uint8_t *orig;
   int err = 0;
 
-  rambackend_init (&rb, size, 9);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  orig = model_new (&rb);
-  crash_child (&cfg, size, 9, true);
-  wb_crash_writes (NULL, NULL, model, 0);
-  wb_crash_writes (NULL, NULL, model, 1);
+  tenv_init (&env, size, 9);
+  orig = model_new (&env.rb);
+  crash_child_both (&env, &cfg, 9);
 
   wt.mode = LAYOUT_MODE_WRITETHROUGH;
-  c = open_attach (&wt, size);
+  c = testfile_open_attach (&wt, size);
   assert_int_equal (cache_mode (c), LAYOUT_MODE_WRITETHROUGH);
-  assert_int_equal (cache_dirty_pages (c), npages);
-  read_file_sb (&sb);
+  assert_int_equal (cache_dirty_pages (c), CRASH_NPAGES);
+  testfile_read_sb (&sb);
   assert_true (sb.flags & LAYOUT_SB_DIRTY);   /* until written back */
-  backend_check (&rb, orig, PS);
+  backend_check (&env.rb, orig, PS);
 
   /* Written back before serving. */
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
   assert_int_equal (cache_dirty_pages (c), 0);
-  backend_check (&rb, model, PS);
-  mread_all_check (c, &t.be, model, size, 3 * PS);
+  backend_check (&env.rb, env.model, PS);
+  tenv_read_all_check (&env, c, 3 * PS);
 
   /* Now a writethrough cache: writes reach the backend at once. */
-  rambackend_reset_counters (&rb);
-  mwrite (c, &t.be, model, 3 * PS + 10, 5000, 77);
-  assert_int_equal (rb.writes, 1);
-  backend_check (&rb, model, PS);
+  rambackend_reset_counters (&env.rb);
+  tenv_write (&env, c, 3 * PS + 10, 5000, 77);
+  assert_int_equal (env.rb.writes, 1);
+  backend_check (&env.rb, env.model, PS);
   assert_int_equal (cache_dirty_pages (c), 0);
   cache_close (c);
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   assert_false (sb.flags & LAYOUT_SB_DIRTY);
   assert_int_equal (sb.mode, LAYOUT_MODE_WRITETHROUGH);
-  c = open_attach (&wt, size);
-  mread_all_check (c, &t.be, model, size, 7 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  c = testfile_open_attach (&wt, size);
+  tenv_read_all_check (&env, c, 7 * PS);
+  tenv_close (&env, c);
   free (orig);
 }
 
@@ -768,33 +690,23 @@ static void
 test_wb_crash_writethrough_serves_dirty (void **state)
 {
   const uint64_t size = 40 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache_config wt = cfg;
   struct cache *c;
-  uint8_t *model;
-  int err = 0;
 
-  rambackend_init (&rb, size, 10);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  crash_child (&cfg, size, 10, true);
-  wb_crash_writes (NULL, NULL, model, 0);
-  wb_crash_writes (NULL, NULL, model, 1);
+  tenv_init (&env, size, 10);
+  crash_child_both (&env, &cfg, 10);
 
   wt.mode = LAYOUT_MODE_WRITETHROUGH;
-  c = open_attach (&wt, size);
-  mread_all_check (c, &t.be, model, size, 3 * PS + 100);
+  c = testfile_open_attach (&wt, size);
+  tenv_read_all_check (&env, c, 3 * PS + 100);
   /* A writethrough write into part of a dirty page. */
-  mwrite (c, &t.be, model, 3 * PS + 10, 30, 88);
-  mwrite (c, &t.be, model, 12 * PS + 4000, 200, 89);
-  mread_all_check (c, &t.be, model, size, 3 * PS + 100);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_write (&env, c, 3 * PS + 10, 30, 88);
+  tenv_write (&env, c, 12 * PS + 4000, 200, 89);
+  tenv_read_all_check (&env, c, 3 * PS + 100);
+  tenv_writeback_check (&env, c);
+  tenv_close (&env, c);
 }
 
 /* Child: page 9 v1 (whole), sync, v2 (partial, copied), crash. */
@@ -815,75 +727,94 @@ two_versions_body (struct cache *c, const struct cache_backend *be)
   return 0;
 }
 
+/* Page 9 in two versions on disk, after two_versions_body crashed in a
+ * child over a backend of 16 pages from seed: env's model has the newer
+ * one (v2), v1 the older; old and new are their slots, seqs their
+ * sequence numbers.
+ */
+struct two_versions {
+  struct tenv env;
+  uint8_t *v1;
+  uint32_t old, new;
+  uint64_t seqs[4];
+};
+
 static void
-two_versions_child (const struct cache_config *cfg, uint64_t size,
+two_versions_crash (struct two_versions *tv, const struct cache_config *cfg,
                     unsigned seed)
 {
-  crash_in_child (cfg, size, seed, two_versions_body);
+  uint32_t slots[4];
+
+  tenv_init (&tv->env, 16 * PS, seed);
+  tv->v1 = model_new (&tv->env.rb);
+  fill_pattern (tv->v1 + 9 * PS, PS, 901);
+  fill_pattern (tv->env.model + 9 * PS, PS, 901);
+  fill_pattern (tv->env.model + 9 * PS + 1500, 700, 902);
+  crash_in_child (cfg, 16 * PS, seed, two_versions_body);
+  assert_int_equal (file_slots_for (9, slots, tv->seqs, NULL, 4), 2);
+  tv->old = slots[0];
+  tv->new = slots[1];
 }
 
 static void
-two_versions_models (uint8_t *v1, uint8_t *v2)
+two_versions_free (struct two_versions *tv)
 {
-  uint8_t buf[PS];
+  tenv_free (&tv->env);
+  free (tv->v1);
+}
 
-  fill_pattern (buf, PS, 901);
-  memcpy (v1 + 9 * PS, buf, PS);
-  memcpy (v2 + 9 * PS, buf, PS);
-  fill_pattern (buf, 700, 902);
-  memcpy (v2 + 9 * PS + 1500, buf, 700);
+/* The entry of slot on disk is free. */
+static void
+assert_slot_free (uint32_t slot)
+{
+  struct layout_entry e;
+
+  assert_int_equal (file_entry (slot, &e, NULL), 0);
+  assert_int_equal (e.state, LAYOUT_FREE);
+}
+
+/* After a clean close: slot gone no longer holds page 9 (it may hold
+ * another page since), and kept is the page's only slot.
+ */
+static void
+two_versions_left (uint32_t gone, uint32_t kept)
+{
+  struct layout_entry e;
+  uint32_t slots[4];
+  uint64_t seqs[4];
+
+  assert_int_equal (file_entry (gone, &e, NULL), 0);
+  assert_true (e.state == LAYOUT_FREE || e.page != 9);
+  assert_int_equal (file_slots_for (9, slots, seqs, NULL, 4), 1);
+  assert_int_equal (slots[0], kept);
 }
 
 static void
 test_wb_two_versions (void **state)
 {
-  const uint64_t size = 16 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct two_versions tv;
   struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
-  uint8_t *v1, *v2;
-  uint32_t slots[4], old, new;
-  uint64_t seqs[4];
-  struct layout_entry e;
-  int err = 0;
-
-  rambackend_init (&rb, size, 11);
-  tbe_init (&t, &rb);
-  v1 = model_new (&rb);
-  v2 = model_new (&rb);
-  two_versions_models (v1, v2);
-  two_versions_child (&cfg, size, 11);
 
   /* Both versions are on disk, the newer one with the higher seq. */
-  assert_int_equal (file_slots_for (9, slots, seqs, NULL, 4), 2);
-  old = slots[0];
-  new = slots[1];
-  assert_true (seqs[1] > seqs[0]);
+  two_versions_crash (&tv, &cfg, 11);
+  assert_true (tv.seqs[1] > tv.seqs[0]);
 
-  c = open_attach (&cfg, size);
+  c = testfile_open_attach (&cfg, tv.env.rb.size);
   /* The older one is freed by recovery, on disk. */
-  assert_int_equal (file_entry (old, &e, NULL), 0);
-  assert_int_equal (e.state, LAYOUT_FREE);
+  assert_slot_free (tv.old);
   assert_true (ST (c, dropped_entries) >= 1);
   assert_int_equal (cache_dirty_pages (c), 1);
-  mread_all_check (c, &t.be, v2, size, 3 * PS);
+  tenv_read_all_check (&tv.env, c, 3 * PS);
   cache_close (c);
-  /* (The freed slot may have been reused for another page since.) */
-  assert_int_equal (file_entry (old, &e, NULL), 0);
-  assert_true (e.state == LAYOUT_FREE || e.page != 9);
-  assert_int_equal (file_slots_for (9, slots, seqs, NULL, 4), 1);
-  assert_int_equal (slots[0], new);
+  two_versions_left (tv.old, tv.new);
 
   /* And it stays that way across another restart. */
-  c = open_attach (&cfg, size);
-  mread_all_check (c, &t.be, v2, size, 5 * PS);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, v2, PS);
+  c = testfile_open_attach (&cfg, tv.env.rb.size);
+  tenv_read_all_check (&tv.env, c, 5 * PS);
+  tenv_writeback_check (&tv.env, c);
   cache_close (c);
-  rambackend_free (&rb);
-  free (v1);
-  free (v2);
+  two_versions_free (&tv);
 }
 
 /* The newer copy was torn by the crash (its data does not verify): it
@@ -892,48 +823,28 @@ test_wb_two_versions (void **state)
 static void
 test_wb_two_versions_torn_newer (void **state)
 {
-  const uint64_t size = 16 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct two_versions tv;
   struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
   struct layout_sb sb;
-  uint8_t *v1, *v2;
-  uint32_t slots[4], old, new;
-  uint64_t seqs[4];
-  struct layout_entry e;
   int err = 0;
 
-  rambackend_init (&rb, size, 12);
-  tbe_init (&t, &rb);
-  v1 = model_new (&rb);
-  v2 = model_new (&rb);
-  two_versions_models (v1, v2);
-  two_versions_child (&cfg, size, 12);
-  assert_int_equal (file_slots_for (9, slots, seqs, NULL, 4), 2);
-  old = slots[0];
-  new = slots[1];
-  read_file_sb (&sb);
-  testfile_xor (sb.pool_offset + (uint64_t) new * PS + 1600, 1, 0x10);
+  two_versions_crash (&tv, &cfg, 12);
+  testfile_read_sb (&sb);
+  testfile_xor (sb.pool_offset + (uint64_t) tv.new * PS + 1600, 1, 0x10);
 
-  c = open_attach (&cfg, size);
+  c = testfile_open_attach (&cfg, tv.env.rb.size);
   assert_int_equal (ST (c, dirty_dropped), 1);
   assert_int_equal (cache_dirty_pages (c), 1);
-  assert_int_equal (file_entry (new, &e, NULL), 0);
-  assert_int_equal (e.state, LAYOUT_FREE);
-  mread_all_check (c, &t.be, v1, size, 3 * PS);
+  assert_slot_free (tv.new);
+  mread_all_check (c, tv.env.be, tv.v1, tv.env.rb.size, 3 * PS);
   cache_close (c);
-  assert_int_equal (file_entry (new, &e, NULL), 0);
-  assert_true (e.state == LAYOUT_FREE || e.page != 9);
-  assert_int_equal (file_slots_for (9, slots, seqs, NULL, 4), 1);
-  assert_int_equal (slots[0], old);
-  c = open_attach (&cfg, size);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, v1, PS);
+  two_versions_left (tv.new, tv.old);
+  c = testfile_open_attach (&cfg, tv.env.rb.size);
+  assert_int_equal (cache_writeback_all (c, tv.env.be, &err), 0);
+  backend_check (&tv.env.rb, tv.v1, PS);
   cache_close (c);
-  rambackend_free (&rb);
-  free (v1);
-  free (v2);
+  two_versions_free (&tv);
 }
 
 /* A page with two versions on disk (a flushed one, and a copy made by
@@ -972,8 +883,7 @@ static void
 test_wb_written_back_successor (void **state)
 {
   const uint64_t size = 16 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
   uint8_t v2[PS], got[PS], w[700];
@@ -981,15 +891,14 @@ test_wb_written_back_successor (void **state)
 
   crash_in_child (&cfg, size, 13, written_back_succ_body);
 
-  rambackend_init (&rb, size, 13);
-  tbe_init (&t, &rb);
+  tenv_init (&env, size, 13);
   fill_pattern (v2, PS, 911);
   fill_pattern (w, 700, 912);
   memcpy (v2 + 1500, w, 700);
-  rambackend_poke (&rb, v2, PS, 9 * PS);  /* what the child wrote back */
+  rambackend_poke (&env.rb, v2, PS, 9 * PS);  /* what the child wrote back */
 
-  c = open_attach (&cfg, size);
-  assert_int_equal (cache_read (c, &t.be, got, PS, 9 * PS, &err), 0);
+  c = testfile_open_attach (&cfg, size);
+  assert_int_equal (cache_read (c, env.be, got, PS, 9 * PS, &err), 0);
   /* Version 2, but for [100, 300): version 2 or one of the unflushed
    * rewrites.  Never version 1 (1500-2199 tell).
    */
@@ -1003,8 +912,7 @@ test_wb_written_back_successor (void **state)
     }
     assert_true (ok);
   }
-  cache_close (c);
-  rambackend_free (&rb);
+  tenv_close (&env, c);
 }
 
 static uint8_t *unseal_child_model;
@@ -1013,6 +921,13 @@ static uint8_t *unseal_child_model;
  * (which exit without freeing anything, like a crash).
  */
 static void *volatile child_keep[4];
+
+static void
+crash_keep (struct tenv *env)
+{
+  child_keep[0] = env->model;
+  child_keep[1] = env->rb.data;
+}
 
 /* Child: page 2 flushed (v1), then rewritten twice (copy, then
  * unsealed); page 5 unsealed; crash.
@@ -1034,33 +949,37 @@ unseal_crash_body (struct cache *c, const struct cache_backend *be)
   return 0;
 }
 
+/* unseal_crash_body crashed in a child over a backend of 16 pages like
+ * env's (seed 9); free with unseal_crash_free.
+ */
 static void
-unseal_crash_child (const struct cache_config *cfg, uint64_t size)
+unseal_crash (struct tenv *env, const struct cache_config *cfg)
 {
-  crash_in_child (cfg, size, 9, unseal_crash_body);
+  tenv_init (env, 16 * PS, 9);
+  unseal_child_model = malloc (env->rb.size);
+  assert_non_null (unseal_child_model);
+  crash_keep (env);
+  crash_in_child (cfg, env->rb.size, 9, unseal_crash_body);
+}
+
+static void
+unseal_crash_free (struct tenv *env)
+{
+  tenv_free (env);
+  free (unseal_child_model);
 }
 
 static void
 test_wb_unsealed_crash (void **state)
 {
-  const uint64_t size = 16 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
   struct layout_entry e;
   uint32_t slots[4];
   uint64_t seqs[4];
-  uint8_t *model, buf[PS];
 
-  rambackend_init (&rb, size, 9);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  unseal_child_model = malloc (size);
-  assert_non_null (unseal_child_model);
-  child_keep[0] = model;
-  child_keep[1] = rb.data;
-  unseal_crash_child (&cfg, size);
+  unseal_crash (&env, &cfg);
 
   /* On disk: page 2 has its flushed version and an unsealed newer one;
    * page 5 only an unsealed one.
@@ -1076,20 +995,16 @@ test_wb_unsealed_crash (void **state)
   /* After the crash: page 2 as flushed, page 5 as the backend has it;
    * nothing reported as damaged.
    */
-  fill_pattern (buf, PS, 21);
-  memcpy (model + 2 * PS, buf, PS);
-  c = open_attach (&cfg, size);
-  mread_all_check (c, &t.be, model, size, PS);
+  fill_pattern (env.model + 2 * PS, PS, 21);
+  c = testfile_open_attach (&cfg, env.rb.size);
+  tenv_read_all_check (&env, c, PS);
   assert_int_equal (ST (c, unsealed_dropped), 2);
   assert_int_equal (ST (c, dirty_dropped), 0);
   assert_int_equal (ST (c, dirty_lost), 0);
   assert_int_equal (ST (c, verify_failures), 0);
   assert_int_equal (cache_dirty_pages (c), 1);
   cache_close (c);
-
-  rambackend_free (&rb);
-  free (model);
-  free (unseal_child_model);
+  unseal_crash_free (&env);
 }
 
 /* A gate in this process's writes: armed, the next write of one page-
@@ -1163,12 +1078,6 @@ flush_race_body (struct cache *c, const struct cache_backend *be)
   return fl.r == 0 ? 0 : 5;
 }
 
-static void
-flush_race_child (const struct cache_config *cfg, uint64_t size)
-{
-  crash_in_child (cfg, size, 12, flush_race_body);
-}
-
 /* A flush that begins while a rewrite in place that unseals a slot is
  * under way covers the slot's older data (W1): it must seal the slot
  * (and so W2 with it), never leave it unsealed for a crash to drop
@@ -1179,30 +1088,21 @@ static void
 test_wb_flush_during_unseal (void **state)
 {
   const uint64_t size = 8 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
-  uint8_t *model, buf[PS];
 
   cfg.direct = false;           /* the gate counts on one entry write */
-  rambackend_init (&rb, size, 12);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  child_keep[0] = model;
-  child_keep[1] = rb.data;
-  flush_race_child (&cfg, size);
+  tenv_init (&env, size, 12);
+  crash_keep (&env);
+  crash_in_child (&cfg, size, 12, flush_race_body);
 
-  fill_pattern (buf, PS, 41);
-  memcpy (model + 3 * PS, buf, PS);
-  fill_pattern (buf, 1024, 42);
-  memcpy (model + 3 * PS + 512, buf, 1024);
-  c = open_attach (&cfg, size);
+  fill_pattern (env.model + 3 * PS, PS, 41);
+  fill_pattern (env.model + 3 * PS + 512, 1024, 42);
+  c = testfile_open_attach (&cfg, size);
   assert_int_equal (ST (c, unsealed_dropped), 0);
-  mread_all_check (c, &t.be, model, size, PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_read_all_check (&env, c, PS);
+  tenv_close (&env, c);
 }
 
 /* (Internal, cache-int.h.) */
@@ -1222,15 +1122,13 @@ test_sync_under_inplace (void **state)
   struct cache *c;
   int err = 0;
 
-  rambackend_init (&rb, 8 * PS, 13);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 8 * PS, 13);
   cache_inplace_enter (c);
   assert_int_equal (cache_sync (c, &err), -1);
   assert_int_equal (err, EDEADLK);
   cache_inplace_leave (c);
   assert_int_equal (cache_sync (c, &err), 0);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 /* A backend that dies (the whole process: a crash) right after one
@@ -1287,35 +1185,25 @@ static void
 test_wb_crash_after_write_around (void **state)
 {
   const uint64_t size = 8 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (4 * PS, PS);
   struct cache *c;
-  uint8_t *model, buf[PS];
 
-  rambackend_init (&rb, size, 13);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  child_keep[0] = model;
-  child_keep[1] = rb.data;
+  tenv_init (&env, size, 13);
+  crash_keep (&env);
   crash_in_child (&cfg, size, 13, around_crash_body);
 
   /* The backend as the child left it: v3 at page 3. */
-  fill_pattern (buf, PS, 55);
-  rambackend_poke (&rb, buf, PS, 3 * PS);
-  memcpy (model + 3 * PS, buf, PS);
-  fill_pattern (buf, PS, 53);
-  memcpy (model + 5 * PS, buf, PS);
-  fill_pattern (buf, PS, 54);
-  memcpy (model + 6 * PS, buf, PS);
-  c = open_attach (&cfg, size);
+  fill_pattern (env.model + 3 * PS, PS, 55);
+  rambackend_poke (&env.rb, env.model + 3 * PS, PS, 3 * PS);
+  fill_pattern (env.model + 5 * PS, PS, 53);
+  fill_pattern (env.model + 6 * PS, PS, 54);
+  c = testfile_open_attach (&cfg, size);
   /* Page 3 first: reading the others would evict a stale copy. */
-  mread_check (c, &t.be, model, 3 * PS, PS);
-  mread_all_check (c, &t.be, model, size, PS);
+  tenv_read_check (&env, c, 3 * PS, PS);
+  tenv_read_all_check (&env, c, PS);
   assert_int_equal (cache_dirty_pages (c), 2);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_close (&env, c);
 }
 
 /* The same crash, but the flushed version that recovery falls back to
@@ -1326,43 +1214,30 @@ test_wb_crash_after_write_around (void **state)
 static void
 test_wb_unsealed_crash_older_damaged (void **state)
 {
-  const uint64_t size = 16 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
   struct layout_sb sb;
   uint32_t slots[4];
   uint64_t seqs[4];
-  uint8_t *model;
   int errs;
 
-  rambackend_init (&rb, size, 9);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  unseal_child_model = malloc (size);
-  assert_non_null (unseal_child_model);
-  child_keep[0] = model;
-  child_keep[1] = rb.data;
-  unseal_crash_child (&cfg, size);
+  unseal_crash (&env, &cfg);
   assert_int_equal (file_slots_for (2, slots, seqs, NULL, 4), 2);
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   testfile_xor (sb.pool_offset + (uint64_t) slots[0] * PS + 100, 1, 0x01);
 
   errs = log_error_count;
-  c = open_attach (&cfg, size);
+  c = testfile_open_attach (&cfg, env.rb.size);
   assert_int_equal (ST (c, dirty_dropped), 1);
   assert_int_equal (ST (c, cache_errors), 0);
   assert_int_equal (ST (c, degraded), 0);
   assert_true (log_error_count > errs);
   assert_non_null (strstr (log_error_last, "DIRTY DATA LOST"));
-  mread_all_check (c, &t.be, model, size, PS);   /* page 2: the backend's */
+  tenv_read_all_check (&env, c, PS);   /* page 2: the backend's */
   assert_int_equal (cache_dirty_pages (c), 0);
   cache_close (c);
-
-  rambackend_free (&rb);
-  free (model);
-  free (unseal_child_model);
+  unseal_crash_free (&env);
 }
 
 /* Child: page 3 flushed with 2 dirty sectors (S1, the rest clean), then
@@ -1399,12 +1274,6 @@ backend_newer_body (struct cache *c, const struct cache_backend *be)
   return 0;
 }
 
-static void
-backend_newer_child (const struct cache_config *cfg, uint64_t size)
-{
-  crash_in_child (cfg, size, 11, backend_newer_body);
-}
-
 /* S3 is unsealed and dropped; the older versions must not be served
  * instead where the backend is newer (S2 was written back; S2 is clean
  * and goes, and S1 with it): the export and, after writeback, the
@@ -1414,42 +1283,35 @@ static void
 test_wb_unsealed_crash_backend_newer (void **state)
 {
   const uint64_t size = 8 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (4 * PS, PS);
   struct cache *c;
-  uint8_t *model, *got, child_backend[PS], v1[1024];
+  uint8_t *got, child_backend[PS];
   int pipefd[2], err = 0;
 
-  rambackend_init (&rb, size, 11);
-  tbe_init (&t, &rb);
+  tenv_init (&env, size, 11);
   assert_int_equal (pipe (pipefd), 0);
   backend_newer_fd = pipefd[1];
-  child_keep[0] = rb.data;
-  backend_newer_child (&cfg, size);
+  crash_keep (&env);
+  crash_in_child (&cfg, size, 11, backend_newer_body);
   assert_int_equal (read (pipefd[0], child_backend, PS), PS);
   close (pipefd[0]);
   close (pipefd[1]);
   /* The parent's RAM backend stands for the backing store after the
    * crash: it has what the child wrote back.
    */
-  rambackend_poke (&rb, child_backend, PS, 3 * PS);
-  model = model_new (&rb);
-  fill_pattern (v1, 1024, 31);
-  memcpy (model + 3 * PS, v1, 1024);           /* the flushed sectors */
+  rambackend_poke (&env.rb, child_backend, PS, 3 * PS);
+  rambackend_peek (&env.rb, env.model, size, 0);
+  fill_pattern (env.model + 3 * PS, 1024, 31);     /* the flushed sectors */
 
-  c = open_attach (&cfg, size);
+  c = testfile_open_attach (&cfg, size);
   assert_int_equal (ST (c, unsealed_dropped), 1);
   got = malloc (size);
   assert_non_null (got);
-  assert_int_equal (cache_read (c, &t.be, got, size, 0, &err), 0);
-  compare (got, model, 0, size, PS, "export after the crash");
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
-  cache_close (c);
-
-  rambackend_free (&rb);
-  free (model);
+  assert_int_equal (cache_read (c, env.be, got, size, 0, &err), 0);
+  compare (got, env.model, 0, size, PS, "export after the crash");
+  tenv_writeback_check (&env, c);
+  tenv_close (&env, c);
   free (got);
 }
 
@@ -1495,7 +1357,7 @@ make_crashed_cache (void)
   struct cache *c;
   uint8_t *buf = malloc (SIZE);
   pid_t pid;
-  int status, err;
+  int err;
 
   assert_non_null (buf);
   rambackend_init (&rb, SIZE, SEED);
@@ -1507,16 +1369,10 @@ make_crashed_cache (void)
   cache_close (c);
   rambackend_free (&rb);
 
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
+  pid = fixture_fork ();
   if (pid == 0) {
     alarm (60);
-    rambackend_init (&crash_rb, SIZE, SEED);
-    crash_cache = cache_open (&cfg);
-    if (crash_cache == NULL || cache_attach (crash_cache, SIZE) != 0)
-      _exit (1);
+    crash_start (&cfg, SIZE, SEED);
     for (uint64_t p = DIRTY_LO; p <= DIRTY_HI; p++) {
       dirty_pattern (buf, p);
       if (cache_write (crash_cache, &crash_rb.be, buf, PS, p * PS, false,
@@ -1529,9 +1385,7 @@ make_crashed_cache (void)
       _exit (4);
     _exit (0);                  /* no cache_close: a crash */
   }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
+  fixture_wait (pid);
   free (buf);
 }
 
@@ -1540,11 +1394,9 @@ static int
 slot_of (uint64_t page)
 {
   uint8_t raw[NPAGES * LAYOUT_ENTRY_SIZE];
-  int fd = open (testfile_path, O_RDONLY), r = -1;
+  int r = -1;
 
-  assert_true (fd >= 0);
-  assert_int_equal (pread (fd, raw, sizeof raw, PT), sizeof raw);
-  close (fd);
+  assert_int_equal (testfile_read (PT, raw, sizeof raw), sizeof raw);
   for (unsigned s = 0; s < NPAGES; s++) {
     struct layout_entry e;
     if (layout_entry_decode (raw + s * LAYOUT_ENTRY_SIZE, PS / 512, &e) == 0 &&
@@ -1554,40 +1406,24 @@ slot_of (uint64_t page)
   return r;
 }
 
+/* XOR one byte of page's slot, at off, with x. */
+static void
+flip_slot_byte (uint64_t page, uint32_t off, uint8_t x)
+{
+  int s = slot_of (page);
+
+  assert_true (s >= 0);
+  testfile_xor (POOL + (uint64_t) s * PS + off, 1, x);
+}
+
 static void
 zero_range (uint64_t off, size_t len)
 {
   uint8_t *z = calloc (1, len);
-  int fd = open (testfile_path, O_RDWR);
 
-  assert_true (fd >= 0);
-  assert_int_equal (pwrite (fd, z, len, off), (ssize_t) len);
-  close (fd);
+  assert_non_null (z);
+  testfile_write (off, z, len);
   free (z);
-}
-
-/* Index (0/1) of the valid superblock copy with the highest generation. */
-static int
-newest_sb (void)
-{
-  uint8_t buf[LAYOUT_SB_SIZE];
-  struct layout_sb sb;
-  uint64_t gen = 0;
-  int fd = open (testfile_path, O_RDONLY), best = -1;
-
-  assert_true (fd >= 0);
-  for (int i = 0; i < 2; i++) {
-    assert_int_equal (pread (fd, buf, sizeof buf, i * LAYOUT_SB_SIZE),
-                      sizeof buf);
-    if (layout_sb_decode (buf, &sb, NULL) == 0 &&
-        (best == -1 || sb.generation > gen)) {
-      best = i;
-      gen = sb.generation;
-    }
-  }
-  close (fd);
-  assert_true (best >= 0);
-  return best;
 }
 
 #define BIT(p) (UINT64_C (1) << (p))
@@ -1633,6 +1469,26 @@ try_open (void)
   return c;
 }
 
+/* The errors logged before forgotten, try_open must succeed. */
+static struct cache *
+rec_open (void)
+{
+  struct cache *c;
+
+  log_errors_forget ();
+  c = try_open ();
+  assert_non_null (c);
+  return c;
+}
+
+/* The errors logged before forgotten, try_open must refuse. */
+static void
+rec_refused (void)
+{
+  log_errors_forget ();
+  assert_null (try_open ());
+}
+
 static off_t
 file_size (void)
 {
@@ -1666,16 +1522,12 @@ static void
 test_rec_newest_sb_damaged (void **state)
 {
   struct cache *c;
-  int s12;
 
   make_crashed_cache ();
-  s12 = slot_of (12);
-  assert_true (s12 >= 0);
-  testfile_xor (POOL + (uint64_t) s12 * PS + 100, 1, 0x10);
-  testfile_xor (newest_sb () * LAYOUT_SB_SIZE + 40, 1, 0x01);   /* nslots */
-  log_errors_forget ();
-  c = try_open ();
-  assert_non_null (c);
+  flip_slot_byte (12, 100, 0x10);
+  /* nslots, in the newest superblock copy */
+  testfile_xor (testfile_newest_sb () * LAYOUT_SB_SIZE + 40, 1, 0x01);
+  c = rec_open ();
   assert_true (log_errors_contain ("superblock copy"));
   assert_int_equal (ST (c, dirty_dropped), 1);
   assert_true (log_errors_contain ("DIRTY DATA LOST"));
@@ -1688,20 +1540,14 @@ static void
 test_rec_both_sb_zeroed (void **state)
 {
   uint8_t before[PS], after[PS];
-  int fd;
 
   make_crashed_cache ();
-  fd = open (testfile_path, O_RDONLY);
-  assert_int_equal (pread (fd, before, PS, PT), PS);
-  close (fd);
+  assert_int_equal (testfile_read (PT, before, PS), PS);
   zero_range (0, 2 * LAYOUT_SB_SIZE);
-  log_errors_forget ();
-  assert_null (try_open ());
+  rec_refused ();
   assert_true (log_errors_contain (testfile_path));
   assert_true (log_errors_contain ("zeroed"));
-  fd = open (testfile_path, O_RDONLY);
-  assert_int_equal (pread (fd, after, PS, PT), PS);
-  close (fd);
+  assert_int_equal (testfile_read (PT, after, PS), PS);
   assert_memory_equal (before, after, PS);   /* page table untouched */
 }
 
@@ -1716,18 +1562,14 @@ test_rec_pt_block_zeroed (void **state)
 
   make_crashed_cache ();
   zero_range (PT, 4096);
-  log_errors_forget ();
-  c = try_open ();
-  assert_non_null (c);
+  c = rec_open ();
   assert_int_equal (ST (c, dropped_entries), NPAGES);
   assert_true (log_errors_contain ("DIRTY DATA MAY BE LOST"));
   assert_int_equal (cache_dirty_pages (c), 0);
   check_data (c, ALL_DIRTY);
   cache_close (c);
   /* Reported once: the damaged entries were rewritten as FREE. */
-  log_errors_forget ();
-  c = try_open ();
-  assert_non_null (c);
+  c = rec_open ();
   assert_int_equal (ST (c, dropped_entries), 0);
   assert_false (log_errors_contain ("damaged"));
   cache_close (c);
@@ -1746,9 +1588,7 @@ test_rec_dirty_entry_bit (void **state)
   s13 = slot_of (13);
   assert_true (s13 >= 0);
   testfile_xor (PT + (uint64_t) s13 * LAYOUT_ENTRY_SIZE + 20, 1, 0x08);
-  log_errors_forget ();
-  c = try_open ();
-  assert_non_null (c);
+  c = rec_open ();
   assert_int_equal (ST (c, dropped_entries), 1);
   assert_true (log_errors_contain ("DIRTY DATA MAY BE LOST"));
   assert_int_equal (cache_dirty_pages (c), DIRTY_HI - DIRTY_LO);
@@ -1772,9 +1612,7 @@ test_rec_truncated_pool (void **state)
   s12 = slot_of (12);
   assert_int_equal (s12, 12);          /* slots follow pages here */
   assert_int_equal (truncate (testfile_path, POOL + 12 * PS + 100), 0);
-  log_errors_forget ();
-  c = try_open ();
-  assert_non_null (c);
+  c = rec_open ();
   assert_true (log_errors_contain ("truncated"));
   assert_true (log_errors_contain ("DIRTY DATA LOST"));
   assert_int_equal (ST (c, dirty_dropped), DIRTY_HI - 12 + 1);
@@ -1791,8 +1629,7 @@ test_rec_truncated_pt (void **state)
 {
   make_crashed_cache ();
   assert_int_equal (truncate (testfile_path, PT + 30 * LAYOUT_ENTRY_SIZE), 0);
-  log_errors_forget ();
-  assert_null (try_open ());
+  rec_refused ();
   assert_true (log_errors_contain (testfile_path));
   assert_true (log_errors_contain ("truncated"));
   assert_int_equal (file_size (), PT + 30 * LAYOUT_ENTRY_SIZE);
@@ -1807,13 +1644,12 @@ static void
 test_rec_future_version (void **state)
 {
   uint8_t buf[LAYOUT_SB_SIZE], back[LAYOUT_SB_SIZE];
-  int fd, n;
+  int n;
   struct cache *c;
 
   make_crashed_cache ();
-  n = newest_sb ();
-  fd = open (testfile_path, O_RDWR);
-  assert_int_equal (pread (fd, buf, sizeof buf, n * LAYOUT_SB_SIZE),
+  n = testfile_newest_sb ();
+  assert_int_equal (testfile_read (n * LAYOUT_SB_SIZE, buf, sizeof buf),
                     sizeof buf);
   buf[8] = LAYOUT_VERSION + 1;
   {
@@ -1821,22 +1657,16 @@ test_rec_future_version (void **state)
     for (int i = 0; i < 4; i++)
       buf[LAYOUT_SB_SIZE - 4 + i] = crc >> (8 * i);
   }
-  assert_int_equal (pwrite (fd, buf, sizeof buf, n * LAYOUT_SB_SIZE),
-                    sizeof buf);
-  close (fd);
-  log_errors_forget ();
-  assert_null (try_open ());
+  testfile_write (n * LAYOUT_SB_SIZE, buf, sizeof buf);
+  rec_refused ();
   assert_true (log_errors_contain ("newer"));
-  fd = open (testfile_path, O_RDONLY);
-  assert_int_equal (pread (fd, back, sizeof back, n * LAYOUT_SB_SIZE),
+  assert_int_equal (testfile_read (n * LAYOUT_SB_SIZE, back, sizeof back),
                     sizeof back);
-  close (fd);
   assert_memory_equal (buf, back, sizeof buf);
 
   /* Now with a wrong checksum: a damaged copy, recovered from. */
   testfile_xor (n * LAYOUT_SB_SIZE + 200, 1, 0x01);
-  c = try_open ();
-  assert_non_null (c);
+  c = rec_open ();
   check_data (c, 0);
   cache_close (c);
 }
@@ -1846,17 +1676,11 @@ static void
 test_rec_data_bits (void **state)
 {
   struct cache *c;
-  int s30, s14;
 
   make_crashed_cache ();
-  s30 = slot_of (30);
-  s14 = slot_of (14);
-  assert_true (s30 >= 0 && s14 >= 0);
-  testfile_xor (POOL + (uint64_t) s30 * PS + 4095, 1, 0x80);
-  testfile_xor (POOL + (uint64_t) s14 * PS, 1, 0x01);
-  log_errors_forget ();
-  c = try_open ();
-  assert_non_null (c);
+  flip_slot_byte (30, 4095, 0x80);
+  flip_slot_byte (14, 0, 0x01);
+  c = rec_open ();
   assert_int_equal (ST (c, dirty_dropped), 1);
   assert_true (log_errors_contain ("DIRTY DATA LOST"));
   check_data (c, BIT (14));
@@ -1893,20 +1717,13 @@ test_wb_cap_through_crash (void **state)
   struct cache *c;
   uint8_t buf[PS];
   pid_t pid;
-  int status, err = 0;
+  int err = 0;
 
   cfg.wb.max_dirty_bytes = 3 * PS;
-  unlink (cache_path);
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
+  unlink (testfile_path);
+  pid = fixture_fork ();
   if (pid == 0) {
-    rambackend_init (&crash_rb, 8 * PS, 61);
-    crash_cache = cache_open (&cfg);
-    if (crash_cache == NULL ||
-        cache_attach (crash_cache, crash_rb.size) != 0)
-      _exit (1);
+    crash_start (&cfg, 8 * PS, 61);
     fill_pattern (buf, PS, 1);                        /* V1, flushed */
     if (cache_write (crash_cache, &crash_rb.be, buf, PS, 0, false, &err) ||
         cache_flush (crash_cache, &crash_rb.be, &err))
@@ -1926,14 +1743,12 @@ test_wb_cap_through_crash (void **state)
       _exit (5);
     _exit (0);
   }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
+  fixture_wait (pid);
 
   rambackend_init (&rb, 8 * PS, 61);
   fill_pattern (buf, PS, 3);                          /* what it got */
   rambackend_poke (&rb, buf, PS, 0);
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   {
     uint8_t got[PS];
     assert_int_equal (cache_read (c, &rb.be, got, PS, 0, &err), 0);
@@ -1944,8 +1759,7 @@ test_wb_cap_through_crash (void **state)
       assert_memory_equal (got, buf, PS);
     }
   }
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 int

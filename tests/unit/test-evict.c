@@ -22,18 +22,7 @@
 #include <cmocka.h>
 
 #include "evict.h"
-
-static bool
-take_all (void *opaque, uint32_t slot)
-{
-  return true;
-}
-
-static bool
-take_none (void *opaque, uint32_t slot)
-{
-  return false;
-}
+#include "victims.h"
 
 /* opaque: bool array, true = "dirty" (may not be taken).  Also checks
  * that the policy only asks about resident slots.
@@ -64,7 +53,7 @@ test_new_free (void **state)
     struct evict *ev = evict_new (sizes[i]);
     assert_non_null (ev);
     assert_int_equal (evict_resident (ev), 0);
-    assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+    VICTIMS (ev, EVICT_NONE);
     evict_free (ev);
   }
   evict_free (NULL);
@@ -74,25 +63,21 @@ test_new_free (void **state)
 static void
 test_known_trace_1 (void **state)
 {
-  struct evict *ev = evict_new_policy (EVICT_CLOCK, 4);
+  struct evict *ev = victims_new_full (EVICT_CLOCK, 4);
 
-  for (uint32_t s = 0; s < 4; ++s)
-    evict_insert (ev, s);
   assert_int_equal (evict_resident (ev), 4);
 
   /* All referenced: one turn clears them, then slot 0 goes. */
-  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  VICTIMS (ev, 0);
   assert_int_equal (evict_resident (ev), 3);
   evict_insert (ev, 0);
   evict_touch (ev, 2);
   assert_int_equal (evict_resident (ev), 4);
 
-  assert_int_equal (evict_victim (ev, take_all, NULL), 1);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 3); /* 2 referenced */
-  assert_int_equal (evict_victim (ev, take_all, NULL), 2); /* 0 referenced */
-  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  /* 1, 3 (2 is referenced), 2 (0 is), 0. */
+  VICTIMS (ev, 1, 3, 2, 0);
   assert_int_equal (evict_resident (ev), 0);
-  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  VICTIMS (ev, EVICT_NONE);
   evict_free (ev);
 }
 
@@ -102,28 +87,17 @@ test_known_trace_1 (void **state)
 static void
 test_known_trace_2 (void **state)
 {
-  struct evict *ev = evict_new_policy (EVICT_CLOCK, 8);
-  uint32_t order[8];
+  struct evict *ev = victims_new_full (EVICT_CLOCK, 8);
 
-  for (uint32_t s = 0; s < 8; ++s)
-    evict_insert (ev, s);
   /* First victim clears all reference bits, takes 0. */
-  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  VICTIMS (ev, 0);
   /* Touch 1, 3, 5: they must survive until 2, 4, 6, 7 are gone. */
   evict_touch (ev, 1);
   evict_touch (ev, 3);
   evict_touch (ev, 5);
-  for (int i = 0; i < 4; ++i)
-    order[i] = evict_victim (ev, take_all, NULL);
-  assert_int_equal (order[0], 2);
-  assert_int_equal (order[1], 4);
-  assert_int_equal (order[2], 6);
-  assert_int_equal (order[3], 7);
+  VICTIMS (ev, 2, 4, 6, 7);
   /* Then the touched ones, in hand order. */
-  assert_int_equal (evict_victim (ev, take_all, NULL), 1);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 3);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 5);
-  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  VICTIMS (ev, 1, 3, 5, EVICT_NONE);
   evict_free (ev);
 }
 
@@ -135,12 +109,11 @@ test_touch_nonresident (void **state)
 
   evict_touch (ev, 2);
   assert_int_equal (evict_resident (ev), 0);
-  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  VICTIMS (ev, EVICT_NONE);
   evict_insert (ev, 1);
   evict_touch (ev, 3);
   assert_int_equal (evict_resident (ev), 1);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 1);
-  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  VICTIMS (ev, 1, EVICT_NONE);
   evict_free (ev);
 }
 
@@ -173,7 +146,7 @@ test_remove_insert_bookkeeping (void **state)
   /* Victims are exactly the resident slots, each once. */
   bool seen[100] = { false };
   for (uint32_t i = 0; i < expect; ++i) {
-    uint32_t v = evict_victim (ev, take_all, NULL);
+    uint32_t v = evict_victim (ev, victims_take_all, NULL);
     assert_int_not_equal (v, EVICT_NONE);
     assert_true (v < 100);
     assert_true (resident[v]);
@@ -181,7 +154,7 @@ test_remove_insert_bookkeeping (void **state)
     seen[v] = true;
     assert_int_equal (evict_resident (ev), expect - 1 - i);
   }
-  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  VICTIMS (ev, EVICT_NONE);
   evict_free (ev);
 }
 
@@ -200,7 +173,7 @@ test_can_take_respected (void **state)
   }
 
   /* Refusing everything: EVICT_NONE, nothing removed. */
-  assert_int_equal (evict_victim (ev, take_none, NULL), EVICT_NONE);
+  assert_int_equal (evict_victim (ev, victims_take_none, NULL), EVICT_NONE);
   assert_int_equal (evict_resident (ev), n);
 
   /* Only clean ones come out, each once, then EVICT_NONE. */
@@ -303,6 +276,24 @@ struct sim {
   unsigned hits, misses, hot_hits, hot_accesses;
 };
 
+/* sm with nslots slots, all empty (free with sim_free). */
+static void
+sim_init (struct sim *sm, uint32_t nslots)
+{
+  memset (sm, 0, sizeof *sm);
+  sm->nslots = nslots;
+  sm->slot_page = malloc (nslots * sizeof *sm->slot_page);
+  assert_non_null (sm->slot_page);
+  for (uint32_t i = 0; i < nslots; ++i)
+    sm->slot_page[i] = NOPAGE;
+}
+
+static void
+sim_free (struct sim *sm)
+{
+  free (sm->slot_page);
+}
+
 static long
 sim_find (const struct sim *sm, uint64_t page)
 {
@@ -357,7 +348,7 @@ run_clock (struct sim *sm, const uint64_t *trace, size_t n)
     if (used < sm->nslots)
       s = used++;
     else {
-      s = evict_victim (ev, take_all, NULL);
+      s = evict_victim (ev, victims_take_all, NULL);
       assert_int_not_equal (s, EVICT_NONE);
       assert_int_not_equal (sm->slot_page[s], NOPAGE);
     }
@@ -368,38 +359,69 @@ run_clock (struct sim *sm, const uint64_t *trace, size_t n)
   evict_free (ev);
 }
 
-/* LRU by timestamps. */
+/* The place of p among page[0 .. used - 1], or used if it is not there. */
+static uint32_t
+ref_lookup (const uint64_t *page, uint32_t used, uint64_t p)
+{
+  uint32_t j;
+
+  for (j = 0; j < used; ++j)
+    if (page[j] == p)
+      break;
+  return j;
+}
+
+/* Where a miss goes in a reference policy: a free place while there is
+ * one (*used grows), else the place with the lowest key or, if highest,
+ * the highest.
+ */
+static uint32_t
+ref_place (const size_t *key, uint32_t *used, uint32_t nslots, bool highest)
+{
+  uint32_t j = 0;
+
+  if (*used < nslots)
+    return (*used)++;
+  for (uint32_t k = 1; k < *used; ++k)
+    if (highest ? key[k] > key[j] : key[k] < key[j])
+      j = k;
+  return j;
+}
+
+/* The hits of a reference policy of nslots (<= 64) over trace: access
+ * i gives its page the key key[i] (NULL: i itself), and a miss with no
+ * free place takes the place of the page with the lowest key or, if
+ * highest, the highest.
+ */
 static unsigned
-run_lru (uint32_t nslots, const uint64_t *trace, size_t n)
+ref_run (uint32_t nslots, const uint64_t *trace, size_t n,
+         const size_t *key, bool highest)
 {
   uint64_t page[64];
-  size_t last[64];
+  size_t keys[64];
   uint32_t used = 0;
   unsigned hits = 0;
 
   assert_true (nslots <= 64);
   for (size_t i = 0; i < n; ++i) {
-    uint32_t j;
-    for (j = 0; j < used; ++j)
-      if (page[j] == trace[i])
-        break;
-    if (j < used) {
+    uint32_t j = ref_lookup (page, used, trace[i]);
+
+    if (j < used)
       hits++;
-      last[j] = i;
-      continue;
-    }
-    if (used < nslots)
-      j = used++;
     else {
-      j = 0;
-      for (uint32_t k = 1; k < used; ++k)
-        if (last[k] < last[j])
-          j = k;
+      j = ref_place (keys, &used, nslots, highest);
+      page[j] = trace[i];
     }
-    page[j] = trace[i];
-    last[j] = i;
+    keys[j] = key ? key[i] : i;
   }
   return hits;
+}
+
+/* LRU by timestamps. */
+static unsigned
+run_lru (uint32_t nslots, const uint64_t *trace, size_t n)
+{
+  return ref_run (nslots, trace, n, NULL, false);
 }
 
 /* Belady: evict the page whose next use is furthest away. */
@@ -421,14 +443,10 @@ cmp_pos (const void *a, const void *b)
 static unsigned
 run_opt (uint32_t nslots, const uint64_t *trace, size_t n)
 {
-  uint64_t page[64];
-  size_t nextuse[64];
-  uint32_t used = 0;
-  unsigned hits = 0;
+  unsigned hits;
   size_t *next = malloc (n * sizeof *next);
   struct pos *pos = malloc (n * sizeof *pos);
 
-  assert_true (nslots <= 64);
   assert_non_null (next);
   assert_non_null (pos);
   for (size_t i = 0; i < n; ++i) {
@@ -439,28 +457,7 @@ run_opt (uint32_t nslots, const uint64_t *trace, size_t n)
   for (size_t k = 0; k < n; ++k)
     next[pos[k].i] = (k + 1 < n && pos[k + 1].page == pos[k].page)
       ? pos[k + 1].i : SIZE_MAX;
-
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t j;
-    for (j = 0; j < used; ++j)
-      if (page[j] == trace[i])
-        break;
-    if (j < used) {
-      hits++;
-      nextuse[j] = next[i];
-      continue;
-    }
-    if (used < nslots)
-      j = used++;
-    else {
-      j = 0;
-      for (uint32_t k = 1; k < used; ++k)
-        if (nextuse[k] > nextuse[j])
-          j = k;
-    }
-    page[j] = trace[i];
-    nextuse[j] = next[i];
-  }
+  hits = ref_run (nslots, trace, n, next, true);   /* by next use */
   free (next);
   free (pos);
   return hits;
@@ -471,16 +468,13 @@ test_hit_ratio_hot_set (void **state)
 {
   const size_t steps = 5000;
   uint64_t *trace = malloc (steps * 4 * sizeof *trace);
-  struct sim sm = { .nslots = 16 };
+  struct sim sm;
   size_t n;
   unsigned lru, opt;
 
   assert_non_null (trace);
   n = make_trace (trace, steps);
-  sm.slot_page = malloc (sm.nslots * sizeof *sm.slot_page);
-  assert_non_null (sm.slot_page);
-  for (uint32_t i = 0; i < sm.nslots; ++i)
-    sm.slot_page[i] = NOPAGE;
+  sim_init (&sm, 16);
 
   run_clock (&sm, trace, n);
   lru = run_lru (sm.nslots, trace, n);
@@ -504,7 +498,7 @@ test_hit_ratio_hot_set (void **state)
   for (uint64_t p = 0; p < 8; ++p)
     assert_true (sim_find (&sm, p) >= 0);
 
-  free (sm.slot_page);
+  sim_free (&sm);
   free (trace);
 }
 
@@ -516,7 +510,7 @@ test_hit_ratio_hot_random (void **state)
 {
   const size_t n = 20000;
   uint64_t *trace = malloc (n * sizeof *trace);
-  struct sim sm = { .nslots = 32 };
+  struct sim sm;
   uint64_t cold = 100000;
 
   assert_non_null (trace);
@@ -526,10 +520,7 @@ test_hit_ratio_hot_random (void **state)
    */
   for (size_t i = 0; i < n; ++i)
     trace[i] = (i % 8 == 7) ? cold++ : (uint64_t) (random () % 16);
-  sm.slot_page = malloc (sm.nslots * sizeof *sm.slot_page);
-  assert_non_null (sm.slot_page);
-  for (uint32_t i = 0; i < sm.nslots; ++i)
-    sm.slot_page[i] = NOPAGE;
+  sim_init (&sm, 32);
 
   run_clock (&sm, trace, n);
   unsigned lru = run_lru (sm.nslots, trace, n);
@@ -541,7 +532,7 @@ test_hit_ratio_hot_random (void **state)
   /* 7/8 of the accesses are hot and the hot set fits: >= 85% hits. */
   assert_true (sm.hits * 100 >= n * 85);
 
-  free (sm.slot_page);
+  sim_free (&sm);
   free (trace);
 }
 

@@ -605,6 +605,29 @@ assert_entry_equal (const struct layout_entry *a, const struct layout_entry *b)
   assert_memory_equal (a->dirty, b->dirty, sizeof a->dirty);
 }
 
+/* e encoded, then decoded for a page of nsec sectors: the result. */
+static int
+entry_redecode (const struct layout_entry *e, unsigned nsec)
+{
+  uint8_t buf[LAYOUT_ENTRY_SIZE];
+  struct layout_entry out;
+
+  layout_entry_encode (e, buf);
+  return layout_entry_decode (buf, nsec, &out);
+}
+
+/* e encoded, then decoded for a page of nsec sectors, is e again. */
+static void
+assert_entry_round_trip (const struct layout_entry *e, unsigned nsec)
+{
+  uint8_t buf[LAYOUT_ENTRY_SIZE];
+  struct layout_entry out;
+
+  layout_entry_encode (e, buf);
+  assert_int_equal (layout_entry_decode (buf, nsec, &out), 0);
+  assert_entry_equal (e, &out);
+}
+
 static void
 test_entry_roundtrip (void **state)
 {
@@ -633,26 +656,20 @@ test_entry_roundtrip (void **state)
   e.seq = UINT64_MAX;
   e.data_crc = UINT32_MAX;
   memset (e.valid, 0xff, sizeof e.valid);
-  layout_entry_encode (&e, buf);
-  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), 0);
-  assert_entry_equal (&e, &out);
+  assert_entry_round_trip (&e, LAYOUT_MAX_SECTORS);
 
   make_entry (&e, LAYOUT_DIRTY);
   memset (e.valid, 0xff, sizeof e.valid);
   memset (e.dirty, 0xff, sizeof e.dirty);
   e.page = 0;
   e.seq = 1;
-  layout_entry_encode (&e, buf);
-  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), 0);
-  assert_entry_equal (&e, &out);
+  assert_entry_round_trip (&e, LAYOUT_MAX_SECTORS);
 
   /* Small page: 8 sectors (4 KiB / 512). */
   make_entry (&e, LAYOUT_CLEAN);
   memset (e.valid, 0, sizeof e.valid);
   e.valid[0] = 0xff;
-  layout_entry_encode (&e, buf);
-  assert_int_equal (layout_entry_decode (buf, 8, &out), 0);
-  assert_entry_equal (&e, &out);
+  assert_entry_round_trip (&e, 8);
 }
 
 /* The flush generation (bytes 55..59): 40 bits kept in dirty entries;
@@ -677,12 +694,10 @@ test_entry_gen (void **state)
   assert_true (out.gen == 1);
   make_entry (&e, LAYOUT_CLEAN);
   e.gen = 5;
-  layout_entry_encode (&e, buf);
-  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+  assert_int_equal (entry_redecode (&e, LAYOUT_MAX_SECTORS), -1);
   make_entry (&e, LAYOUT_FREE);
   e.gen = 5;
-  layout_entry_encode (&e, buf);
-  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+  assert_int_equal (entry_redecode (&e, LAYOUT_MAX_SECTORS), -1);
 }
 
 static void
@@ -732,8 +747,7 @@ test_entry_bits_past_page (void **state)
     memset (e.valid, 0, sizeof e.valid);
     layout_bit_set (e.valid, 0);
     layout_bit_set (e.valid, nsec - 1);
-    layout_entry_encode (&e, buf);
-    assert_int_equal (layout_entry_decode (buf, nsec, &out), 0);
+    assert_int_equal (entry_redecode (&e, nsec), 0);
 
     layout_bit_set (e.valid, nsec);
     layout_entry_encode (&e, buf);
@@ -746,8 +760,7 @@ test_entry_bits_past_page (void **state)
     make_entry (&e, LAYOUT_CLEAN);
     memset (e.valid, 0, sizeof e.valid);
     layout_bit_set (e.valid, LAYOUT_MAX_SECTORS - 1);
-    layout_entry_encode (&e, buf);
-    assert_int_equal (layout_entry_decode (buf, nsec, &out), -1);
+    assert_int_equal (entry_redecode (&e, nsec), -1);
 
     /* dirty bit past the page (valid too, so subset holds) */
     make_entry (&e, LAYOUT_DIRTY);
@@ -764,28 +777,24 @@ test_entry_bits_past_page (void **state)
 static void
 test_entry_dirty_not_subset (void **state)
 {
-  struct layout_entry e, out;
-  uint8_t buf[LAYOUT_ENTRY_SIZE];
+  struct layout_entry e;
 
   make_entry (&e, LAYOUT_DIRTY);
   memset (e.valid, 0, sizeof e.valid);
   memset (e.dirty, 0, sizeof e.dirty);
   layout_bit_set (e.valid, 3);
   layout_bit_set (e.dirty, 3);
-  layout_entry_encode (&e, buf);
-  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), 0);
+  assert_int_equal (entry_redecode (&e, LAYOUT_MAX_SECTORS), 0);
 
   layout_bit_set (e.dirty, 5);          /* dirty but not valid */
-  layout_entry_encode (&e, buf);
-  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+  assert_int_equal (entry_redecode (&e, LAYOUT_MAX_SECTORS), -1);
 
   for (unsigned i = 0; i < LAYOUT_MAX_SECTORS; i += 17) {
     make_entry (&e, LAYOUT_DIRTY);
     memset (e.valid, 0xff, sizeof e.valid);
     memset (e.dirty, 0xff, sizeof e.dirty);
     layout_bit_clear (e.valid, i);
-    layout_entry_encode (&e, buf);
-    if (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out) != -1)
+    if (entry_redecode (&e, LAYOUT_MAX_SECTORS) != -1)
       fail_msg ("dirty sector %u not valid, accepted", i);
   }
 }
@@ -836,33 +845,28 @@ test_entry_bad_state (void **state)
 static void
 test_entry_free_with_data (void **state)
 {
-  struct layout_entry e, out;
-  uint8_t buf[LAYOUT_ENTRY_SIZE];
+  struct layout_entry e;
 
   make_entry (&e, LAYOUT_FREE);
   layout_bit_set (e.valid, 0);
-  layout_entry_encode (&e, buf);
-  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+  assert_int_equal (entry_redecode (&e, LAYOUT_MAX_SECTORS), -1);
 
   make_entry (&e, LAYOUT_FREE);
   layout_bit_set (e.valid, 7);
   layout_bit_set (e.dirty, 7);
-  layout_entry_encode (&e, buf);
-  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+  assert_int_equal (entry_redecode (&e, LAYOUT_MAX_SECTORS), -1);
 }
 
 /* A CLEAN entry carries no dirty sectors. */
 static void
 test_entry_clean_with_dirty (void **state)
 {
-  struct layout_entry e, out;
-  uint8_t buf[LAYOUT_ENTRY_SIZE];
+  struct layout_entry e;
 
   make_entry (&e, LAYOUT_CLEAN);
   memset (e.valid, 0xff, sizeof e.valid);
   layout_bit_set (e.dirty, 9);
-  layout_entry_encode (&e, buf);
-  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+  assert_int_equal (entry_redecode (&e, LAYOUT_MAX_SECTORS), -1);
 }
 
 /* The unsealed flag: kept for dirty and clean entries, refused on free
@@ -889,20 +893,16 @@ test_entry_unsealed (void **state)
 
   make_entry (&e, LAYOUT_CLEAN);
   e.flags = LAYOUT_ENT_UNSEALED;
-  layout_entry_encode (&e, buf);
-  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), 0);
-  assert_entry_equal (&e, &out);
+  assert_entry_round_trip (&e, LAYOUT_MAX_SECTORS);
 
   make_entry (&e, LAYOUT_FREE);
   e.flags = LAYOUT_ENT_UNSEALED;
-  layout_entry_encode (&e, buf);
-  assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+  assert_int_equal (entry_redecode (&e, LAYOUT_MAX_SECTORS), -1);
 
   for (unsigned f = 2; f < 256; f <<= 1) {
     make_entry (&e, LAYOUT_DIRTY);
     e.flags = f;
-    layout_entry_encode (&e, buf);
-    assert_int_equal (layout_entry_decode (buf, LAYOUT_MAX_SECTORS, &out), -1);
+    assert_int_equal (entry_redecode (&e, LAYOUT_MAX_SECTORS), -1);
   }
 }
 

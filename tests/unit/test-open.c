@@ -28,31 +28,35 @@
 #include "cache.h"
 #include "fixture.h"
 #include "layout.h"
+#include "log-stderr.h"
 #include "rambackend.h"
 #include "stats.h"
 #include "testfile.h"
 
-extern int log_error_count;
-extern char log_error_last[512];
-
 #define PS 4096u
-#define ST(c, f) STATS_GET (cache_stats (c), f)
 
-/* The temporary cache file and the watchdog: tests/unit/testfile.h. */
-#define cache_path testfile_path
-#define setup_file testfile_setup
-#define teardown_file testfile_teardown
-#define read_file_sb testfile_read_sb
-#define open_attach testfile_open_attach
-
+/* cache_open, or else cache_attach to a backend of size bytes, refuses
+ * cfg, and logs why.
+ */
 static void
-patch_file (uint64_t off, const void *buf, size_t len)
+open_refused (const struct cache_config *cfg, uint64_t size)
 {
-  int fd = open (cache_path, O_WRONLY);
+  int errs = log_error_count;
+  struct cache *c = cache_open (cfg);
 
-  assert_true (fd >= 0);
-  assert_int_equal (pwrite (fd, buf, len, off), (ssize_t) len);
-  close (fd);
+  if (c != NULL) {
+    assert_int_equal (cache_attach (c, size), -1);
+    cache_close (c);
+  }
+  assert_true (log_error_count > errs);
+}
+
+/* The last error logged says text. */
+static void
+last_error_says (const char *text)
+{
+  if (strstr (log_error_last, text) == NULL)
+    fail_msg ("unexpected message: %s", log_error_last);
 }
 
 /*----------------------------------------------------------------------
@@ -67,17 +71,16 @@ test_warm_reopen (void **state)
   struct cache *c;
   struct layout_sb sb;
 
-  rambackend_init (&rb, 64 * PS, 10);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 64 * PS, 10);
   read_all_check (c, &rb, 10000);
   write_check (c, &rb, 3 * PS + 5, 1000, 1);
   write_check (c, &rb, 9 * PS, PS, 2);
   cache_close (c);
 
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   assert_true (sb.flags & LAYOUT_SB_CLEAN);
 
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   assert_int_equal (ST (c, loaded_slots), 64);
   assert_int_equal (ST (c, dropped_entries), 0);
   rambackend_reset_counters (&rb);
@@ -87,15 +90,12 @@ test_warm_reopen (void **state)
   assert_int_equal (ST (c, read_misses), 0);
   assert_int_equal (ST (c, verify_failures), 0);
   /* Reopened: the superblock is marked in use again. */
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   assert_int_equal (sb.flags & LAYOUT_SB_CLEAN, 0);
   cache_close (c);
 
   /* Third start, still warm. */
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 64 * PS);
-  assert_int_equal (rb.reads, 0);
-  cache_close (c);
+  warm_check (&cfg, &rb, 64 * PS);
   rambackend_free (&rb);
 }
 
@@ -103,13 +103,26 @@ test_warm_reopen (void **state)
  * A damaged cache file.
  */
 
+/* Write e as the entry of slot, in the page table on disk. */
+static void
+entry_put (uint32_t slot, const struct layout_entry *e)
+{
+  struct layout_sb sb;
+  uint8_t raw[LAYOUT_ENTRY_SIZE];
+
+  testfile_read_sb (&sb);
+  layout_entry_encode (e, raw);
+  testfile_write (sb.pt_offset + (uint64_t) slot * LAYOUT_ENTRY_SIZE, raw,
+                  sizeof raw);
+}
+
 /* Returns the pool offset of the cache file. */
 static uint64_t
 file_pool_offset (void)
 {
   struct layout_sb sb;
 
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   return sb.pool_offset;
 }
 
@@ -123,16 +136,14 @@ test_corrupt_data (void **state)
   uint8_t garbage[100];
 
   rambackend_init (&rb, 16 * PS, 12);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
+  open_read_all_check (&cfg, &rb, 16 * PS);
 
   pool = file_pool_offset ();
   memset (garbage, 0xa5, sizeof garbage);
-  patch_file (pool + 0 * PS + 1000, garbage, sizeof garbage);   /* slot 0 */
-  testfile_xor (pool + 5 * PS + PS - 1, 1, 0x01);                   /* slot 5 */
+  testfile_write (pool + 0 * PS + 1000, garbage, sizeof garbage); /* slot 0 */
+  testfile_xor (pool + 5 * PS + PS - 1, 1, 0x01);                 /* slot 5 */
 
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   assert_int_equal (ST (c, loaded_slots), 16);
   rambackend_reset_counters (&rb);
   read_all_check (c, &rb, 16 * PS);
@@ -147,13 +158,12 @@ test_corrupt_data (void **state)
   /* Corruption found with small reads (hit path) too. */
   pool = file_pool_offset ();
   testfile_xor (pool + 7 * PS + 17, 1, 0x80);
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   for (uint64_t p = 0; p < 16; ++p)
     read_check (c, &rb, p * PS + 17, 1);
   assert_int_equal (ST (c, verify_failures), 1);
   read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 static void
@@ -165,22 +175,19 @@ test_corrupt_entry (void **state)
   struct layout_sb sb;
 
   rambackend_init (&rb, 16 * PS, 13);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
+  open_read_all_check (&cfg, &rb, 16 * PS);
 
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   testfile_xor (sb.pt_offset + 3 * LAYOUT_ENTRY_SIZE + 10, 1, 0x04);
   testfile_xor (sb.pt_offset + 9 * LAYOUT_ENTRY_SIZE + 63, 1, 0x40);
 
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   assert_int_equal (ST (c, dropped_entries), 2);
   assert_int_equal (ST (c, loaded_slots), 14);
   rambackend_reset_counters (&rb);
   read_all_check (c, &rb, 16 * PS);
   assert_int_equal (rb.bytes_read, 2 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 /* Page-table entry pointing at a page past the end of the backend
@@ -194,58 +201,30 @@ test_entry_conflicts (void **state)
   struct rambackend rb;
   struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
-  struct layout_sb sb;
-  uint8_t raw[LAYOUT_ENTRY_SIZE];
-  struct layout_entry e4, e6;
-  int fd;
+  struct layout_entry e4, e6, e8;
 
   rambackend_init (&rb, 16 * PS, 14);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
+  open_read_all_check (&cfg, &rb, 16 * PS);
 
-  read_file_sb (&sb);
-  fd = open (cache_path, O_RDWR);
-  assert_true (fd >= 0);
   /* Slot 4's entry: make it claim slot 6's page with an older seq;
    * its data is slot 4's data, which is not that page: if it won, a
    * read of that page would be wrong.
    */
-  assert_int_equal (pread (fd, raw, sizeof raw,
-                           sb.pt_offset + 6 * LAYOUT_ENTRY_SIZE),
-                    sizeof raw);
-  assert_int_equal (layout_entry_decode (raw, PS / 512, &e6), 0);
-  assert_int_equal (pread (fd, raw, sizeof raw,
-                           sb.pt_offset + 4 * LAYOUT_ENTRY_SIZE),
-                    sizeof raw);
-  assert_int_equal (layout_entry_decode (raw, PS / 512, &e4), 0);
+  assert_int_equal (file_entry (6, &e6, NULL), 0);
+  assert_int_equal (file_entry (4, &e4, NULL), 0);
   e4.page = e6.page;
   e4.seq = e6.seq > 1 ? e6.seq - 1 : 0;
-  layout_entry_encode (&e4, raw);
-  assert_int_equal (pwrite (fd, raw, sizeof raw,
-                            sb.pt_offset + 4 * LAYOUT_ENTRY_SIZE),
-                    sizeof raw);
+  entry_put (4, &e4);
   /* Slot 8's entry: a page past the end of the backend. */
-  assert_int_equal (pread (fd, raw, sizeof raw,
-                           sb.pt_offset + 8 * LAYOUT_ENTRY_SIZE),
-                    sizeof raw);
-  {
-    struct layout_entry e8;
-    assert_int_equal (layout_entry_decode (raw, PS / 512, &e8), 0);
-    e8.page = 1000;
-    layout_entry_encode (&e8, raw);
-  }
-  assert_int_equal (pwrite (fd, raw, sizeof raw,
-                            sb.pt_offset + 8 * LAYOUT_ENTRY_SIZE),
-                    sizeof raw);
-  close (fd);
+  assert_int_equal (file_entry (8, &e8, NULL), 0);
+  e8.page = 1000;
+  entry_put (8, &e8);
 
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   assert_int_equal (ST (c, loaded_slots), 14);
   read_all_check (c, &rb, 16 * PS);
   assert_int_equal (ST (c, verify_failures), 0);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 /*----------------------------------------------------------------------
@@ -261,9 +240,7 @@ test_wrong_identity (void **state)
   int errs;
 
   rambackend_init (&rb, 16 * PS, 15);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
+  open_read_all_check (&cfg, &rb, 16 * PS);
 
   cfg.id_digest[1] ^= 1;
   cfg.id_text = "another backend";
@@ -271,12 +248,11 @@ test_wrong_identity (void **state)
   c = cache_open (&cfg);
   assert_null (c);
   assert_true (log_error_count > errs);
-  if (strstr (log_error_last, "built for another backend") == NULL)
-    fail_msg ("unexpected message: %s", log_error_last);
+  last_error_says ("built for another backend");
 
   /* With reset: opens, empty. */
   cfg.reset = true;
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   assert_int_equal (ST (c, loaded_slots), 0);
   rambackend_reset_counters (&rb);
   read_all_check (c, &rb, 16 * PS);
@@ -285,7 +261,7 @@ test_wrong_identity (void **state)
 
   /* The file now belongs to the new identity. */
   cfg.reset = false;
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   assert_int_equal (ST (c, loaded_slots), 16);
   cache_close (c);
   cfg.id_digest[1] ^= 1;
@@ -302,9 +278,7 @@ test_wrong_backend_size (void **state)
   int errs;
 
   rambackend_init (&rb, 16 * PS, 16);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
+  open_read_all_check (&cfg, &rb, 16 * PS);
 
   /* Same identity, bigger backend. */
   rambackend_init (&rb2, 16 * PS + 512, 17);
@@ -313,12 +287,11 @@ test_wrong_backend_size (void **state)
   errs = log_error_count;
   assert_int_equal (cache_attach (c, rb2.size), -1);
   assert_true (log_error_count > errs);
-  if (strstr (log_error_last, "backend size") == NULL)
-    fail_msg ("unexpected message: %s", log_error_last);
+  last_error_says ("backend size");
   cache_close (c);
 
   cfg.reset = true;
-  c = open_attach (&cfg, rb2.size);
+  c = testfile_open_attach (&cfg, rb2.size);
   assert_int_equal (ST (c, loaded_slots), 0);
   read_all_check (c, &rb2, 16 * PS + 512);
   assert_int_equal (rb2.bytes_read, rb2.size);
@@ -343,9 +316,8 @@ test_too_many_pages (void **state)
   errs = log_error_count;
   assert_int_equal (cache_attach (c, max + 1), -1);
   assert_true (log_error_count > errs);
-  if (strstr (log_error_last, "at most 4294967295 pages") == NULL ||
-      strstr (log_error_last, "ssdcache-page-size") == NULL)
-    fail_msg ("unexpected message: %s", log_error_last);
+  last_error_says ("at most 4294967295 pages");
+  last_error_says ("ssdcache-page-size");
   cache_close (c);
 
   c = cache_open (&cfg);
@@ -360,37 +332,22 @@ test_page_size_or_size_change (void **state)
   struct rambackend rb;
   struct cache_config cfg = fixture_config (16 * PS, PS);
   struct cache *c;
-  int errs;
 
   rambackend_init (&rb, 64 * PS, 18);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
+  open_read_all_check (&cfg, &rb, 16 * PS);
 
   /* Another page size. */
   cfg.page_size = 2 * PS;
-  errs = log_error_count;
-  c = cache_open (&cfg);
-  if (c != NULL) {
-    assert_int_equal (cache_attach (c, rb.size), -1);
-    cache_close (c);
-  }
-  assert_true (log_error_count > errs);
+  open_refused (&cfg, rb.size);
 
   /* Another explicit size. */
   cfg.page_size = PS;
   cfg.size = 32 * PS;
-  errs = log_error_count;
-  c = cache_open (&cfg);
-  if (c != NULL) {
-    assert_int_equal (cache_attach (c, rb.size), -1);
-    cache_close (c);
-  }
-  assert_true (log_error_count > errs);
+  open_refused (&cfg, rb.size);
 
   /* Size 0 (default) takes the existing cache as it is. */
   cfg.size = 0;
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   assert_int_equal (cache_nslots (c), 16);
   assert_int_equal (ST (c, loaded_slots), 16);
   cache_close (c);
@@ -398,12 +355,11 @@ test_page_size_or_size_change (void **state)
   /* Reset re-initialises with the new size. */
   cfg.size = 32 * PS;
   cfg.reset = true;
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   assert_int_equal (cache_nslots (c), 32);
   assert_int_equal (ST (c, loaded_slots), 0);
   read_all_check (c, &rb, 64 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 static void
@@ -414,16 +370,14 @@ test_lock (void **state)
   struct cache *c, *c2;
   int errs;
 
-  rambackend_init (&rb, 16 * PS, 19);
-  c = open_attach (&cfg, rb.size);
+  c = fixture_open (&rb, &cfg, 16 * PS, 19);
   read_check (c, &rb, 0, PS);
 
   errs = log_error_count;
   c2 = cache_open (&cfg);
   assert_null (c2);
   assert_true (log_error_count > errs);
-  if (strstr (log_error_last, "in use by another process") == NULL)
-    fail_msg ("unexpected message: %s", log_error_last);
+  last_error_says ("in use by another process");
   /* Not even with reset. */
   cfg.reset = true;
   assert_null (cache_open (&cfg));
@@ -432,10 +386,9 @@ test_lock (void **state)
   /* The failed attempt did not disturb the first owner. */
   read_check (c, &rb, 0, 16 * PS);
   cache_close (c);
-  c = open_attach (&cfg, rb.size);
+  c = testfile_open_attach (&cfg, rb.size);
   assert_int_equal (ST (c, loaded_slots), 16);
-  cache_close (c);
-  rambackend_free (&rb);
+  fixture_close (c, &rb);
 }
 
 /* A file that is not a cache at all. */
@@ -444,41 +397,23 @@ test_garbage_file (void **state)
 {
   struct rambackend rb;
   struct cache_config cfg = fixture_config (16 * PS, PS);
-  struct cache *c;
-  uint8_t junk[3 * PS];
+  uint8_t junk[3 * PS], back[3 * PS];
   int errs;
 
   rambackend_init (&rb, 16 * PS, 20);
   fill_pattern (junk, sizeof junk, 1);
-  patch_file (0, junk, sizeof junk);
-  errs = log_error_count;
-  c = cache_open (&cfg);
-  if (c != NULL) {
-    assert_int_equal (cache_attach (c, rb.size), -1);
-    cache_close (c);
-  }
-  assert_true (log_error_count > errs);
+  testfile_write (0, junk, sizeof junk);
+  open_refused (&cfg, rb.size);
   /* The file was not overwritten. */
-  {
-    uint8_t back[sizeof junk];
-    int fd = open (cache_path, O_RDONLY);
-    assert_int_equal (pread (fd, back, sizeof back, 0), sizeof back);
-    close (fd);
-    assert_memory_equal (junk, back, sizeof junk);
-  }
+  assert_int_equal (testfile_read (0, back, sizeof back), sizeof back);
+  assert_memory_equal (junk, back, sizeof junk);
   /* A tiny non-empty file is not a cache either. */
-  assert_int_equal (truncate (cache_path, 100), 0);
+  assert_int_equal (truncate (testfile_path, 100), 0);
   cfg.reset = false;
-  errs = log_error_count;
-  c = cache_open (&cfg);
-  if (c != NULL) {
-    assert_int_equal (cache_attach (c, rb.size), -1);
-    cache_close (c);
-  }
-  assert_true (log_error_count > errs);
+  open_refused (&cfg, rb.size);
   {
     struct stat st;
-    assert_int_equal (stat (cache_path, &st), 0);
+    assert_int_equal (stat (testfile_path, &st), 0);
     assert_int_equal (st.st_size, 100);
   }
 
@@ -487,22 +422,14 @@ test_garbage_file (void **state)
   errs = log_error_count;
   assert_null (cache_open (&cfg));
   assert_true (log_error_count > errs);
-  if (strstr (log_error_last, "not an ssdcache cache") == NULL ||
-      strstr (log_error_last, "delete it") == NULL)
-    fail_msg ("unexpected message: %s", log_error_last);
-  {
-    uint8_t back[200];
-    int fd = open (cache_path, O_RDONLY);
-    assert_int_equal (pread (fd, back, sizeof back, 0), 100);
-    close (fd);
-    assert_memory_equal (junk, back, 100);
-  }
+  last_error_says ("not an ssdcache cache");
+  last_error_says ("delete it");
+  assert_int_equal (testfile_read (0, back, 200), 100);
+  assert_memory_equal (junk, back, 100);
   /* Emptied, it is a new cache. */
-  assert_int_equal (truncate (cache_path, 0), 0);
+  assert_int_equal (truncate (testfile_path, 0), 0);
   cfg.reset = false;
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
+  open_read_all_check (&cfg, &rb, 16 * PS);
   rambackend_free (&rb);
 }
 
@@ -512,62 +439,33 @@ test_one_sb_damaged (void **state)
 {
   struct rambackend rb;
   struct cache_config cfg = fixture_config (16 * PS, PS);
-  struct cache *c;
-  uint8_t buf[LAYOUT_SB_SIZE];
-  struct layout_sb sb;
-  int fd, newest = -1;
-  uint64_t gen = 0;
 
   rambackend_init (&rb, 16 * PS, 21);
-  c = open_attach (&cfg, rb.size);
-  read_all_check (c, &rb, 16 * PS);
-  cache_close (c);
+  open_read_all_check (&cfg, &rb, 16 * PS);
 
   /* Damage the newest copy. */
-  fd = open (cache_path, O_RDWR);
-  assert_true (fd >= 0);
-  for (int i = 0; i < 2; ++i) {
-    assert_int_equal (pread (fd, buf, sizeof buf, i * LAYOUT_SB_SIZE),
-                      sizeof buf);
-    if (layout_sb_decode (buf, &sb, NULL) == 0 &&
-        (newest == -1 || sb.generation > gen)) {
-      newest = i;
-      gen = sb.generation;
-    }
-  }
-  assert_true (newest >= 0);
-  assert_int_equal (pread (fd, buf, sizeof buf, newest * LAYOUT_SB_SIZE),
-                    sizeof buf);
-  buf[200] ^= 0xff;
-  assert_int_equal (pwrite (fd, buf, sizeof buf, newest * LAYOUT_SB_SIZE),
-                    sizeof buf);
-  close (fd);
+  testfile_xor (testfile_newest_sb () * LAYOUT_SB_SIZE + 200, 1, 0xff);
 
-  c = open_attach (&cfg, rb.size);
   rambackend_reset_counters (&rb);
-  read_all_check (c, &rb, 16 * PS);
-  assert_int_equal (rb.reads, 0);
-  cache_close (c);
+  warm_check (&cfg, &rb, 16 * PS);
   rambackend_free (&rb);
 }
-
-#define T(f) cmocka_unit_test_setup_teardown (f, setup_file, teardown_file)
 
 int
 main (void)
 {
   const struct CMUnitTest tests[] = {
-    T (test_warm_reopen),
-    T (test_corrupt_data),
-    T (test_corrupt_entry),
-    T (test_entry_conflicts),
-    T (test_wrong_identity),
-    T (test_wrong_backend_size),
-    T (test_too_many_pages),
-    T (test_page_size_or_size_change),
-    T (test_lock),
-    T (test_garbage_file),
-    T (test_one_sb_damaged),
+    TESTFILE_TEST (test_warm_reopen),
+    TESTFILE_TEST (test_corrupt_data),
+    TESTFILE_TEST (test_corrupt_entry),
+    TESTFILE_TEST (test_entry_conflicts),
+    TESTFILE_TEST (test_wrong_identity),
+    TESTFILE_TEST (test_wrong_backend_size),
+    TESTFILE_TEST (test_too_many_pages),
+    TESTFILE_TEST (test_page_size_or_size_change),
+    TESTFILE_TEST (test_lock),
+    TESTFILE_TEST (test_garbage_file),
+    TESTFILE_TEST (test_one_sb_damaged),
   };
 
   testfile_name = "test-open";

@@ -28,7 +28,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -41,15 +40,12 @@
 #include "writeback.h"
 #include "cache-int.h"             /* test_order_cap looks inside */
 
-extern char log_error_last[512];
-
 #define PS 4096u
 #define SS 512u
 #define NP 64u                          /* pages of the disk */
 #define SIZE (NP * PS)
 #define NSEC (SIZE / SS)
 #define MAXF 4096                       /* client flushes a test makes */
-#define ST(c, f) STATS_GET (cache_stats (c), f)
 
 /* A small set of sector hashes. */
 struct vset {
@@ -498,17 +494,14 @@ crash_resume (uint64_t seed, uint64_t die_at)
   uint8_t *saved = malloc (SIZE), *got = malloc (SIZE);
   FILE *fp;
   pid_t pid;
-  int status, err = 0;
+  int err = 0;
 
   assert_non_null (ck);
   assert_non_null (saved);
   assert_non_null (got);
   snprintf (bpath, sizeof bpath, "%s.backend", testfile_path);
   assert_int_equal (truncate (testfile_path, 0), 0);   /* a new cache */
-  fflush (stdout);
-  fflush (stderr);
-  pid = fork ();
-  assert_true (pid >= 0);
+  pid = fixture_fork ();
   if (pid == 0) {
     rambackend_init (&rb, SIZE, 61);
     history_init (&h, &rb);
@@ -526,9 +519,7 @@ crash_resume (uint64_t seed, uint64_t die_at)
     pthread_mutex_lock (&ck->lock);
     checker_die (ck);
   }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFEXITED (status));
-  assert_int_equal (WEXITSTATUS (status), 0);
+  fixture_wait (pid);
 
   /* The parent: the backend as the child left it, the history replayed. */
   rambackend_init (&rb, SIZE, 61);
@@ -627,6 +618,20 @@ test_order_cap (void **state)
   rambackend_free (&rb);
 }
 
+/* A writeback cache of 16 pages in the flush order, cleaned only when
+ * asked, over env (a backend of SIZE bytes from seed).
+ */
+static struct cache *
+order_open_quiet (struct tenv *env, unsigned seed)
+{
+  struct cache_config cfg = order_config (CACHE_ORDER_FLUSH, 16);
+
+  cfg.wb.idle_ms = 0;
+  cfg.wb.high_pct = 100;
+  tenv_init (env, SIZE, seed);
+  return testfile_open_attach (&cfg, SIZE);
+}
+
 /* A write that goes to the backend in the flush order after a switch
  * out of writeback.  It waits for generation 1, cleans its own page of
  * it, which was the last dirty one: the cache then no longer keeps the
@@ -655,27 +660,20 @@ mode_write_run (void *arg)
 static void
 test_order_leave_writeback (void **state)
 {
-  struct cache_config cfg = order_config (CACHE_ORDER_FLUSH, 16);
-  struct rambackend rb;
-  struct tbe t;
-  struct cache *c;
+  struct tenv env;
+  struct cache *c = order_open_quiet (&env, 63);
   uint8_t a[PS], b[PS], got[PS];
   struct mode_write w = { .buf = b };
   pthread_t th;
   int err = 0, i;
 
-  cfg.wb.idle_ms = 0;
-  cfg.wb.high_pct = 100;
-  rambackend_init (&rb, SIZE, 63);
-  tbe_init (&t, &rb);
-  c = testfile_open_attach (&cfg, SIZE);
   fill_pattern (a, PS, 1);
   fill_pattern (b, PS, 2);
-  assert_int_equal (cache_write (c, &t.be, a, PS, 0, false, &err), 0);
-  assert_int_equal (cache_flush (c, &t.be, &err), 0);
+  assert_int_equal (cache_write (c, env.be, a, PS, 0, false, &err), 0);
+  assert_int_equal (cache_flush (c, env.be, &err), 0);
   cache_set_mode (c, LAYOUT_MODE_WRITEAROUND);
   w.c = c;
-  w.t = &t;
+  w.t = &env.t;
   assert_int_equal (pthread_create (&th, NULL, mode_write_run, &w), 0);
   for (i = 0; i < 30000 && !atomic_load (&w.done); i++)
     usleep (1000);
@@ -683,10 +681,9 @@ test_order_leave_writeback (void **state)
     fail_msg ("the write did not end in 30 s");
   pthread_join (th, NULL);
   assert_int_equal (w.r, 0);
-  rambackend_peek (&rb, got, PS, 0);
+  rambackend_peek (&env.rb, got, PS, 0);
   assert_memory_equal (got, b, PS);
-  cache_close (c);
-  rambackend_free (&rb);
+  tenv_close (&env, c);
 }
 
 /* The flush order on a cache that turned degraded (found by chaos.py):
@@ -697,54 +694,41 @@ test_order_leave_writeback (void **state)
 static void
 test_order_degraded_retained (void **state)
 {
-  struct cache_config cfg = order_config (CACHE_ORDER_FLUSH, 16);
-  struct rambackend rb;
-  struct tbe t;
-  struct cache *c;
+  struct tenv env;
+  struct cache *c = order_open_quiet (&env, 64);
   struct clean_opts o = { .target = 0 };
-  uint8_t v1[PS], v2[PS], v3[PS], got[PS];
+  uint8_t v3[PS], got[PS];
   uint64_t kept;
   int err = 0;
 
-  cfg.wb.idle_ms = 0;
-  cfg.wb.high_pct = 100;
-  rambackend_init (&rb, SIZE, 64);
-  tbe_init (&t, &rb);
-  c = testfile_open_attach (&cfg, SIZE);
-  fill_pattern (v1, PS, 1);
-  fill_pattern (v2, PS, 2);
-  fill_pattern (v3, PS, 3);
-  assert_int_equal (cache_write (c, &t.be, v1, PS, 0, false, &err), 0);
-  assert_int_equal (cache_flush (c, &t.be, &err), 0);     /* generation 1 */
-  assert_int_equal (cache_write (c, &t.be, v2, PS, 0, false, &err), 0);
-  assert_int_equal (cache_flush (c, &t.be, &err), 0);
+  mwrite (c, env.be, NULL, 0, PS, 1);
+  assert_int_equal (cache_flush (c, env.be, &err), 0);     /* generation 1 */
+  mwrite (c, env.be, NULL, 0, PS, 2);
+  assert_int_equal (cache_flush (c, env.be, &err), 0);
   pthread_mutex_lock (&c->lock);
   kept = c->nretained;                  /* v1, for generation 1 */
   pthread_mutex_unlock (&c->lock);
   assert_int_equal (kept, 1);
   cache_io_error (c, "test: the device fails", 0);
   assert_true (cache_degraded (c));
-  assert_int_equal (cache_write (c, &t.be, v3, PS, 0, false, &err), 0);
-  clean_pass (c, &t.be, &o, &err);      /* writeback goes on */
-  rambackend_peek (&rb, got, PS, 0);
+  fill_pattern (v3, PS, 3);
+  assert_int_equal (cache_write (c, env.be, v3, PS, 0, false, &err), 0);
+  clean_pass (c, env.be, &o, &err);      /* writeback goes on */
+  rambackend_peek (&env.rb, got, PS, 0);
   assert_memory_equal (got, v3, PS);
-  cache_close (c);
-  rambackend_free (&rb);
+  tenv_close (&env, c);
 }
-
-#define T(f) cmocka_unit_test_setup_teardown (f, testfile_setup, \
-                                              testfile_teardown)
 
 int
 main (void)
 {
   const struct CMUnitTest tests[] = {
-    T (test_order_flush_model),
-    T (test_order_offset_breaks),
-    T (test_order_crash_resume),
-    T (test_order_cap),
-    T (test_order_leave_writeback),
-    T (test_order_degraded_retained),
+    TESTFILE_TEST (test_order_flush_model),
+    TESTFILE_TEST (test_order_offset_breaks),
+    TESTFILE_TEST (test_order_crash_resume),
+    TESTFILE_TEST (test_order_cap),
+    TESTFILE_TEST (test_order_leave_writeback),
+    TESTFILE_TEST (test_order_degraded_retained),
   };
 
   if (getenv ("TEST_FILTER"))

@@ -18,18 +18,7 @@
 
 #include "admit.h"
 #include "evict.h"
-
-static bool
-take_all (void *opaque, uint32_t slot)
-{
-  return true;
-}
-
-static bool
-take_none (void *opaque, uint32_t slot)
-{
-  return false;
-}
+#include "victims.h"
 
 /*----------------------------------------------------------------------
  * Names.
@@ -111,7 +100,7 @@ tiny_run (struct tiny *t, enum evict_policy pol, uint32_t n,
     if (t->used < n)
       s = t->used++;
     else {
-      s = evict_victim (t->ev, take_all, NULL);
+      s = evict_victim (t->ev, victims_take_all, NULL);
       assert_true (s < n);
     }
     t->page[s] = p;
@@ -157,20 +146,32 @@ test_tiny_trace (void **state)
 static void
 test_s3fifo_probation (void **state)
 {
-  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 10);
-  const uint32_t expect[10] = { 0, 1, 2, 4, 5, 6, 8, 9, 3, 7 };
+  struct evict *ev = victims_new_full (EVICT_S3FIFO, 10);
 
-  for (uint32_t s = 0; s < 10; ++s)
-    evict_insert (ev, s);
   evict_touch (ev, 3);
   evict_touch (ev, 7);
   assert_int_equal (evict_slot_hint (ev, 3), 1);
   assert_int_equal (evict_slot_hint (ev, 4), 0);
-  for (int i = 0; i < 10; ++i)
-    assert_int_equal (evict_victim (ev, take_all, NULL), expect[i]);
-  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  VICTIMS (ev, 0, 1, 2, 4, 5, 6, 8, 9, 3, 7, EVICT_NONE);
   assert_int_equal (evict_resident (ev), 0);
   evict_free (ev);
+}
+
+/* An S3-FIFO policy of n slots, all inserted, whose slots 0 .. hot - 1
+ * were used twice: its first victim, checked, promotes them to M and
+ * takes slot hot.
+ */
+static struct evict *
+s3fifo_hot (uint32_t n, uint32_t hot)
+{
+  struct evict *ev = victims_new_full (EVICT_S3FIFO, n);
+
+  for (uint32_t s = 0; s < hot; ++s) {
+    evict_touch (ev, s);
+    evict_touch (ev, s);
+  }
+  VICTIMS (ev, hot);
+  return ev;
 }
 
 /* S3-FIFO: a hot set in M survives a stream of new pages of any length
@@ -179,23 +180,15 @@ test_s3fifo_probation (void **state)
 static void
 test_s3fifo_scan (void **state)
 {
-  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 10);
+  struct evict *ev = s3fifo_hot (10, 5);    /* 0..4 in M, 5 taken */
   uint32_t v;
 
-  for (uint32_t s = 0; s < 10; ++s)
-    evict_insert (ev, s);
-  for (uint32_t s = 0; s < 5; ++s) {
-    evict_touch (ev, s);
-    evict_touch (ev, s);
-  }
-  /* First victim promotes 0..4 and takes 5. */
-  assert_int_equal (evict_victim (ev, take_all, NULL), 5);
   for (uint32_t s = 0; s < 5; ++s)
     assert_int_equal (evict_slot_hint (ev, s), 2);
   evict_insert (ev, 5);
   /* A long scan: every victim is one of the scan slots 5..9. */
   for (int i = 0; i < 10000; ++i) {
-    v = evict_victim (ev, take_all, NULL);
+    v = evict_victim (ev, victims_take_all, NULL);
     assert_true (v >= 5 && v < 10);
     evict_insert (ev, v);
     if (i % 7 == 0)               /* the hot set keeps being used */
@@ -217,11 +210,9 @@ test_s3fifo_main_reinsertion (void **state)
   evict_insert_hint (ev, 2, 2);
   evict_touch (ev, 2);                  /* freq 1 */
   /* S empty: M.  0 (2 -> 1, back), 1 taken. */
-  assert_int_equal (evict_victim (ev, take_all, NULL), 1);
+  VICTIMS (ev, 1);
   /* 2 (1 -> 0), 0 (1 -> 0), 2 taken. */
-  assert_int_equal (evict_victim (ev, take_all, NULL), 2);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
-  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  VICTIMS (ev, 2, 0, EVICT_NONE);
   evict_free (ev);
 }
 
@@ -252,7 +243,7 @@ test_ghost (void **state)
   }
   assert_false (evict_ghost_contains (ev, 100));
   /* Evicted from S unused: remembered. */
-  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  VICTIMS (ev, 0);
   assert_true (evict_ghost_contains (ev, 100));
   assert_false (evict_ghost_contains (ev, 101));
   /* Back: a ghost hit, straight into M; the ghost entry is consumed. */
@@ -260,14 +251,12 @@ test_ghost (void **state)
   assert_false (evict_ghost_contains (ev, 100));
   assert_int_equal (evict_slot_hint (ev, 0), 2);
   /* S is still over its target (3 >= 1): 1, 2, 3 go before 0. */
-  assert_int_equal (evict_victim (ev, take_all, NULL), 1);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 2);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 3);
+  VICTIMS (ev, 1, 2, 3);
   assert_true (evict_ghost_contains (ev, 101));
   assert_true (evict_ghost_contains (ev, 102));
   assert_true (evict_ghost_contains (ev, 103));
   /* Evictions from M do not enter the ghost. */
-  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  VICTIMS (ev, 0);
   assert_false (evict_ghost_contains (ev, 100));
 
   /* The ghost is bounded: 4 slots -> ceil (0.9 * 4) = 4 entries (one
@@ -277,7 +266,7 @@ test_ghost (void **state)
   for (uint64_t p = 200; p < 204; ++p) {
     pg.page[0] = p;
     evict_insert_page (ev, 0, p);
-    assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+    VICTIMS (ev, 0);
   }
   for (uint64_t p = 200; p < 204; ++p)
     assert_true (evict_ghost_contains (ev, p));
@@ -291,7 +280,7 @@ test_ghost (void **state)
   pg.page[0] = 300;
   evict_insert_page (ev, 0, 300);
   pg.page[0] = EVICT_NO_PAGE;
-  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  VICTIMS (ev, 0);
   assert_false (evict_ghost_contains (ev, 300));
   assert_false (evict_ghost_contains (ev, EVICT_NO_PAGE));
   for (uint64_t p = 201; p < 204; ++p)   /* nothing pushed out either */
@@ -305,7 +294,7 @@ test_ghost (void **state)
   evict_free (ev);
   ev = evict_new_policy (EVICT_S3FIFO, 4);
   evict_insert_page (ev, 0, 7);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  VICTIMS (ev, 0);
   assert_false (evict_ghost_contains (ev, 7));
   assert_false (evict_insert_page (ev, 0, 7));
   evict_free (ev);
@@ -313,7 +302,7 @@ test_ghost (void **state)
   evict_set_page_fn (ev, pages_of, &pg);
   pg.page[0] = 7;
   evict_insert_page (ev, 0, 7);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  VICTIMS (ev, 0);
   assert_false (evict_ghost_contains (ev, 7));
   evict_free (ev);
 }
@@ -334,7 +323,7 @@ test_ghost_bounded (void **state)
   for (uint64_t p = 0; p < 5000; ++p) {
     pg.page[0] = p;
     evict_insert_page (ev, 0, p);
-    assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+    VICTIMS (ev, 0);
   }
   /* 900 entries in 225 buckets of 4: a page is forgotten once its
    * bucket has taken 4 newer ones, so after 3000 newer evictions (13 per
@@ -422,6 +411,19 @@ test_bounded_victim (void **state)
   }
 }
 
+/* Slot s inserted one of the three ways, chosen at random: plainly,
+ * with a page below npages, or with a hint.
+ */
+static void
+insert_any (struct evict *ev, uint32_t s, uint32_t npages)
+{
+  switch (random () % 3) {
+  case 0: evict_insert (ev, s); break;
+  case 1: evict_insert_page (ev, s, random () % npages); break;
+  default: evict_insert_hint (ev, s, random () % 4);
+  }
+}
+
 /* Randomised against a model, every policy, with zombies (remove then
  * re-insert), hints, pages, refusals: victims always resident and
  * allowed, EVICT_NONE only when nothing may be taken, counts right.
@@ -464,11 +466,7 @@ test_random_model (void **state)
       switch (random () % 8) {
       case 0: case 1:
         if (!m.resident[s]) {
-          switch (random () % 3) {
-          case 0: evict_insert (ev, s); break;
-          case 1: evict_insert_page (ev, s, random () % 200); break;
-          default: evict_insert_hint (ev, s, random () % 4);
-          }
+          insert_any (ev, s, 200);
           m.resident[s] = true;
           nres++;
         }
@@ -550,7 +548,7 @@ test_ram_bytes (void **state)
     for (uint32_t s = 0; s < n && s < 5000; ++s)
       evict_insert (ev, s);
     evict_touch (ev, 0);
-    evict_victim (ev, take_all, NULL);
+    evict_victim (ev, victims_take_all, NULL);
     assert_int_equal (evict_ram_bytes (ev), b);
     assert_int_equal (evict_check (ev), 0);
     evict_free (ev);
@@ -574,14 +572,12 @@ test_ram_bytes (void **state)
 static void
 test_s3fifo_ring_wrap (void **state)
 {
-  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 100);
+  struct evict *ev = victims_new_full (EVICT_S3FIFO, 100);
 
-  for (uint32_t s = 0; s < 100; ++s)
-    evict_insert (ev, s);
   assert_int_equal (evict_check (ev), 0);
   assert_int_equal (evict_slot_hint (ev, 0), 0);     /* still probation */
   for (uint32_t i = 0; i < 35 * 28; ++i) {
-    uint32_t v = evict_victim (ev, take_all, NULL);
+    uint32_t v = evict_victim (ev, victims_take_all, NULL);
     assert_int_equal (v, 72 + i % 28);
     evict_insert (ev, v);
     assert_int_equal (evict_check (ev), 0);
@@ -591,15 +587,13 @@ test_s3fifo_ring_wrap (void **state)
    */
   evict_touch (ev, 5);
   assert_int_equal (evict_slot_hint (ev, 5), 1);
-  for (uint32_t i = 0; i < 19; ++i)
-    assert_int_equal (evict_victim (ev, take_all, NULL), 72 + i);
+  victims_expect_run (ev, 72, 19);
   /* Then M, on probation: a hit slot becomes an M page (hint 2) when
    * the hand passes, the others are evicted (to the ghost) in slot
    * order: the hand from slot 0 takes 0..4, promotes 5, takes 6.
    */
-  for (uint32_t s = 0; s < 5; ++s)
-    assert_int_equal (evict_victim (ev, take_all, NULL), s);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 6);
+  victims_expect_run (ev, 0, 5);
+  VICTIMS (ev, 6);
   assert_int_equal (evict_slot_hint (ev, 5), 2);
   assert_int_equal (evict_check (ev), 0);
   evict_free (ev);
@@ -624,8 +618,7 @@ test_s3fifo_ring_zombies (void **state)
     evict_insert (ev, s);
   assert_int_equal (evict_check (ev), 0);
   /* All 28 in S (none on probation in M): victims in FIFO order. */
-  for (uint32_t s = 28; s < 38; ++s)
-    assert_int_equal (evict_victim (ev, take_all, NULL), s);
+  victims_expect_run (ev, 28, 10);
   /* Ring now 38..55.  Remove 40 and re-insert it for M (a hint): it is
    * in M at once and its ring entry is dropped, so S is 38 39 41..55
    * (17 slots).  Remove 45 and re-insert it for S: it keeps its place.
@@ -641,10 +634,10 @@ test_s3fifo_ring_zombies (void **state)
   const uint32_t expect[18] = { 38, 39, 41, 42, 43, 44, 45, 46, 40,
                                 47, 48, 49, 50, 51, 52, 53, 54, 55 };
   for (uint32_t i = 0; i < 18; ++i) {
-    assert_int_equal (evict_victim (ev, take_all, NULL), expect[i]);
+    VICTIMS (ev, expect[i]);
     assert_int_equal (evict_check (ev), 0);
   }
-  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  VICTIMS (ev, EVICT_NONE);
   assert_int_equal (evict_check (ev), 0);
 
   /* A slot removed and re-inserted many times is in the ring once. */
@@ -656,8 +649,7 @@ test_s3fifo_ring_zombies (void **state)
   }
   evict_insert (ev, 7);
   assert_int_equal (evict_check (ev), 0);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 7);
-  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
+  VICTIMS (ev, 7, EVICT_NONE);
   evict_free (ev);
 }
 
@@ -671,21 +663,17 @@ take_not_01 (void *opaque, uint32_t slot)
 static void
 test_s3fifo_refused (void **state)
 {
-  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 10);
+  struct evict *ev = victims_new_full (EVICT_S3FIFO, 10);
 
-  for (uint32_t s = 0; s < 10; ++s)
-    evict_insert (ev, s);
   /* 0 and 1 (dirty) are passed over; S is now 3..9 0 1. */
   assert_int_equal (evict_victim (ev, take_not_01, NULL), 2);
   assert_int_equal (evict_slot_hint (ev, 0), 0);
   assert_int_equal (evict_check (ev), 0);
-  for (uint32_t s = 3; s < 10; ++s)
-    assert_int_equal (evict_victim (ev, take_all, NULL), s);
+  victims_expect_run (ev, 3, 7);
   /* Only 0 and 1 left, both refused: none, and nothing changed. */
   assert_int_equal (evict_victim (ev, take_not_01, NULL), EVICT_NONE);
   assert_int_equal (evict_resident (ev), 2);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 1);
+  VICTIMS (ev, 0, 1);
   assert_int_equal (evict_check (ev), 0);
 
   /* In M, the hand passes a refused slot and takes the next one. */
@@ -713,17 +701,10 @@ take_below_10 (void *opaque, uint32_t slot)
 static void
 test_s3fifo_fill_spares_main (void **state)
 {
-  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 20);
+  /* Promotes 0..9 to M and takes 10: S is 11..19, over its target. */
+  struct evict *ev = s3fifo_hot (20, 10);
   uint32_t v;
 
-  for (uint32_t s = 0; s < 20; ++s)
-    evict_insert (ev, s);
-  for (uint32_t s = 0; s < 10; ++s) {
-    evict_touch (ev, s);
-    evict_touch (ev, s);
-  }
-  /* Promotes 0..9 to M and takes 10: S is 11..19, over its target. */
-  assert_int_equal (evict_victim (ev, take_all, NULL), 10);
   /* S all busy: a fill gets nothing, and nothing changed. */
   assert_int_equal (evict_victim_fill (ev, take_below_10, NULL), EVICT_NONE);
   assert_int_equal (evict_resident (ev), 19);
@@ -731,7 +712,7 @@ test_s3fifo_fill_spares_main (void **state)
   for (uint32_t s = 0; s < 10; ++s)    /* still there, and hot */
     assert_true (evict_slot_hint (ev, s) >= 1);
   /* A fill that may take from S does. */
-  v = evict_victim_fill (ev, take_all, NULL);
+  v = evict_victim_fill (ev, victims_take_all, NULL);
   assert_true (v >= 11 && v < 20);
   evict_insert (ev, v);
   /* A write's victim comes from M when S is all busy. */
@@ -741,9 +722,7 @@ test_s3fifo_fill_spares_main (void **state)
   evict_free (ev);
 
   /* CLOCK: a fill is an ordinary victim. */
-  ev = evict_new_policy (EVICT_CLOCK, 4);
-  for (uint32_t s = 0; s < 4; ++s)
-    evict_insert (ev, s);
+  ev = victims_new_full (EVICT_CLOCK, 4);
   assert_int_equal (evict_victim_fill (ev, take_below_10, NULL), 0);
   evict_free (ev);
 }
@@ -792,11 +771,7 @@ test_s3fifo_random_invariants (void **state)
       switch (random () % 10) {
       case 0: case 1: case 2:
         if (!m.resident[s]) {
-          switch (random () % 3) {
-          case 0: evict_insert (ev, s); break;
-          case 1: evict_insert_page (ev, s, random () % (2 * n + 1)); break;
-          default: evict_insert_hint (ev, s, random () % 4);
-          }
+          insert_any (ev, s, 2 * n + 1);
           m.resident[s] = true;
           nres++;
           nclean += !m.dirty[s];
@@ -893,16 +868,14 @@ test_hints (void **state)
    */
   const uint32_t n = 10;
   uint8_t saved[10];
-  ev = evict_new_policy (EVICT_S3FIFO, n);
-  for (uint32_t s = 0; s < n; ++s)
-    evict_insert (ev, s);
+  ev = victims_new_full (EVICT_S3FIFO, n);
   for (uint32_t s = 0; s < n; s += 2) {   /* even slots hot */
     evict_touch (ev, s);
     evict_touch (ev, s);
   }
-  assert_int_equal (evict_victim (ev, take_all, NULL), 1);  /* promotes 0 */
+  VICTIMS (ev, 1);                      /* promotes 0 */
   evict_insert (ev, 1);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 3);  /* promotes 2 */
+  VICTIMS (ev, 3);                      /* promotes 2 */
   evict_insert (ev, 3);
   for (uint32_t s = 0; s < n; ++s)
     saved[s] = evict_slot_hint (ev, s);
@@ -918,9 +891,7 @@ test_hints (void **state)
   /* S (slot order): 1 3 4 5 6 7 8 9; 4 6 8 re-used -> promoted.  Then
    * M: 0 2 4 6 8.
    */
-  const uint32_t expect[10] = { 1, 3, 5, 7, 9, 0, 2, 4, 6, 8 };
-  for (uint32_t i = 0; i < n; ++i)
-    assert_int_equal (evict_victim (ev, take_all, NULL), expect[i]);
+  VICTIMS (ev, 1, 3, 5, 7, 9, 0, 2, 4, 6, 8);
   evict_free (ev);
 
   /* Hints given to a resident slot count as a touch. */
@@ -939,22 +910,15 @@ test_hints (void **state)
 static void
 test_zombies (void **state)
 {
-  struct evict *ev = evict_new_policy (EVICT_S3FIFO, 6);
+  struct evict *ev = victims_new_full (EVICT_S3FIFO, 6);
 
-  for (uint32_t s = 0; s < 6; ++s)
-    evict_insert (ev, s);
   evict_remove (ev, 2);
   evict_remove (ev, 4);
   assert_int_equal (evict_resident (ev), 4);
   evict_insert (ev, 4);                 /* back, keeps its place */
   assert_int_equal (evict_resident (ev), 5);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 1);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 3);  /* 2 dropped */
-  assert_int_equal (evict_victim (ev, take_all, NULL), 4);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 5);
-  assert_int_equal (evict_victim (ev, take_all, NULL), EVICT_NONE);
-  assert_int_equal (evict_victim (ev, take_none, NULL), EVICT_NONE);
+  VICTIMS (ev, 0, 1, 3, 4, 5, EVICT_NONE);      /* 2 dropped */
+  assert_int_equal (evict_victim (ev, victims_take_none, NULL), EVICT_NONE);
 
   /* A zombie in S coming back for M (a hint) moves to M. */
   for (uint32_t s = 0; s < 6; ++s)
@@ -962,9 +926,8 @@ test_zombies (void **state)
   evict_remove (ev, 0);
   evict_insert_hint (ev, 0, 3);
   assert_int_equal (evict_slot_hint (ev, 0), 3);
-  for (uint32_t i = 1; i < 6; ++i)
-    assert_int_equal (evict_victim (ev, take_all, NULL), i);
-  assert_int_equal (evict_victim (ev, take_all, NULL), 0);
+  victims_expect_run (ev, 1, 5);
+  VICTIMS (ev, 0);
   assert_int_equal (evict_resident (ev), 0);
   evict_free (ev);
 }

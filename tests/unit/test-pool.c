@@ -49,11 +49,9 @@
 
 #include "defer.h"
 #include "layout.h"
+#include "log-stderr.h"
 #include "pool.h"
 #include "testfile.h"
-
-extern void log_errors_forget (void);
-extern int log_errors_contain (const char *text);
 
 /* -- the C library, watched --------------------------------------------- */
 
@@ -728,6 +726,24 @@ test_defer_drain (void **state)
   pool_close (&p);
 }
 
+/* After a failed queued write: a read of slot fails with EIO, and so
+ * do every later write (queued or not) and a sync.
+ */
+static void
+defer_all_fail (struct defer *d, struct pool *p, uint32_t slot)
+{
+  uint8_t buf[1024];
+
+  fill_bytes (buf, sizeof buf, 9);
+  errno = 0;
+  assert_int_equal (defer_read_data (d, p, slot, buf, sizeof buf, 0), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (defer_write_data (d, p, 100, buf, sizeof buf, 0), -1);
+  assert_int_equal (defer_write_data_later (d, p, 100, buf, sizeof buf, 0),
+                    -1);
+  assert_int_equal (defer_sync (d, p), -1);
+}
+
 /* A queued write that fails: reported once, and from then on every
  * slot read and write through the pool fails with EIO, after
  * defer_stop too (the stale data under the failed write must never be
@@ -753,24 +769,14 @@ test_defer_error (void **state)
   atomic_store (&fail_fd, -1);         /* the device is back: too late */
   assert_int_equal (atomic_load (&defer_errors), 1);
   assert_int_equal (atomic_load (&defer_error_slot), 8);
-  errno = 0;
-  assert_int_equal (defer_read_data (&d, &p, 100, buf, sizeof buf, 0), -1);
-  assert_int_equal (errno, EIO);
-  assert_int_equal (defer_write_data (&d, &p, 100, buf, sizeof buf, 0), -1);
-  assert_int_equal (defer_write_data_later (&d, &p, 100, buf, sizeof buf, 0), -1);
-  assert_int_equal (defer_sync (&d, &p), -1);
+  defer_all_fail (&d, &p, 100);
   defer_stop (&d);
   assert_int_equal (atomic_load (&defer_errors), 1);
   /* Stopped (at close) it still fails: sealing slot 8 from its older
    * bytes would make them verify at the next start.  The pool itself
    * works.
    */
-  errno = 0;
-  assert_int_equal (defer_read_data (&d, &p, 8, buf, sizeof buf, 0), -1);
-  assert_int_equal (errno, EIO);
-  assert_int_equal (defer_write_data (&d, &p, 100, buf, sizeof buf, 0), -1);
-  assert_int_equal (defer_write_data_later (&d, &p, 100, buf, sizeof buf, 0), -1);
-  assert_int_equal (defer_sync (&d, &p), -1);
+  defer_all_fail (&d, &p, 8);
   assert_int_equal (pool_read_data (&p, 8, buf, sizeof buf, 0), 0);
   pool_close (&p);
 }
@@ -898,30 +904,18 @@ main (void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_split_span),
-    cmocka_unit_test_setup_teardown (test_direct_flag,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_direct_data,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_direct_entries_concurrent,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_direct_refused,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_contents,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_contents_direct,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_private,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_defer_order,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_defer_drain,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_defer_error,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_defer_threads,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_defer_threads_direct,
-                                     testfile_setup, testfile_teardown),
+    TESTFILE_TEST (test_direct_flag),
+    TESTFILE_TEST (test_direct_data),
+    TESTFILE_TEST (test_direct_entries_concurrent),
+    TESTFILE_TEST (test_direct_refused),
+    TESTFILE_TEST (test_contents),
+    TESTFILE_TEST (test_contents_direct),
+    TESTFILE_TEST (test_private),
+    TESTFILE_TEST (test_defer_order),
+    TESTFILE_TEST (test_defer_drain),
+    TESTFILE_TEST (test_defer_error),
+    TESTFILE_TEST (test_defer_threads),
+    TESTFILE_TEST (test_defer_threads_direct),
   };
 
   testfile_name = "pool";

@@ -31,8 +31,6 @@
 #include "stats.h"
 #include "testfile.h"
 
-extern char log_error_last[512];
-
 #define K 1024u
 #define M (1024u * 1024u)
 
@@ -369,7 +367,6 @@ test_unread_and_cancel (void **state)
  */
 
 #define EPS 4096u                /* engine tests: 4K pages */
-#define ST(c, f) STATS_GET (cache_stats (c), f)
 
 static struct cache *
 engine_open (uint64_t cache_size, uint64_t backend_size,
@@ -384,11 +381,7 @@ engine_open (uint64_t cache_size, uint64_t backend_size,
   cfg.readahead_mode = readahead_mode;
   cfg.readahead_window = window;
   cfg.readahead_max = max;
-  struct cache *c = cache_open (&cfg);
-
-  if (c == NULL || cache_attach (c, backend_size) != 0)
-    fail_msg ("cache open/attach failed: %s", log_error_last);
-  return c;
+  return testfile_open_attach (&cfg, backend_size);
 }
 
 static void
@@ -408,6 +401,52 @@ engine_read (struct cache *c, struct rambackend *rb, struct prefetch_conn *pc,
   free (exp);
 }
 
+/* The engine of an engine test with its prefetch thread running: c,
+ * rb for the client and prb (the same data) for the prefetch thread,
+ * and a client connection.
+ */
+struct ra_engine {
+  struct rambackend rb, prb;
+  struct cache *c;
+  struct prefetch_conn *pc;
+};
+
+/* e over c (from engine_open), with backends of size bytes from seed. */
+static void
+ra_engine_start (struct ra_engine *e, struct cache *c, uint64_t size,
+                 unsigned seed)
+{
+  rambackend_init (&e->rb, size, seed);
+  rambackend_init (&e->prb, size, seed);
+  e->c = c;
+  assert_int_equal (prefetch_start (c, &e->prb.be), 0);
+  e->pc = prefetch_conn_new (c);
+  assert_non_null (e->pc);
+}
+
+static void
+ra_engine_stop (struct ra_engine *e)
+{
+  prefetch_conn_free (e->pc);
+  prefetch_stop (e->c);
+  cache_close (e->c);
+  rambackend_free (&e->rb);
+  rambackend_free (&e->prb);
+}
+
+/* The client reads [start, end) sequentially, len bytes at a time, and
+ * waits for each read's prefetch.
+ */
+static void
+ra_engine_scan (struct ra_engine *e, uint64_t start, uint64_t end,
+                uint32_t len)
+{
+  for (uint64_t off = start; off < end; off += len) {
+    engine_read (e->c, &e->rb, e->pc, off, len);
+    prefetch_drain (e->c);
+  }
+}
+
 /* A sequential read with readahead on: right data, far fewer backend
  * requests than reads, each byte read from the backend once, and the
  * prefetched pages are the ones the client then reads.
@@ -416,37 +455,21 @@ static void
 test_engine_sequential (void **state)
 {
   const uint64_t size = 8 * M;
-  struct rambackend rb, prb;
-  struct cache *c;
-  struct prefetch_conn *pc;
+  struct ra_engine e;
 
-  rambackend_init (&rb, size, 7);
-  c = engine_open (16 * M, size, LAYOUT_MODE_WRITETHROUGH, READAHEAD_AUTO,
-                   0, 1 * M);
   /* The prefetch thread reads through its own backend: same data. */
-  rambackend_init (&prb, size, 7);
-  assert_int_equal (prefetch_start (c, &prb.be), 0);
-  pc = prefetch_conn_new (c);
-  assert_non_null (pc);
-
-  for (uint64_t off = 0; off < size; off += 16 * K) {
-    engine_read (c, &rb, pc, off, 16 * K);
-    prefetch_drain (c);
-  }
+  ra_engine_start (&e, engine_open (16 * M, size, LAYOUT_MODE_WRITETHROUGH,
+                                    READAHEAD_AUTO, 0, 1 * M), size, 7);
+  ra_engine_scan (&e, 0, size, 16 * K);
   /* The client itself read only the first few blocks. */
-  assert_true (atomic_load (&rb.reads) <= 4);
-  assert_true (atomic_load (&prb.reads) <= 40);
-  assert_int_equal (atomic_load (&rb.bytes_read) +
-                    atomic_load (&prb.bytes_read), size);
-  assert_true (ST (c, prefetch_pages) >= size / EPS - 16);
-  assert_int_equal (ST (c, prefetch_hits), ST (c, prefetch_pages));
-  assert_int_equal (ST (c, prefetch_wasted), 0);
-
-  prefetch_conn_free (pc);
-  prefetch_stop (c);
-  cache_close (c);
-  rambackend_free (&rb);
-  rambackend_free (&prb);
+  assert_true (atomic_load (&e.rb.reads) <= 4);
+  assert_true (atomic_load (&e.prb.reads) <= 40);
+  assert_int_equal (atomic_load (&e.rb.bytes_read) +
+                    atomic_load (&e.prb.bytes_read), size);
+  assert_true (ST (e.c, prefetch_pages) >= size / EPS - 16);
+  assert_int_equal (ST (e.c, prefetch_hits), ST (e.c, prefetch_pages));
+  assert_int_equal (ST (e.c, prefetch_wasted), 0);
+  ra_engine_stop (&e);
 }
 
 /* Pages already cached are never prefetched: half the file cached in
@@ -457,37 +480,23 @@ static void
 test_engine_skips_cached (void **state)
 {
   const uint64_t size = 4 * M;
-  struct rambackend rb, prb;
-  struct cache *c;
-  struct prefetch_conn *pc;
+  struct ra_engine e;
   int err;
 
-  rambackend_init (&rb, size, 9);
-  rambackend_init (&prb, size, 9);
-  c = engine_open (16 * M, size, LAYOUT_MODE_WRITETHROUGH, READAHEAD_FIXED,
-                   256 * K, 0);
-  assert_int_equal (prefetch_start (c, &prb.be), 0);
-  pc = prefetch_conn_new (c);
-  assert_non_null (pc);
+  ra_engine_start (&e, engine_open (16 * M, size, LAYOUT_MODE_WRITETHROUGH,
+                                    READAHEAD_FIXED, 256 * K, 0), size, 9);
   for (uint64_t off = 0; off < size; off += 64 * K)
-    assert_int_equal (cache_preload (c, &rb.be, 32 * K, off, &err), 0);
-  rambackend_reset_counters (&rb);
+    assert_int_equal (cache_preload (e.c, &e.rb.be, 32 * K, off, &err), 0);
+  rambackend_reset_counters (&e.rb);
 
-  for (uint64_t off = 0; off < size; off += 8 * K) {
-    engine_read (c, &rb, pc, off, 8 * K);
-    prefetch_drain (c);
-  }
-  assert_int_equal (atomic_load (&rb.bytes_read) +
-                    atomic_load (&prb.bytes_read), size / 2);
+  ra_engine_scan (&e, 0, size, 8 * K);
+  assert_int_equal (atomic_load (&e.rb.bytes_read) +
+                    atomic_load (&e.prb.bytes_read), size / 2);
   /* About one backend request per uncached stripe (a prefetch range
    * may cut a stripe in two).
    */
-  assert_true (atomic_load (&prb.reads) <= 2 * size / (64 * K));
-  prefetch_conn_free (pc);
-  prefetch_stop (c);
-  cache_close (c);
-  rambackend_free (&rb);
-  rambackend_free (&prb);
+  assert_true (atomic_load (&e.prb.reads) <= 2 * size / (64 * K));
+  ra_engine_stop (&e);
 }
 
 /* A cache full of dirty data (writeback): readahead stores nothing,
@@ -497,46 +506,30 @@ static void
 test_engine_never_evicts_dirty (void **state)
 {
   const uint64_t size = 8 * M, csize = 1 * M;
-  struct rambackend rb, prb;
-  struct cache *c;
-  struct prefetch_conn *pc;
-  uint8_t *buf = malloc (csize);
+  struct ra_engine e;
+  uint8_t *buf = malloc (csize), *got = malloc (csize);
   int err = 0;
 
   assert_non_null (buf);
-  rambackend_init (&rb, size, 11);
-  rambackend_init (&prb, size, 11);
-  c = engine_open (csize, size, LAYOUT_MODE_WRITEBACK, READAHEAD_AUTO, 0,
-                   256 * K);
-  assert_int_equal (prefetch_start (c, &prb.be), 0);
-  pc = prefetch_conn_new (c);
-  assert_non_null (pc);
+  assert_non_null (got);
+  ra_engine_start (&e, engine_open (csize, size, LAYOUT_MODE_WRITEBACK,
+                                    READAHEAD_AUTO, 0, 256 * K), size, 11);
   memset (buf, 0x5a, csize);
-  assert_int_equal (cache_write (c, &rb.be, buf, csize, 0, false, &err), 0);
-  assert_int_equal (cache_dirty_pages (c), csize / EPS);
+  assert_int_equal (cache_write (e.c, &e.rb.be, buf, csize, 0, false, &err),
+                    0);
+  assert_int_equal (cache_dirty_pages (e.c), csize / EPS);
 
-  for (uint64_t off = csize; off < size; off += 16 * K) {
-    engine_read (c, &rb, pc, off, 16 * K);
-    prefetch_drain (c);
-  }
-  assert_int_equal (cache_dirty_pages (c), csize / EPS);
-  assert_int_equal (ST (c, evictions), 0);
-  assert_int_equal (ST (c, prefetch_pages), 0);
+  ra_engine_scan (&e, csize, size, 16 * K);
+  assert_int_equal (cache_dirty_pages (e.c), csize / EPS);
+  assert_int_equal (ST (e.c, evictions), 0);
+  assert_int_equal (ST (e.c, prefetch_pages), 0);
   /* The dirty data reads back. */
-  {
-    uint8_t *got = malloc (csize);
-    assert_non_null (got);
-    assert_int_equal (cache_read (c, &rb.be, got, csize, 0, &err), 0);
-    assert_memory_equal (got, buf, csize);
-    free (got);
-  }
-  prefetch_conn_free (pc);
-  prefetch_stop (c);
-  cache_writeback_all (c, &rb.be, &err);
-  cache_close (c);
-  rambackend_free (&rb);
-  rambackend_free (&prb);
+  assert_int_equal (cache_read (e.c, &e.rb.be, got, csize, 0, &err), 0);
+  assert_memory_equal (got, buf, csize);
+  cache_writeback_all (e.c, &e.rb.be, &err);
+  ra_engine_stop (&e);
   free (buf);
+  free (got);
 }
 
 /* Readahead off: no state, nothing prefetched. */
@@ -571,14 +564,10 @@ main (void)
     cmocka_unit_test (test_reread),
     cmocka_unit_test (test_random),
     cmocka_unit_test (test_unread_and_cancel),
-    cmocka_unit_test_setup_teardown (test_engine_sequential,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_engine_skips_cached,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_engine_never_evicts_dirty,
-                                     testfile_setup, testfile_teardown),
-    cmocka_unit_test_setup_teardown (test_engine_off,
-                                     testfile_setup, testfile_teardown),
+    TESTFILE_TEST (test_engine_sequential),
+    TESTFILE_TEST (test_engine_skips_cached),
+    TESTFILE_TEST (test_engine_never_evicts_dirty),
+    TESTFILE_TEST (test_engine_off),
   };
 
   testfile_name = "test-readahead";

@@ -29,12 +29,9 @@
 #include "testfile.h"
 #include "verify.h"
 
-extern char log_error_last[512];
-
 #define PS 4096u
 #define SS 512u
 #define NPAGES 16u
-#define ST(c, f) STATS_GET (cache_stats (c), f)
 
 static void
 test_stale_sectors (void **state)
@@ -85,14 +82,13 @@ verify_config (enum layout_mode mode, bool verify)
   return cfg;
 }
 
+/* The cache, opened with verify_config (mode, verify). */
 static struct cache *
-open_attach (const struct cache_config *cfg)
+verify_open (enum layout_mode mode, bool verify)
 {
-  struct cache *c = cache_open (cfg);
+  struct cache_config cfg = verify_config (mode, verify);
 
-  if (c == NULL || cache_attach (c, NPAGES * PS) != 0)
-    fail_msg ("cannot open the cache: %s", log_error_last);
-  return c;
+  return testfile_open_attach (&cfg, NPAGES * PS);
 }
 
 static void
@@ -126,20 +122,14 @@ test_clean_pages (void **state)
 
   rambackend_init (&rb, NPAGES * PS, 5);
   rambackend_peek (&rb, old, NPAGES * PS, 0);
-  {
-    struct cache_config cfg = verify_config (LAYOUT_MODE_WRITETHROUGH, false);
-    c = open_attach (&cfg);
-  }
+  c = verify_open (LAYOUT_MODE_WRITETHROUGH, false);
   read_all (c, &rb, got);
   cache_close (c);
   edit_backend (&rb);
   rambackend_peek (&rb, now, NPAGES * PS, 0);
 
   /* Off: the old copies are served (the documented behaviour). */
-  {
-    struct cache_config cfg = verify_config (LAYOUT_MODE_WRITETHROUGH, false);
-    c = open_attach (&cfg);
-  }
+  c = verify_open (LAYOUT_MODE_WRITETHROUGH, false);
   rambackend_reset_counters (&rb);
   read_all (c, &rb, got);
   assert_memory_equal (got, old, NPAGES * PS);
@@ -147,10 +137,7 @@ test_clean_pages (void **state)
   cache_close (c);
 
   /* Lazy: every page checked once, the two edited ones replaced. */
-  {
-    struct cache_config cfg = verify_config (LAYOUT_MODE_WRITETHROUGH, true);
-    c = open_attach (&cfg);
-  }
+  c = verify_open (LAYOUT_MODE_WRITETHROUGH, true);
   rambackend_reset_counters (&rb);
   read_all (c, &rb, got);
   assert_memory_equal (got, now, NPAGES * PS);
@@ -176,13 +163,12 @@ test_dirty_page (void **state)
 {
   struct rambackend rb;
   struct cache *c;
-  struct cache_config cfg = verify_config (LAYOUT_MODE_WRITEBACK, false);
   uint8_t *got = malloc (NPAGES * PS), *exp = malloc (NPAGES * PS);
   uint8_t mine[SS], edit[PS];
   int err;
 
   rambackend_init (&rb, NPAGES * PS, 6);
-  c = open_attach (&cfg);
+  c = verify_open (LAYOUT_MODE_WRITEBACK, false);
   read_all (c, &rb, got);
   memset (mine, 0xd1, SS);
   assert_int_equal (cache_write (c, &rb.be, mine, SS, 3 * PS + SS, false,
@@ -197,8 +183,7 @@ test_dirty_page (void **state)
   rambackend_peek (&rb, exp, NPAGES * PS, 0);
   memcpy (exp + 3 * PS + SS, mine, SS);
 
-  cfg.verify = true;
-  c = open_attach (&cfg);
+  c = verify_open (LAYOUT_MODE_WRITEBACK, true);
   read_all (c, &rb, got);
   assert_memory_equal (got, exp, NPAGES * PS);
   assert_int_equal (ST (c, verify_mismatches), 1);
@@ -212,8 +197,7 @@ test_dirty_page (void **state)
   /* And the entry was rewritten: a start without verification serves
    * the backend's new data for those sectors, not the stale copy.
    */
-  cfg.verify = false;
-  c = open_attach (&cfg);
+  c = verify_open (LAYOUT_MODE_WRITEBACK, false);
   read_all (c, &rb, got);
   assert_memory_equal (got, exp, NPAGES * PS);
   cache_close (c);
@@ -225,12 +209,10 @@ test_dirty_page (void **state)
 int
 main (void)
 {
-#define T(f) cmocka_unit_test_setup_teardown (f, testfile_setup, \
-                                              testfile_teardown)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_stale_sectors),
-    T (test_clean_pages),
-    T (test_dirty_page),
+    TESTFILE_TEST (test_clean_pages),
+    TESTFILE_TEST (test_dirty_page),
   };
 
   testfile_name = "test-verify";

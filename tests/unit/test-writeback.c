@@ -13,7 +13,8 @@
  *
  * The backend seen by the engine is a thin wrapper over the RAM backend
  * (struct tbe, tests/unit/fixture.h) that adds a counted flush and
- * persistent write / flush failures.
+ * persistent write / flush failures; most tests hold it with the RAM
+ * backend and a model of the export (struct tenv).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -43,16 +44,13 @@
 #include "rambackend.h"
 #include "stats.h"
 #include "fixture.h"
+#include "log-stderr.h"
 #include "testfile.h"
 #include "writeback.h"
 #include "cache-int.h"             /* test_wb_flush_backend_hot */
 
-extern int log_error_count;
-extern char log_error_last[512];
-
 #define PS 4096u                  /* page size of most tests */
 #define SS 512u                   /* its sector size */
-#define ST(c, f) STATS_GET (cache_stats (c), f)
 
 static uint64_t
 cache_now_ms_for_tests (void)
@@ -63,13 +61,6 @@ cache_now_ms_for_tests (void)
   return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* The temporary cache file and the watchdog: tests/unit/testfile.h. */
-#define cache_path testfile_path
-#define setup_file testfile_setup
-#define teardown_file testfile_teardown
-#define read_file_sb testfile_read_sb
-#define open_attach testfile_open_attach
-
 /*----------------------------------------------------------------------
  * 1. Basics: writes stay in the cache until written back.
  */
@@ -78,80 +69,73 @@ static void
 test_wb_basics (void **state)
 {
   const uint64_t size = 64 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
   struct cache *c;
   struct layout_sb sb;
-  uint8_t *model, *orig;
+  uint8_t *orig;
   int err = 0;
 
-  rambackend_init (&rb, size, 1);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  orig = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 1);
+  orig = model_new (&env.rb);
   assert_int_equal (cache_mode (c), LAYOUT_MODE_WRITEBACK);
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   assert_int_equal (sb.mode, LAYOUT_MODE_WRITEBACK);
   assert_true (sb.flags & LAYOUT_SB_DIRTY);
 
-  mwrite (c, &t.be, model, 0, PS, 1);                   /* page 0 whole */
-  mwrite (c, &t.be, model, 5 * PS + 100, 3000, 2);      /* page 5 sectors 0-6 */
-  mwrite (c, &t.be, model, 10 * PS + 512, 3 * PS, 3);   /* pages 10-13 */
-  assert_int_equal (rb.writes, 0);
-  assert_int_equal (t.flushes, 0);
-  backend_check (&rb, orig, PS);
+  tenv_write (&env, c, 0, PS, 1);                   /* page 0 whole */
+  tenv_write (&env, c, 5 * PS + 100, 3000, 2);      /* page 5 sectors 0-6 */
+  tenv_write (&env, c, 10 * PS + 512, 3 * PS, 3);   /* pages 10-13 */
+  assert_int_equal (env.rb.writes, 0);
+  assert_int_equal (env.t.flushes, 0);
+  backend_check (&env.rb, orig, PS);
   assert_int_equal (cache_dirty_pages (c), 6);
   assert_int_equal (ST (c, write_through_full), 0);
 
   /* Reads see the new data; reading everything (64 pages through 16
    * slots) evicts clean pages but never the dirty ones.
    */
-  mread_check (c, &t.be, model, 5 * PS, PS);
-  mread_all_check (c, &t.be, model, size, 3 * PS + 11);
-  mread_all_check (c, &t.be, model, size, 5000);
+  tenv_read_check (&env, c, 5 * PS, PS);
+  tenv_read_all_check (&env, c, 3 * PS + 11);
+  tenv_read_all_check (&env, c, 5000);
   assert_true (ST (c, evictions) > 0);
   assert_int_equal (cache_dirty_pages (c), 6);
-  assert_int_equal (rb.writes, 0);
-  backend_check (&rb, orig, PS);
+  assert_int_equal (env.rb.writes, 0);
+  backend_check (&env.rb, orig, PS);
 
   /* Write back: the backend gets exactly the dirty sectors, adjacent
    * pages coalesced into one request, then a flush.
    */
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
+  tenv_writeback_check (&env, c);
   assert_int_equal (cache_dirty_pages (c), 0);
-  assert_true (t.flushes >= 1);
-  assert_true (t.last_flush_ev > t.last_write_ev);
+  assert_true (env.t.flushes >= 1);
+  assert_true (env.t.last_flush_ev > env.t.last_write_ev);
   assert_int_equal (ST (c, pages_written_back), 6);
   /* 4096 + 7*512 (page 5) + 7*512 + 2*4096 + 512 (pages 10-13) */
   assert_int_equal (ST (c, bytes_written_back), 4096 + 3584 + 3584 + 8192 + 512);
-  assert_int_equal (rb.bytes_written, 4096 + 3584 + 3584 + 8192 + 512);
-  assert_int_equal (rb.writes, 3);
-  assert_int_equal (rb.out_of_range, 0);
+  assert_int_equal (env.rb.bytes_written, 4096 + 3584 + 3584 + 8192 + 512);
+  assert_int_equal (env.rb.writes, 3);
+  assert_int_equal (env.rb.out_of_range, 0);
 
   /* Nothing left: another pass writes nothing. */
-  rambackend_reset_counters (&rb);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  assert_int_equal (rb.writes, 0);
-  mread_all_check (c, &t.be, model, size, 4 * PS);
+  rambackend_reset_counters (&env.rb);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
+  assert_int_equal (env.rb.writes, 0);
+  tenv_read_all_check (&env, c, 4 * PS);
 
   /* Cached copies are clean now, still served from the cache. */
-  rambackend_reset_counters (&rb);
-  mread_check (c, &t.be, model, 10 * PS, 4 * PS);
+  rambackend_reset_counters (&env.rb);
+  tenv_read_check (&env, c, 10 * PS, 4 * PS);
   cache_close (c);
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   assert_true (sb.flags & LAYOUT_SB_CLEAN);
   assert_false (sb.flags & LAYOUT_SB_DIRTY);
 
   /* Reopened: nothing dirty. */
-  c = open_attach (&cfg, size);
+  c = testfile_open_attach (&cfg, size);
   assert_int_equal (cache_dirty_pages (c), 0);
-  mread_all_check (c, &t.be, model, size, 8 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_read_all_check (&env, c, 8 * PS);
+  tenv_close (&env, c);
   free (orig);
 }
 
@@ -165,56 +149,50 @@ test_wb_subpage (void **state)
 {
   const uint32_t ps = 65536, ss = 512;
   const uint64_t size = 16ULL * ps;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (8ULL * ps, ps);
   struct cache *c;
-  uint8_t *model;
   int err = 0;
 
-  rambackend_init (&rb, size, 2);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 2);
   assert_int_equal (cache_page_size (c), ps);
 
   /* 1 KiB, sector aligned, into an uncached page: no backend read. */
-  mwrite (c, &t.be, model, 3 * ps + 5 * ss, 1024, 1);
-  assert_int_equal (rb.reads, 0);
+  tenv_write (&env, c, 3 * ps + 5 * ss, 1024, 1);
+  assert_int_equal (env.rb.reads, 0);
   /* Several sectors, aligned. */
-  mwrite (c, &t.be, model, 6 * ps + 64 * ss, 8 * ss, 2);
-  assert_int_equal (rb.reads, 0);
+  tenv_write (&env, c, 6 * ps + 64 * ss, 8 * ss, 2);
+  assert_int_equal (env.rb.reads, 0);
   /* Sub-page write into a page with those sectors valid: no read. */
-  mwrite (c, &t.be, model, 3 * ps + 5 * ss + 50, 100, 3);
-  assert_int_equal (rb.reads, 0);
-  assert_int_equal (rb.bytes_read, 0);
+  tenv_write (&env, c, 3 * ps + 5 * ss + 50, 100, 3);
+  assert_int_equal (env.rb.reads, 0);
+  assert_int_equal (env.rb.bytes_read, 0);
 
   /* Unaligned at both ends: only the two edge sectors are read. */
-  mwrite (c, &t.be, model, 4 * ps + 2 * ss + 100, 1000, 4);
-  assert_int_equal (rb.bytes_read, 2 * ss);
-  assert_int_equal (rb.reads, 2);
+  tenv_write (&env, c, 4 * ps + 2 * ss + 100, 1000, 4);
+  assert_int_equal (env.rb.bytes_read, 2 * ss);
+  assert_int_equal (env.rb.reads, 2);
   /* Inside one sector: that sector only. */
-  mwrite (c, &t.be, model, 5 * ps + 7000, 10, 5);
-  assert_int_equal (rb.bytes_read, 3 * ss);
-  assert_int_equal (rb.reads, 3);
+  tenv_write (&env, c, 5 * ps + 7000, 10, 5);
+  assert_int_equal (env.rb.bytes_read, 3 * ss);
+  assert_int_equal (env.rb.reads, 3);
   /* The last sector of a page, partly. */
-  mwrite (c, &t.be, model, 7 * ps + ps - 300, 200, 6);
-  assert_int_equal (rb.bytes_read, 4 * ss);
-  assert_int_equal (rb.writes, 0);
+  tenv_write (&env, c, 7 * ps + ps - 300, 200, 6);
+  assert_int_equal (env.rb.bytes_read, 4 * ss);
+  assert_int_equal (env.rb.writes, 0);
   assert_int_equal (cache_dirty_pages (c), 5);
 
   /* Served right: pieces inside the written sectors are hits. */
-  rambackend_reset_counters (&rb);
-  mread_check (c, &t.be, model, 3 * ps + 5 * ss, 1024);
-  mread_check (c, &t.be, model, 4 * ps + 2 * ss, 3 * ss);
-  mread_check (c, &t.be, model, 5 * ps + 13 * ss, ss);
-  assert_int_equal (rb.reads, 0);
+  rambackend_reset_counters (&env.rb);
+  tenv_read_check (&env, c, 3 * ps + 5 * ss, 1024);
+  tenv_read_check (&env, c, 4 * ps + 2 * ss, 3 * ss);
+  tenv_read_check (&env, c, 5 * ps + 13 * ss, ss);
+  assert_int_equal (env.rb.reads, 0);
 
   /* Write back partly valid pages: only dirty sectors reach the
    * backend, never the zeroes standing for invalid sectors.
    */
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, ps);
+  tenv_writeback_check (&env, c);
   assert_int_equal (ST (c, bytes_written_back),
                     1024 + 8 * ss + 3 * ss + ss + ss);
   assert_int_equal (cache_dirty_pages (c), 0);
@@ -223,38 +201,36 @@ test_wb_subpage (void **state)
    * fresh ones, then whole-page reads: backend data merged with the
    * cached dirty sectors.
    */
-  rambackend_poke (&rb, "BACKEND-ONLY", 12, 3 * ps + 40000);   /* not cached */
-  memcpy (model + 3 * ps + 40000, "BACKEND-ONLY", 12);
-  mwrite (c, &t.be, model, 3 * ps + 20 * ss, 2 * ss, 7);
-  mwrite (c, &t.be, model, 9 * ps + 100 * ss, ss, 8);
-  mwrite (c, &t.be, model, 10 * ps + 3, 5, 9);
-  rambackend_reset_counters (&rb);
-  mread_check (c, &t.be, model, 3 * ps, ps);
-  mread_check (c, &t.be, model, 9 * ps, ps);
-  mread_check (c, &t.be, model, 9 * ps + 100 * ss - 7, 20);
-  mread_check (c, &t.be, model, 2 * ps, 10 * ps);
-  assert_int_equal (rb.writes, 0);
+  rambackend_poke (&env.rb, "BACKEND-ONLY", 12, 3 * ps + 40000); /* uncached */
+  memcpy (env.model + 3 * ps + 40000, "BACKEND-ONLY", 12);
+  tenv_write (&env, c, 3 * ps + 20 * ss, 2 * ss, 7);
+  tenv_write (&env, c, 9 * ps + 100 * ss, ss, 8);
+  tenv_write (&env, c, 10 * ps + 3, 5, 9);
+  rambackend_reset_counters (&env.rb);
+  tenv_read_check (&env, c, 3 * ps, ps);
+  tenv_read_check (&env, c, 9 * ps, ps);
+  tenv_read_check (&env, c, 9 * ps + 100 * ss - 7, 20);
+  tenv_read_check (&env, c, 2 * ps, 10 * ps);
+  assert_int_equal (env.rb.writes, 0);
   /* Completed pages are kept whole: no backend read now. */
-  rambackend_reset_counters (&rb);
-  mread_check (c, &t.be, model, 3 * ps, ps);
-  mread_check (c, &t.be, model, 9 * ps, ps);
-  assert_int_equal (rb.reads, 0);
+  rambackend_reset_counters (&env.rb);
+  tenv_read_check (&env, c, 3 * ps, ps);
+  tenv_read_check (&env, c, 9 * ps, ps);
+  assert_int_equal (env.rb.reads, 0);
   assert_int_equal (cache_dirty_pages (c), 3);
 
   /* Write back after completion: the dirty sectors, and the clean ones
    * between page 9's dirty sector and page 10's (27 sectors, under
    * WB_BRIDGE_MAX): two requests.
    */
-  rambackend_reset_counters (&rb);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  assert_int_equal (rb.bytes_written, 2 * ss + (27 + 2) * ss);
-  assert_int_equal (rb.writes, 2);
-  backend_check (&rb, model, ps);
-  mread_all_check (c, &t.be, model, size, ps);
-  assert_int_equal (rb.out_of_range, 0);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  rambackend_reset_counters (&env.rb);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
+  assert_int_equal (env.rb.bytes_written, 2 * ss + (27 + 2) * ss);
+  assert_int_equal (env.rb.writes, 2);
+  backend_check (&env.rb, env.model, ps);
+  tenv_read_all_check (&env, c, ps);
+  assert_int_equal (env.rb.out_of_range, 0);
+  tenv_close (&env, c);
 }
 
 /* Writeback joins dirty runs across valid clean sectors (the backend
@@ -266,34 +242,25 @@ test_wb_bridge (void **state)
 {
   const uint32_t ps = 65536, ss = 512;
   const uint64_t size = 16ULL * ps;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (8ULL * ps, ps);
   struct cache *c;
-  uint8_t *model;
-  int err = 0;
 
-  rambackend_init (&rb, size, 3);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
-  mread_check (c, &t.be, model, 0, 2 * ps);    /* pages 0, 1 whole */
-  mwrite (c, &t.be, model, 0, ss, 1);          /* page 0, sector 0 */
-  mwrite (c, &t.be, model, 20 * ss, ss, 2);    /* 19 clean between */
-  mwrite (c, &t.be, model, ps, ss, 3);         /* page 1, 107 between */
-  mwrite (c, &t.be, model, 4 * ps, ss, 4);     /* page 4, not cached */
-  mwrite (c, &t.be, model, 4 * ps + 2 * ss, ss, 5);
-  rambackend_reset_counters (&rb);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, ps);
+  c = tenv_open (&env, &cfg, size, 3);
+  tenv_read_check (&env, c, 0, 2 * ps);    /* pages 0, 1 whole */
+  tenv_write (&env, c, 0, ss, 1);          /* page 0, sector 0 */
+  tenv_write (&env, c, 20 * ss, ss, 2);    /* 19 clean between */
+  tenv_write (&env, c, ps, ss, 3);         /* page 1, 107 between */
+  tenv_write (&env, c, 4 * ps, ss, 4);     /* page 4, not cached */
+  tenv_write (&env, c, 4 * ps + 2 * ss, ss, 5);
+  rambackend_reset_counters (&env.rb);
+  tenv_writeback_check (&env, c);
   /* Page 0's sectors 0-20, page 1's sector 0, page 4's two sectors. */
-  assert_int_equal (rb.writes, 4);
-  assert_int_equal (rb.bytes_written, (21 + 1 + 2) * ss);
+  assert_int_equal (env.rb.writes, 4);
+  assert_int_equal (env.rb.bytes_written, (21 + 1 + 2) * ss);
   assert_int_equal (cache_dirty_pages (c), 0);
-  mread_all_check (c, &t.be, model, size, ps);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_read_all_check (&env, c, ps);
+  tenv_close (&env, c);
 }
 
 /*----------------------------------------------------------------------
@@ -304,11 +271,9 @@ static void
 test_wb_cow_durable (void **state)
 {
   const uint64_t size = 32 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (4 * PS, PS);
   struct cache *c;
-  uint8_t *model;
   uint8_t data_a[PS], data_now[PS], raw_a[LAYOUT_ENTRY_SIZE],
     raw_now[LAYOUT_ENTRY_SIZE];
   uint32_t slots[4], a, b, c10, a2;
@@ -317,26 +282,23 @@ test_wb_cow_durable (void **state)
   struct layout_entry e;
   int err = 0;
 
-  rambackend_init (&rb, size, 3);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 3);
   assert_int_equal (cache_nslots (c), 4);
 
   /* Page 3, dirty, made durable. */
-  mwrite (c, &t.be, model, 3 * PS, PS, 1);
+  tenv_write (&env, c, 3 * PS, PS, 1);
   assert_int_equal (file_slots_for (3, slots, seqs, states, 4), 1);
   a = slots[0];
   assert_int_equal (states[0], LAYOUT_DIRTY);
   assert_int_equal (cache_sync (c, &err), 0);
   file_slot_data (a, data_a);
-  assert_memory_equal (data_a, model + 3 * PS, PS);
+  assert_memory_equal (data_a, env.model + 3 * PS, PS);
   assert_int_equal (file_entry (a, &e, raw_a), 0);
 
   /* A partial write: the new version goes to another slot, with a
    * higher sequence number; the durable one is untouched.
    */
-  mwrite (c, &t.be, model, 3 * PS + 1000, 100, 2);
+  tenv_write (&env, c, 3 * PS + 1000, 100, 2);
   assert_int_equal (ST (c, cow_copies), 1);
   assert_int_equal (file_slots_for (3, slots, seqs, states, 4), 2);
   assert_int_equal (slots[0], a);
@@ -348,26 +310,26 @@ test_wb_cow_durable (void **state)
   assert_int_equal (file_entry (a, &e, raw_now), 0);
   assert_memory_equal (raw_now, raw_a, LAYOUT_ENTRY_SIZE);
   file_slot_data (b, data_now);
-  assert_memory_equal (data_now, model + 3 * PS, PS);
-  mread_check (c, &t.be, model, 3 * PS, PS);
-  mread_check (c, &t.be, model, 3 * PS + 990, 200);
+  assert_memory_equal (data_now, env.model + 3 * PS, PS);
+  tenv_read_check (&env, c, 3 * PS, PS);
+  tenv_read_check (&env, c, 3 * PS + 990, 200);
   assert_int_equal (cache_dirty_pages (c), 1);
 
   /* Fill the other slots with dirty pages; one more write finds no
    * slot: the superseded slot must not be handed out before its
    * successor is durable.
    */
-  mwrite (c, &t.be, model, 10 * PS, PS, 3);
-  mwrite (c, &t.be, model, 11 * PS, PS, 4);
+  tenv_write (&env, c, 10 * PS, PS, 3);
+  tenv_write (&env, c, 11 * PS, PS, 4);
   assert_int_equal (ST (c, write_through_full), 0);
-  mwrite (c, &t.be, model, 12 * PS, PS, 5);
+  tenv_write (&env, c, 12 * PS, PS, 5);
   assert_int_equal (ST (c, write_through_full), 1);
   file_slot_data (a, data_now);
   assert_memory_equal (data_now, data_a, PS);
   assert_int_equal (file_entry (a, &e, raw_now), 0);
   assert_memory_equal (raw_now, raw_a, LAYOUT_ENTRY_SIZE);
-  mread_check (c, &t.be, model, 3 * PS, PS);
-  mread_check (c, &t.be, model, 10 * PS, 3 * PS);
+  tenv_read_check (&env, c, 3 * PS, PS);
+  tenv_read_check (&env, c, 10 * PS, 3 * PS);
 
   /* Once the new version is durable the old slot is freed on disk. */
   assert_int_equal (cache_sync (c, &err), 0);
@@ -375,14 +337,14 @@ test_wb_cow_durable (void **state)
   assert_int_equal (e.state, LAYOUT_FREE);
   assert_int_equal (file_slots_for (3, slots, seqs, states, 4), 1);
   assert_int_equal (slots[0], b);
-  mread_check (c, &t.be, model, 3 * PS, PS);
+  tenv_read_check (&env, c, 3 * PS, PS);
 
   /* Page 10 is durable now: a partial write copies it (into the slot
    * just freed)...
    */
   assert_int_equal (file_slots_for (10, slots, seqs, states, 4), 1);
   c10 = slots[0];
-  mwrite (c, &t.be, model, 10 * PS + 2000, 10, 6);
+  tenv_write (&env, c, 10 * PS + 2000, 10, 6);
   assert_int_equal (ST (c, cow_copies), 2);
   assert_int_equal (file_slots_for (10, slots, seqs, states, 4), 2);
   assert_int_equal (slots[0], c10);
@@ -392,22 +354,19 @@ test_wb_cow_durable (void **state)
    */
   {
     uint64_t seq_before = seqs[1];
-    mwrite (c, &t.be, model, 10 * PS + 3000, 10, 7);
+    tenv_write (&env, c, 10 * PS + 3000, 10, 7);
     assert_int_equal (ST (c, cow_copies), 2);
     assert_int_equal (file_slots_for (10, slots, seqs, states, 4), 2);
     assert_int_equal (slots[1], a2);
     assert_true (seqs[1] > seq_before);
     file_slot_data (a2, data_now);
-    assert_memory_equal (data_now, model + 10 * PS, PS);
+    assert_memory_equal (data_now, env.model + 10 * PS, PS);
   }
-  mread_check (c, &t.be, model, 0, size);
+  tenv_read_check (&env, c, 0, size);
 
   /* Everything written back ends up right. */
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_writeback_check (&env, c);
+  tenv_close (&env, c);
 }
 
 /* Dirty page written twice between syncs: both writes in place. */
@@ -415,57 +374,49 @@ static void
 test_wb_inplace_not_durable (void **state)
 {
   const uint64_t size = 32 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
-  uint8_t *model;
   uint32_t slots[4], s0;
   uint64_t seqs[4];
   int err = 0;
 
-  rambackend_init (&rb, size, 4);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 4);
 
   /* A partial write and a whole-page write, then more of each. */
-  mwrite (c, &t.be, model, 7 * PS + 100, 50, 1);
-  mwrite (c, &t.be, model, 8 * PS, PS, 2);
+  tenv_write (&env, c, 7 * PS + 100, 50, 1);
+  tenv_write (&env, c, 8 * PS, PS, 2);
   assert_int_equal (file_slots_for (7, slots, seqs, NULL, 4), 1);
   s0 = slots[0];
-  mwrite (c, &t.be, model, 7 * PS + 3000, 500, 3);
-  mwrite (c, &t.be, model, 7 * PS, PS, 4);
-  mwrite (c, &t.be, model, 8 * PS + 5, 5, 5);
-  mwrite (c, &t.be, model, 8 * PS, PS, 6);
+  tenv_write (&env, c, 7 * PS + 3000, 500, 3);
+  tenv_write (&env, c, 7 * PS, PS, 4);
+  tenv_write (&env, c, 8 * PS + 5, 5, 5);
+  tenv_write (&env, c, 8 * PS, PS, 6);
   assert_int_equal (ST (c, cow_copies), 0);
   assert_int_equal (file_slots_for (7, slots, seqs, NULL, 4), 1);
   assert_int_equal (slots[0], s0);
   assert_int_equal (file_slots_for (8, slots, seqs, NULL, 4), 1);
-  mread_check (c, &t.be, model, 7 * PS, 2 * PS);
+  tenv_read_check (&env, c, 7 * PS, 2 * PS);
 
   /* After a sync the same writes copy; after the copy, in place again. */
   assert_int_equal (cache_sync (c, &err), 0);
-  mwrite (c, &t.be, model, 8 * PS, PS, 7);
+  tenv_write (&env, c, 8 * PS, PS, 7);
   assert_int_equal (ST (c, cow_copies), 1);
-  mwrite (c, &t.be, model, 8 * PS + 77, 7, 8);
+  tenv_write (&env, c, 8 * PS + 77, 7, 8);
   assert_int_equal (ST (c, cow_copies), 1);
-  mwrite (c, &t.be, model, 7 * PS + 10, 7, 9);
+  tenv_write (&env, c, 7 * PS + 10, 7, 9);
   assert_int_equal (ST (c, cow_copies), 2);
-  mread_check (c, &t.be, model, 0, size);
+  tenv_read_check (&env, c, 0, size);
 
   /* Written back (clean now) and durable: a write in place is fine
    * (the backend has the old version).
    */
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
   assert_int_equal (cache_sync (c, &err), 0);
-  mwrite (c, &t.be, model, 7 * PS + 10, 7, 10);
-  mread_check (c, &t.be, model, 0, size);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_write (&env, c, 7 * PS + 10, 7, 10);
+  tenv_read_check (&env, c, 0, size);
+  tenv_writeback_check (&env, c);
+  tenv_close (&env, c);
 }
 
 /*----------------------------------------------------------------------
@@ -476,50 +427,41 @@ static void
 test_wb_full_no_thread (void **state)
 {
   const uint64_t size = 64 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
-  uint8_t *model;
-  int err = 0;
 
-  rambackend_init (&rb, size, 5);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 5);
   assert_int_equal (cache_nslots (c), 8);
 
   for (int p = 0; p < 8; ++p)
-    mwrite (c, &t.be, model, (uint64_t) p * 3 * PS + (p % 2 ? 700 : 0),
+    tenv_write (&env, c, (uint64_t) p * 3 * PS + (p % 2 ? 700 : 0),
             p % 2 ? 1500 : PS, 10 + p);
   assert_int_equal (cache_dirty_pages (c), 8);
-  assert_int_equal (rb.writes, 0);
+  assert_int_equal (env.rb.writes, 0);
 
   /* No slot and no writeback thread: the writes go to the backend. */
-  mwrite (c, &t.be, model, 40 * PS, PS, 20);
-  mwrite (c, &t.be, model, 41 * PS + 10, 100, 21);
-  mwrite (c, &t.be, model, 42 * PS + 10, 3 * PS, 22);
+  tenv_write (&env, c, 40 * PS, PS, 20);
+  tenv_write (&env, c, 41 * PS + 10, 100, 21);
+  tenv_write (&env, c, 42 * PS + 10, 3 * PS, 22);
   /* Dirty pages not yet durable are rewritten in place. */
-  mwrite (c, &t.be, model, 3 * PS + 800, 200, 23);
-  mwrite (c, &t.be, model, 6 * PS, PS, 24);
+  tenv_write (&env, c, 3 * PS + 800, 200, 23);
+  tenv_write (&env, c, 6 * PS, PS, 24);
   assert_true (ST (c, write_through_full) >= 3);
   assert_int_equal (ST (c, evictions), 0);
   assert_int_equal (cache_dirty_pages (c), 8);
 
   /* Reads of other pages do not get a slot either, and are right. */
-  mread_all_check (c, &t.be, model, size, 5 * PS + 3);
+  tenv_read_all_check (&env, c, 5 * PS + 3);
   assert_int_equal (cache_dirty_pages (c), 8);
   assert_int_equal (ST (c, evictions), 0);
 
   /* Nothing dirty was lost. */
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
+  tenv_writeback_check (&env, c);
   /* Clean now: the slots can be reused. */
-  mread_all_check (c, &t.be, model, size, 2 * PS);
+  tenv_read_all_check (&env, c, 2 * PS);
   assert_true (ST (c, evictions) > 0);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_close (&env, c);
 }
 
 /* Whole-page write over a durable dirty page while every slot holds
@@ -531,37 +473,33 @@ static void
 test_wb_full_overwrite_durable_dirty (void **state)
 {
   const uint64_t size = 32 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (4 * PS, PS);
   struct cache *c;
-  uint8_t *model, buf[PS], old[PS], got[PS];
+  uint8_t buf[PS], old[PS], got[PS];
   int err = 0, r;
 
-  rambackend_init (&rb, size, 6);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 6);
   for (int p = 0; p < 4; ++p)
-    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 30 + p);
+    tenv_write (&env, c, (uint64_t) p * PS, PS, 30 + p);
   assert_int_equal (cache_sync (c, &err), 0);      /* all durable */
 
-  memcpy (old, model + 2 * PS, PS);
+  memcpy (old, env.model + 2 * PS, PS);
   fill_pattern (buf, PS, 40);
-  r = cache_write (c, &t.be, buf, PS, 2 * PS, false, &err);
+  r = cache_write (c, env.be, buf, PS, 2 * PS, false, &err);
   if (r == 0)
-    memcpy (model + 2 * PS, buf, PS);
+    memcpy (env.model + 2 * PS, buf, PS);
   /* If the write failed, the old data must still be what is served. */
-  assert_int_equal (cache_read (c, &t.be, got, PS, 2 * PS, &err), 0);
-  if (memcmp (got, model + 2 * PS, PS) != 0) {
+  assert_int_equal (cache_read (c, env.be, got, PS, 2 * PS, &err), 0);
+  if (memcmp (got, env.model + 2 * PS, PS) != 0) {
     bool served_old = memcmp (got, old, PS) == 0;
     uint8_t be_now[PS];
     bool backend_new, backend_old_after_wb;
 
-    rambackend_peek (&rb, be_now, PS, 2 * PS);
+    rambackend_peek (&env.rb, be_now, PS, 2 * PS);
     backend_new = memcmp (be_now, buf, PS) == 0;
-    assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-    rambackend_peek (&rb, be_now, PS, 2 * PS);
+    assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
+    rambackend_peek (&env.rb, be_now, PS, 2 * PS);
     backend_old_after_wb = memcmp (be_now, old, PS) == 0;
     fail_msg ("whole-page write over a durable dirty page, cache full of "
               "durable dirty pages: cache_write returned %d "
@@ -575,31 +513,28 @@ test_wb_full_overwrite_durable_dirty (void **state)
               backend_old_after_wb ? "the OLD version again (new write lost)"
               : "something else");
   }
-  mread_check (c, &t.be, model, 0, size);
+  tenv_read_check (&env, c, 0, size);
 
   /* A partial write over another durable dirty page, still no slot:
    * it must succeed (or fail) without losing either version's bytes.
    */
   assert_int_equal (cache_sync (c, &err), 0);
   fill_pattern (buf, 100, 41);
-  r = cache_write (c, &t.be, buf, 100, 1 * PS + 1000, false, &err);
+  r = cache_write (c, env.be, buf, 100, 1 * PS + 1000, false, &err);
   if (r == 0)
-    memcpy (model + 1 * PS + 1000, buf, 100);
+    memcpy (env.model + 1 * PS + 1000, buf, 100);
   else
     fail_msg ("partial write over a durable dirty page in a cache full "
               "of durable dirty pages failed: %s", strerror (err));
-  mread_check (c, &t.be, model, 0, size);
+  tenv_read_check (&env, c, 0, size);
   fill_pattern (buf, 100, 42);
-  assert_int_equal (cache_write (c, &t.be, buf, 100, 3 * PS + 3000, false,
+  assert_int_equal (cache_write (c, env.be, buf, 100, 3 * PS + 3000, false,
                                  &err), 0);
-  memcpy (model + 3 * PS + 3000, buf, 100);
-  mread_check (c, &t.be, model, 0, size);
+  memcpy (env.model + 3 * PS + 3000, buf, 100);
+  tenv_read_check (&env, c, 0, size);
 
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_writeback_check (&env, c);
+  tenv_close (&env, c);
 }
 
 /* The same with the writeback thread: writes wait for it instead. */
@@ -607,31 +542,26 @@ static void
 test_wb_full_thread (void **state)
 {
   const uint64_t size = 64 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
-  uint8_t *model;
   uint64_t s = 4242;
   int err = 0;
 
-  rambackend_init (&rb, size, 7);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 7);
   for (int p = 0; p < 8; ++p)
-    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 50 + p);
+    tenv_write (&env, c, (uint64_t) p * PS, PS, 50 + p);
   assert_int_equal (cache_sync (c, &err), 0);      /* all durable dirty */
   assert_int_equal (cache_dirty_pages (c), 8);
 
-  atomic_store (&rb.delay_max_us, 300);
-  assert_int_equal (writeback_start (c, &t.be), 0);
+  atomic_store (&env.rb.delay_max_us, 300);
+  assert_int_equal (writeback_start (c, env.be), 0);
 
   /* Copies of durable dirty pages (partial and whole), new pages,
    * sub-page writes into new pages: all need slots.
    */
-  mwrite (c, &t.be, model, 2 * PS + 100, 100, 60);
-  mwrite (c, &t.be, model, 5 * PS, PS, 61);
+  tenv_write (&env, c, 2 * PS + 100, 100, 60);
+  tenv_write (&env, c, 5 * PS, PS, 61);
   for (int i = 0; i < 120; ++i) {
     uint64_t off = rnd64 (&s) % size;
     uint32_t len = i % 3 == 0 ? PS : 1 + rnd64 (&s) % (2 * PS);
@@ -639,28 +569,26 @@ test_wb_full_thread (void **state)
       off -= off % PS;
     if (len > size - off)
       len = size - off;
-    mwrite (c, &t.be, model, off, len, 100 + i);
+    tenv_write (&env, c, off, len, 100 + i);
     assert_true (cache_dirty_pages (c) <= 8);
     if (i % 10 == 0)
       assert_int_equal (cache_sync (c, &err), 0);
     if (i % 7 == 0)
-      mread_check (c, &t.be, model, off, len);
+      tenv_read_check (&env, c, off, len);
   }
   /* Writers never wait for writeback: those that found no slot went
    * around the cache (write_through_full), and the data is right.
    */
   assert_true (ST (c, pages_written_back) > 0);
-  mread_all_check (c, &t.be, model, size, 3 * PS + 5);
+  tenv_read_all_check (&env, c, 3 * PS + 5);
 
   writeback_stop (c);
-  atomic_store (&rb.delay_max_us, 0);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  atomic_store (&env.rb.delay_max_us, 0);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
   assert_int_equal (cache_dirty_pages (c), 0);
-  backend_check (&rb, model, PS);
-  assert_int_equal (rb.out_of_range, 0);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  backend_check (&env.rb, env.model, PS);
+  assert_int_equal (env.rb.out_of_range, 0);
+  tenv_close (&env, c);
 }
 
 /*----------------------------------------------------------------------
@@ -671,137 +599,123 @@ static void
 test_wb_flush_backend (void **state)
 {
   const uint64_t size = 64 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache *c;
-  uint8_t *model;
   uint64_t flushes;
   int err = 0;
 
   cfg.flush_mode = CACHE_FLUSH_BACKEND;
-  rambackend_init (&rb, size, 13);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
-  assert_int_equal (writeback_start (c, &t.be), 0);
+  c = tenv_open (&env, &cfg, size, 13);
+  assert_int_equal (writeback_start (c, env.be), 0);
 
-  mwrite (c, &t.be, model, 0, 3 * PS, 1);
-  mwrite (c, &t.be, model, 10 * PS + 100, 100, 2);
-  mwrite (c, &t.be, model, 20 * PS + 4000, 5000, 3);
-  assert_int_equal (rb.writes, 0);           /* no cleaning by itself */
-  assert_int_equal (cache_flush (c, &t.be, &err), 0);
+  tenv_write (&env, c, 0, 3 * PS, 1);
+  tenv_write (&env, c, 10 * PS + 100, 100, 2);
+  tenv_write (&env, c, 20 * PS + 4000, 5000, 3);
+  assert_int_equal (env.rb.writes, 0);           /* no cleaning by itself */
+  assert_int_equal (cache_flush (c, env.be, &err), 0);
   /* On return: all written back, then the backend flushed. */
-  backend_check (&rb, model, PS);
+  backend_check (&env.rb, env.model, PS);
   assert_int_equal (cache_dirty_pages (c), 0);
-  assert_true (t.flushes >= 1);
-  assert_true (t.last_flush_ev > t.last_write_ev);
+  assert_true (env.t.flushes >= 1);
+  assert_true (env.t.last_flush_ev > env.t.last_write_ev);
 
   /* A FUA write is a write plus a flush. */
   {
     uint8_t buf[300];
     fill_pattern (buf, sizeof buf, 4);
-    memcpy (model + 30 * PS + 9, buf, sizeof buf);
-    assert_int_equal (cache_write (c, &t.be, buf, sizeof buf, 30 * PS + 9,
+    memcpy (env.model + 30 * PS + 9, buf, sizeof buf);
+    assert_int_equal (cache_write (c, env.be, buf, sizeof buf, 30 * PS + 9,
                                    true, &err), 0);
-    backend_check (&rb, model, PS);
+    backend_check (&env.rb, env.model, PS);
     assert_int_equal (cache_dirty_pages (c), 0);
-    assert_true (t.last_flush_ev > t.last_write_ev);
+    assert_true (env.t.last_flush_ev > env.t.last_write_ev);
   }
 
   /* Backend write errors: FLUSH fails, the data stays dirty and is
    * still served from the cache.
    */
-  mwrite (c, &t.be, model, 5 * PS, PS, 5);
-  mwrite (c, &t.be, model, 40 * PS + 7, 9, 6);
-  atomic_store (&t.fail_write, EIO);
+  tenv_write (&env, c, 5 * PS, PS, 5);
+  tenv_write (&env, c, 40 * PS + 7, 9, 6);
+  atomic_store (&env.t.fail_write, EIO);
   err = 0;
-  assert_int_equal (cache_flush (c, &t.be, &err), -1);
+  assert_int_equal (cache_flush (c, env.be, &err), -1);
   assert_int_equal (err, EIO);
-  assert_true (t.failed_writes >= 1);
+  assert_true (env.t.failed_writes >= 1);
   assert_int_equal (cache_dirty_pages (c), 2);
   assert_true (ST (c, writeback_errors) >= 1);
-  mread_check (c, &t.be, model, 0, size);
+  tenv_read_check (&env, c, 0, size);
   /* Errors gone: the next FLUSH succeeds. */
-  atomic_store (&t.fail_write, 0);
-  assert_int_equal (cache_flush (c, &t.be, &err), 0);
+  atomic_store (&env.t.fail_write, 0);
+  assert_int_equal (cache_flush (c, env.be, &err), 0);
   assert_int_equal (cache_dirty_pages (c), 0);
-  backend_check (&rb, model, PS);
+  backend_check (&env.rb, env.model, PS);
 
   /* Backend flush errors: FLUSH fails too, pages stay dirty. */
-  mwrite (c, &t.be, model, 50 * PS + 1, 2, 7);
-  atomic_store (&t.fail_flush, EIO);
+  tenv_write (&env, c, 50 * PS + 1, 2, 7);
+  atomic_store (&env.t.fail_flush, EIO);
   err = 0;
-  assert_int_equal (cache_flush (c, &t.be, &err), -1);
+  assert_int_equal (cache_flush (c, env.be, &err), -1);
   assert_int_equal (err, EIO);
   assert_int_equal (cache_dirty_pages (c), 1);
-  mread_check (c, &t.be, model, 50 * PS, PS);
-  atomic_store (&t.fail_flush, 0);
-  flushes = t.flushes;
-  assert_int_equal (cache_flush (c, &t.be, &err), 0);
-  assert_true (t.flushes > flushes);
+  tenv_read_check (&env, c, 50 * PS, PS);
+  atomic_store (&env.t.fail_flush, 0);
+  flushes = env.t.flushes;
+  assert_int_equal (cache_flush (c, env.be, &err), 0);
+  assert_true (env.t.flushes > flushes);
   assert_int_equal (cache_dirty_pages (c), 0);
-  backend_check (&rb, model, PS);
+  backend_check (&env.rb, env.model, PS);
 
   writeback_stop (c);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_close (&env, c);
 }
 
 static void
 test_wb_flush_cache (void **state)
 {
   const uint64_t size = 64 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache *c;
-  uint8_t *model, *orig;
+  uint8_t *orig;
   uint64_t syncs, writes;
   int err = 0;
 
   cfg.flush_mode = CACHE_FLUSH_CACHE;
-  rambackend_init (&rb, size, 14);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  orig = model_new (&rb);
-  c = open_attach (&cfg, size);
-  assert_int_equal (writeback_start (c, &t.be), 0);
+  c = tenv_open (&env, &cfg, size, 14);
+  orig = model_new (&env.rb);
+  assert_int_equal (writeback_start (c, env.be), 0);
 
-  mwrite (c, &t.be, model, 0, 3 * PS, 1);
-  mwrite (c, &t.be, model, 10 * PS + 100, 100, 2);
-  writes = rb.writes;
+  tenv_write (&env, c, 0, 3 * PS, 1);
+  tenv_write (&env, c, 10 * PS + 100, 100, 2);
+  writes = env.rb.writes;
   syncs = ST (c, cache_syncs);
-  assert_int_equal (cache_flush (c, &t.be, &err), 0);
-  assert_int_equal (rb.writes, writes);
+  assert_int_equal (cache_flush (c, env.be, &err), 0);
+  assert_int_equal (env.rb.writes, writes);
   assert_int_equal (writes, 0);
   assert_true (ST (c, cache_syncs) > syncs);
   assert_int_equal (cache_dirty_pages (c), 4);
-  backend_check (&rb, orig, PS);
+  backend_check (&env.rb, orig, PS);
   /* FUA: durable on the cache only, too. */
   {
     uint8_t buf[100];
     fill_pattern (buf, sizeof buf, 3);
-    memcpy (model + 11 * PS, buf, sizeof buf);
+    memcpy (env.model + 11 * PS, buf, sizeof buf);
     syncs = ST (c, cache_syncs);
-    assert_int_equal (cache_write (c, &t.be, buf, sizeof buf, 11 * PS,
+    assert_int_equal (cache_write (c, env.be, buf, sizeof buf, 11 * PS,
                                    true, &err), 0);
     assert_true (ST (c, cache_syncs) > syncs);
-    assert_int_equal (rb.writes, 0);
+    assert_int_equal (env.rb.writes, 0);
   }
   /* Backend write errors do not matter to such a FLUSH. */
-  atomic_store (&t.fail_write, EIO);
-  assert_int_equal (cache_flush (c, &t.be, &err), 0);
-  atomic_store (&t.fail_write, 0);
-  mread_check (c, &t.be, model, 0, size);
+  atomic_store (&env.t.fail_write, EIO);
+  assert_int_equal (cache_flush (c, env.be, &err), 0);
+  atomic_store (&env.t.fail_write, 0);
+  tenv_read_check (&env, c, 0, size);
 
   writeback_stop (c);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_writeback_check (&env, c);
+  tenv_close (&env, c);
   free (orig);
 }
 
@@ -875,11 +789,9 @@ static void
 test_wb_zero_trim (void **state)
 {
   const uint64_t size = 32 * PS - 1000;        /* short last page */
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache *c;
-  uint8_t *model;
   struct zt_ctx z = { 0 };
   const struct cache_zero_op zero_op = { true, zt_op, &z };
   const struct cache_zero_op trim_op = { false, zt_op, &z };
@@ -887,87 +799,84 @@ test_wb_zero_trim (void **state)
   uint64_t ndirty;
   int err = 0;
 
-  rambackend_init (&rb, size, 15);
-  tbe_init (&t, &rb);
-  z.rb = &rb;
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 15);
+  z.rb = &env.rb;
 
   for (int p = 2; p <= 13; ++p) {
-    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 200 + p);
+    tenv_write (&env, c, (uint64_t) p * PS, PS, 200 + p);
     dirty[p] = true;
   }
   assert_int_equal (cache_sync (c, &err), 0);
   /* A clean cached page too. */
-  mread_check (c, &t.be, model, 15 * PS, PS);
+  tenv_read_check (&env, c, 15 * PS, PS);
   assert_int_equal (cache_dirty_pages (c), 12);
   check_dirty_runs (c, 0, size, dirty, PS);
 
   /* Zero [2*PS+1000, 7*PS+1000): pages 3-6 whole, edges 2 and 7. */
-  rambackend_reset_counters (&rb);
-  assert_int_equal (cache_zero_trim (c, &t.be, &zero_op, 5 * PS,
+  rambackend_reset_counters (&env.rb);
+  assert_int_equal (cache_zero_trim (c, env.be, &zero_op, 5 * PS,
                                      2 * PS + 1000, false, &err), 0);
-  memset (model + 2 * PS + 1000, 0, 5 * PS);
+  memset (env.model + 2 * PS + 1000, 0, 5 * PS);
   assert_int_equal (z.calls, 1);
   assert_int_equal (z.last_off, 3 * PS);
   assert_int_equal (z.last_count, 4 * PS);
-  assert_int_equal (rb.writes, 0);
-  assert_int_equal (rb.reads, 0);
+  assert_int_equal (env.rb.writes, 0);
+  assert_int_equal (env.rb.reads, 0);
   for (int p = 3; p <= 6; ++p)
     dirty[p] = false;
   assert_int_equal (cache_dirty_pages (c), 8);
-  mread_all_check (c, &t.be, model, size, 3 * PS);
+  tenv_read_all_check (&env, c, 3 * PS);
   check_dirty_runs (c, 0, size, dirty, PS);
 
   /* Zero with unaligned edges in uncached pages: edges become dirty
    * zeroes (sector-aligned: no backend read), one whole page to the
    * backend.
    */
-  rambackend_reset_counters (&rb);
-  assert_int_equal (cache_zero_trim (c, &t.be, &zero_op,
+  rambackend_reset_counters (&env.rb);
+  assert_int_equal (cache_zero_trim (c, env.be, &zero_op,
                                      2 * PS + 512, 20 * PS + 512, false,
                                      &err), 0);
-  memset (model + 20 * PS + 512, 0, 2 * PS + 512);
+  memset (env.model + 20 * PS + 512, 0, 2 * PS + 512);
   assert_int_equal (z.calls, 2);
   assert_int_equal (z.last_off, 21 * PS);
   assert_int_equal (z.last_count, PS);
-  assert_int_equal (rb.reads, 0);
-  assert_int_equal (rb.writes, 0);
+  assert_int_equal (env.rb.reads, 0);
+  assert_int_equal (env.rb.writes, 0);
   dirty[20] = dirty[22] = true;
   assert_int_equal (cache_dirty_pages (c), 10);
-  mread_all_check (c, &t.be, model, size, 5 * PS);
+  tenv_read_all_check (&env, c, 5 * PS);
   check_dirty_runs (c, 0, size, dirty, PS);
 
   /* Inside one page: no backend op at all. */
-  assert_int_equal (cache_zero_trim (c, &t.be, &zero_op, 100,
+  assert_int_equal (cache_zero_trim (c, env.be, &zero_op, 100,
                                      9 * PS + 50, false, &err), 0);
-  memset (model + 9 * PS + 50, 0, 100);
+  memset (env.model + 9 * PS + 50, 0, 100);
   assert_int_equal (z.calls, 2);
 
   /* Trim [10*PS+100, 13*PS+50): pages 11, 12 whole go to the backend
    * (their dirty copies dropped), the edges keep their data.
    */
-  assert_int_equal (cache_zero_trim (c, &t.be, &trim_op,
+  assert_int_equal (cache_zero_trim (c, env.be, &trim_op,
                                      3 * PS - 50, 10 * PS + 100, false,
                                      &err), 0);
-  memset (model + 11 * PS, 0, 2 * PS);        /* zt_op zeroes */
+  memset (env.model + 11 * PS, 0, 2 * PS);        /* zt_op zeroes */
   assert_int_equal (z.calls, 3);
   assert_int_equal (z.last_off, 11 * PS);
   assert_int_equal (z.last_count, 2 * PS);
   dirty[11] = dirty[12] = false;
   assert_int_equal (cache_dirty_pages (c), 8);
-  mread_all_check (c, &t.be, model, size, 2 * PS + 7);
+  tenv_read_all_check (&env, c, 2 * PS + 7);
   check_dirty_runs (c, 0, size, dirty, PS);
 
   /* The short last page, from its start: a whole page. */
-  mwrite (c, &t.be, model, 31 * PS + 10, 20, 250);
-  assert_int_equal (cache_zero_trim (c, &t.be, &zero_op,
+  tenv_write (&env, c, 31 * PS + 10, 20, 250);
+  assert_int_equal (cache_zero_trim (c, env.be, &zero_op,
                                      size - 31 * PS, 31 * PS, false,
                                      &err), 0);
-  memset (model + 31 * PS, 0, size - 31 * PS);
+  memset (env.model + 31 * PS, 0, size - 31 * PS);
   assert_int_equal (z.calls, 4);
   assert_int_equal (z.last_count, size - 31 * PS);
-  mread_all_check (c, &t.be, model, size, 4 * PS);
+  tenv_read_all_check (&env, c, 4 * PS);
   check_dirty_runs (c, 0, size, dirty, PS);
 
   /* Extents in odd windows. */
@@ -987,14 +896,11 @@ test_wb_zero_trim (void **state)
 
   ndirty = cache_dirty_pages (c);
   assert_int_equal (ndirty, 8);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
+  tenv_writeback_check (&env, c);
   memset (dirty, 0, sizeof dirty);
   check_dirty_runs (c, 0, size, dirty, PS);
-  assert_int_equal (rb.out_of_range, 0);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  assert_int_equal (env.rb.out_of_range, 0);
+  tenv_close (&env, c);
 }
 
 /*----------------------------------------------------------------------
@@ -1005,88 +911,82 @@ static void
 test_wb_backend_errors (void **state)
 {
   const uint64_t size = 64 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (32 * PS, PS);
   struct cache *c;
-  uint8_t *model, *orig;
+  uint8_t *orig;
   int err = 0, errors;
 
   /* One request at a time: "the next write fails" is then the first
    * group's (test_wb_parallel_depth covers several in flight).
    */
   cfg.wb.depth = 1;
-  rambackend_init (&rb, size, 16);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  orig = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 16);
+  orig = model_new (&env.rb);
   for (int p = 0; p < 6; ++p)
-    mwrite (c, &t.be, model, (uint64_t) p * PS + 10, PS - 20, 400 + p);
-  mwrite (c, &t.be, model, 30 * PS, PS, 410);
-  mwrite (c, &t.be, model, 50 * PS + 1, 1, 411);
+    tenv_write (&env, c, (uint64_t) p * PS + 10, PS - 20, 400 + p);
+  tenv_write (&env, c, 30 * PS, PS, 410);
+  tenv_write (&env, c, 50 * PS + 1, 1, 411);
   assert_int_equal (cache_dirty_pages (c), 8);
 
   /* Every backend write fails. */
   errors = log_error_count;
-  atomic_store (&t.fail_write, EIO);
+  atomic_store (&env.t.fail_write, EIO);
   err = 0;
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), -1);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), -1);
   assert_int_equal (err, EIO);
   assert_true (log_error_count > errors);        /* logged */
   assert_true (ST (c, writeback_errors) >= 1);
   assert_int_equal (cache_dirty_pages (c), 8);
-  backend_check (&rb, orig, PS);
-  mread_all_check (c, &t.be, model, size, 3 * PS + 3);
-  atomic_store (&t.fail_write, 0);
+  backend_check (&env.rb, orig, PS);
+  tenv_read_all_check (&env, c, 3 * PS + 3);
+  atomic_store (&env.t.fail_write, 0);
 
   /* A single failure (the first group, pages 0-5): only that run stays
    * dirty; the rest of the pass goes on and is marked clean.
    */
-  rambackend_fail_next_write (&rb, ENOSPC);
+  rambackend_fail_next_write (&env.rb, ENOSPC);
   err = 0;
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), -1);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), -1);
   assert_int_equal (err, ENOSPC);
   assert_int_equal (cache_dirty_pages (c), 6);
   for (int p = 0; p < 6; ++p)
     assert_true (cache_range_dirty (c, (uint64_t) p * PS, PS, &(uint64_t){0}));
-  mread_all_check (c, &t.be, model, size, 5 * PS);
+  tenv_read_all_check (&env, c, 5 * PS);
 
   /* Flush failure: written but not flushed: still dirty. */
-  atomic_store (&t.fail_flush, EIO);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), -1);
+  atomic_store (&env.t.fail_flush, EIO);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), -1);
   assert_int_equal (cache_dirty_pages (c), 6);
-  atomic_store (&t.fail_flush, 0);
+  atomic_store (&env.t.fail_flush, 0);
 
   /* Rewrites of pages that failed, then errors gone: all good. */
-  mwrite (c, &t.be, model, 2 * PS + 100, 100, 420);
-  mwrite (c, &t.be, model, 30 * PS, 2 * PS, 421);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  tenv_write (&env, c, 2 * PS + 100, 100, 420);
+  tenv_write (&env, c, 30 * PS, 2 * PS, 421);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
   assert_int_equal (cache_dirty_pages (c), 0);
-  backend_check (&rb, model, PS);
-  mread_all_check (c, &t.be, model, size, 4 * PS);
+  backend_check (&env.rb, env.model, PS);
+  tenv_read_all_check (&env, c, 4 * PS);
 
   /* A failure with the thread: it retries by itself later. */
   cfg.wb.idle_ms = 20;
   cache_close (c);
-  c = open_attach (&cfg, size);
-  mwrite (c, &t.be, model, 7 * PS, 3 * PS, 430);
-  atomic_store (&t.failed_writes, 0);
-  atomic_store (&t.fail_write, EIO);
-  assert_int_equal (writeback_start (c, &t.be), 0);
-  while (atomic_load (&t.failed_writes) < 2)
+  c = testfile_open_attach (&cfg, size);
+  tenv_write (&env, c, 7 * PS, 3 * PS, 430);
+  atomic_store (&env.t.failed_writes, 0);
+  atomic_store (&env.t.fail_write, EIO);
+  assert_int_equal (writeback_start (c, env.be), 0);
+  while (atomic_load (&env.t.failed_writes) < 2)
     usleep (10000);
   assert_int_equal (cache_dirty_pages (c), 3);
-  mread_check (c, &t.be, model, 0, size);
-  atomic_store (&t.fail_write, 0);
+  tenv_read_check (&env, c, 0, size);
+  atomic_store (&env.t.fail_write, 0);
   for (int i = 0; i < 1000 && cache_dirty_pages (c) > 0; ++i)
     usleep (10000);
   assert_int_equal (cache_dirty_pages (c), 0);
-  backend_check (&rb, model, PS);
+  backend_check (&env.rb, env.model, PS);
   writeback_stop (c);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_close (&env, c);
   free (orig);
 }
 
@@ -1203,12 +1103,10 @@ mt_main (void *arg)
 static void
 run_mt (enum cache_flush_mode fm, uint32_t slots, int ops, unsigned delay)
 {
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg =
     fixture_writeback_config ((uint64_t) slots * PS, PS);
   struct cache *c;
-  uint8_t *model;
   struct mt m[MT_THREADS];
   pthread_t th[MT_THREADS];
   int err = 0;
@@ -1217,16 +1115,13 @@ run_mt (enum cache_flush_mode fm, uint32_t slots, int ops, unsigned delay)
   cfg.wb.high_pct = 50;
   cfg.wb.low_pct = 20;
   cfg.wb.idle_ms = 30;
-  rambackend_init (&rb, MT_SIZE, 17);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, MT_SIZE);
-  assert_int_equal (writeback_start (c, &t.be), 0);
-  atomic_store (&rb.delay_max_us, delay);
+  c = tenv_open (&env, &cfg, MT_SIZE, 17);
+  assert_int_equal (writeback_start (c, env.be), 0);
+  atomic_store (&env.rb.delay_max_us, delay);
 
   for (int i = 0; i < MT_THREADS; ++i) {
-    m[i] = (struct mt) { .id = i, .ops = ops, .c = c, .be = &t.be,
-                         .model = model };
+    m[i] = (struct mt) { .id = i, .ops = ops, .c = c, .be = env.be,
+                         .model = env.model };
     assert_int_equal (pthread_create (&th[i], NULL, mt_main, &m[i]), 0);
   }
   for (int i = 0; i < MT_THREADS; ++i)
@@ -1237,20 +1132,18 @@ run_mt (enum cache_flush_mode fm, uint32_t slots, int ops, unsigned delay)
   assert_true (ST (c, pages_written_back) > 0);
   assert_true (cache_dirty_pages (c) <= slots);
 
-  mread_all_check (c, &t.be, model, MT_SIZE, 3 * PS + 17);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  tenv_read_all_check (&env, c, 3 * PS + 17);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
   assert_int_equal (cache_dirty_pages (c), 0);
-  backend_check (&rb, model, PS);
+  backend_check (&env.rb, env.model, PS);
   writeback_stop (c);
-  atomic_store (&rb.delay_max_us, 0);
-  assert_int_equal (rb.out_of_range, 0);
+  atomic_store (&env.rb.delay_max_us, 0);
+  assert_int_equal (env.rb.out_of_range, 0);
   cache_close (c);
 
-  c = open_attach (&cfg, MT_SIZE);
-  mread_all_check (c, &t.be, model, MT_SIZE, 8 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  c = testfile_open_attach (&cfg, MT_SIZE);
+  tenv_read_all_check (&env, c, 8 * PS);
+  tenv_close (&env, c);
 }
 
 static void
@@ -1315,21 +1208,18 @@ static void
 test_wb_flush_backend_hot (void **state)
 {
   struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache *c;
   struct holder h = { .page = 3 };
-  struct flusher f = { .t = &t };
+  struct flusher f = { .t = &env.t };
   pthread_t ht, ft;
   uint8_t buf[PS], got[PS];
   int err = 0, i;
 
   cfg.flush_mode = CACHE_FLUSH_BACKEND;
-  rambackend_init (&rb, 16 * PS, 21);
-  tbe_init (&t, &rb);
-  c = testfile_open_attach (&cfg, rb.size);
+  c = tenv_open (&env, &cfg, 16 * PS, 21);
   fill_pattern (buf, PS, 5);
-  assert_int_equal (cache_write (c, &t.be, buf, PS, 3 * PS, false, &err), 0);
+  assert_int_equal (cache_write (c, env.be, buf, PS, 3 * PS, false, &err), 0);
   h.c = f.c = c;
   assert_int_equal (pthread_create (&ht, NULL, hold_page, &h), 0);
   while (atomic_load (&h.rounds) < 3)
@@ -1343,10 +1233,9 @@ test_wb_flush_backend_hot (void **state)
     fail_msg ("the flush did not end in 30 s");
   pthread_join (ft, NULL);
   assert_int_equal (f.r, 0);
-  rambackend_peek (&rb, got, PS, 3 * PS);
+  rambackend_peek (&env.rb, got, PS, 3 * PS);
   assert_memory_equal (got, buf, PS);
-  cache_close (c);
-  rambackend_free (&rb);
+  tenv_close (&env, c);
 }
 
 static void
@@ -1385,61 +1274,52 @@ static void
 test_wb_unsealed_sealed (void **state)
 {
   const uint64_t size = 16 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
   struct cache *c;
   struct layout_entry e;
   struct layout_sb sb;
-  uint8_t *model;
   int err = 0;
 
-  rambackend_init (&rb, size, 10);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 10);
 
   /* Flush. */
-  unseal_q (c, &t.be, model);
+  unseal_q (c, env.be, env.model);
   newest_entry (5, &e, NULL);
   assert_int_equal (e.flags, LAYOUT_ENT_UNSEALED);
-  mread_check (c, &t.be, model, 0, size);
-  assert_int_equal (cache_flush (c, &t.be, &err), 0);
+  tenv_read_check (&env, c, 0, size);
+  assert_int_equal (cache_flush (c, env.be, &err), 0);
   assert_sealed_on_disk (5);
 
   /* Writeback (it marks the page clean from the data it read). */
-  mwrite (c, &t.be, model, 7 * PS, 512, 71);
-  mwrite (c, &t.be, model, 7 * PS + 512, 512, 72);
-  mwrite (c, &t.be, model, 7 * PS + 512, 1024, 73);
+  tenv_write (&env, c, 7 * PS, 512, 71);
+  tenv_write (&env, c, 7 * PS + 512, 512, 72);
+  tenv_write (&env, c, 7 * PS + 512, 1024, 73);
   newest_entry (7, &e, NULL);
   assert_int_equal (e.flags, LAYOUT_ENT_UNSEALED);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
   newest_entry (7, &e, NULL);
   assert_int_equal (e.state, LAYOUT_CLEAN);
   assert_sealed_on_disk (7);
-  backend_check (&rb, model, PS);
+  backend_check (&env.rb, env.model, PS);
 
   /* Close. */
-  mwrite (c, &t.be, model, 9 * PS + 1000, 100, 91);
-  mwrite (c, &t.be, model, 9 * PS + 2000, 100, 92);
-  mwrite (c, &t.be, model, 9 * PS + 3000, 100, 93);
+  tenv_write (&env, c, 9 * PS + 1000, 100, 91);
+  tenv_write (&env, c, 9 * PS + 2000, 100, 92);
+  tenv_write (&env, c, 9 * PS + 3000, 100, 93);
   newest_entry (9, &e, NULL);
   assert_int_equal (e.flags, LAYOUT_ENT_UNSEALED);
   cache_close (c);
   assert_sealed_on_disk (9);
-  read_file_sb (&sb);
+  testfile_read_sb (&sb);
   assert_true (sb.flags & LAYOUT_SB_CLEAN);
-  c = open_attach (&cfg, size);
-  mread_all_check (c, &t.be, model, size, 3 * PS);
+  c = testfile_open_attach (&cfg, size);
+  tenv_read_all_check (&env, c, 3 * PS);
   assert_int_equal (ST (c, unsealed_dropped), 0);
   assert_int_equal (ST (c, verify_failures), 0);
   assert_int_equal (cache_dirty_pages (c), 1);    /* page 9 */
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
-  cache_close (c);
-
-  rambackend_free (&rb);
-  free (model);
+  tenv_writeback_check (&env, c);
+  tenv_close (&env, c);
 }
 
 /* Above the high watermark, background writeback cleans the pages
@@ -1450,13 +1330,11 @@ static void
 test_wb_hot_pages_left_alone (void **state)
 {
   const uint64_t size = 32 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
   struct cache *c;
-  uint8_t *model;
   uint64_t written_back, deadline;
-  int err = 0, round = 0;
+  int round = 0;
 
   cfg.wb.high_pct = 50;           /* 8 dirty pages */
   cfg.wb.low_pct = 0;
@@ -1464,13 +1342,10 @@ test_wb_hot_pages_left_alone (void **state)
    * a busy host, so that a writer does need a slot.
    */
   cfg.wb.rate = 16 * PS;
-  rambackend_init (&rb, size, 12);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 12);
   for (int p = 0; p < 12; ++p)
-    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 120 + p);
-  assert_int_equal (writeback_start (c, &t.be), 0);
+    tenv_write (&env, c, (uint64_t) p * PS, PS, 120 + p);
+  assert_int_equal (writeback_start (c, env.be), 0);
 
   /* Pages 0-1 are rewritten all the time; 2-11 are cold.  Within 20 s
    * (about two seconds are needed) the cold ones are clean.
@@ -1478,7 +1353,7 @@ test_wb_hot_pages_left_alone (void **state)
   deadline = cache_now_ms_for_tests () + 20000;
   while (cache_dirty_pages (c) > 2) {
     assert_true (cache_now_ms_for_tests () < deadline);
-    mwrite (c, &t.be, model, (round & 1) * PS + 512, 1024, 200 + round);
+    tenv_write (&env, c, (round & 1) * PS + 512, 1024, 200 + round);
     round++;
     usleep (2000);
   }
@@ -1486,7 +1361,7 @@ test_wb_hot_pages_left_alone (void **state)
   written_back = ST (c, pages_written_back);
   assert_int_equal (written_back, 10);
   for (int i = 0; i < 500; ++i, ++round) {
-    mwrite (c, &t.be, model, (round & 1) * PS + 512, 1024, 200 + round);
+    tenv_write (&env, c, (round & 1) * PS + 512, 1024, 200 + round);
     usleep (2000);
   }
   assert_int_equal (ST (c, pages_written_back), written_back);
@@ -1496,21 +1371,18 @@ test_wb_hot_pages_left_alone (void **state)
    * around the cache) tells writeback: everything may go now.
    */
   for (int p = 12; p < 32; ++p)
-    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 300 + p);
+    tenv_write (&env, c, (uint64_t) p * PS, PS, 300 + p);
   deadline = cache_now_ms_for_tests () + 20000;
   while (cache_dirty_pages (c) > 0) {
     assert_true (cache_now_ms_for_tests () < deadline);
     usleep (10000);
   }
   assert_true (ST (c, pages_written_back) > written_back);
-  mread_all_check (c, &t.be, model, size, 3 * PS);
+  tenv_read_all_check (&env, c, 3 * PS);
 
   writeback_stop (c);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_writeback_check (&env, c);
+  tenv_close (&env, c);
 }
 
 /* The hot window's rule (writeback_hot_next): grows fourfold when at
@@ -1546,25 +1418,19 @@ test_wb_hot_window_grows (void **state)
 {
   const uint32_t npages = 200;
   const uint64_t size = 300 * (uint64_t) PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (256 * PS, PS);
   struct cache *c;
-  uint8_t *model;
   uint64_t written_back, deadline, end;
-  int err = 0;
   unsigned round = 0;
 
   cfg.wb.high_pct = 50;           /* 128 dirty pages */
   cfg.wb.low_pct = 0;
-  rambackend_init (&rb, size, 31);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 31);
   for (uint32_t p = 0; p < npages; ++p)
-    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 500 + p);
+    tenv_write (&env, c, (uint64_t) p * PS, PS, 500 + p);
   assert_int_equal (ST (c, writeback_hot_ms), 0);
-  assert_int_equal (writeback_start (c, &t.be), 0);
+  assert_int_equal (writeback_start (c, env.be), 0);
   assert_int_equal (ST (c, writeback_hot_ms), 1000);
 
   /* Round robin, one page every 12.5 ms.  About 8 s are needed (two
@@ -1576,7 +1442,7 @@ test_wb_hot_window_grows (void **state)
       fail_msg ("the hot window stayed at %llu ms; %llu pages written "
                 "back", (unsigned long long) ST (c, writeback_hot_ms),
                 (unsigned long long) ST (c, pages_written_back));
-    mwrite (c, &t.be, model, (uint64_t) (round % npages) * PS + 512, 1024,
+    tenv_write (&env, c, (uint64_t) (round % npages) * PS + 512, 1024,
             1000 + round);
     round++;
     usleep (12500);
@@ -1587,7 +1453,7 @@ test_wb_hot_window_grows (void **state)
   written_back = ST (c, pages_written_back);
   end = cache_now_ms_for_tests () + 5000;
   while (cache_now_ms_for_tests () < end) {
-    mwrite (c, &t.be, model, (uint64_t) (round % npages) * PS + 512, 1024,
+    tenv_write (&env, c, (uint64_t) (round % npages) * PS + 512, 1024,
             1000 + round);
     round++;
     usleep (12500);
@@ -1599,25 +1465,20 @@ test_wb_hot_window_grows (void **state)
    * everything may be cleaned, and the window is one second again.
    */
   for (uint32_t p = npages; p < 300; ++p)
-    mwrite (c, &t.be, model, (uint64_t) p * PS, PS, 3000 + p);
+    tenv_write (&env, c, (uint64_t) p * PS, PS, 3000 + p);
   end = cache_now_ms_for_tests () + 20000;
   while (ST (c, pages_written_back) <= written_back ||
          ST (c, writeback_hot_ms) != 1000) {
     assert_true (cache_now_ms_for_tests () < end);
     usleep (10000);
   }
-  mread_all_check (c, &t.be, model, size, 7 * PS);
+  tenv_read_all_check (&env, c, 7 * PS);
 
   writeback_stop (c);
   assert_int_equal (ST (c, writeback_hot_ms), 0);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_writeback_check (&env, c);
+  tenv_close (&env, c);
 }
-
-#define T(f) cmocka_unit_test_setup_teardown (f, setup_file, teardown_file)
 
 /*----------------------------------------------------------------------
  * 10. Sector maps that are not runs, with the page table's side table
@@ -1635,11 +1496,9 @@ partial_run (uint32_t partial_pages, uint64_t seed, bool want_full)
   const uint32_t ps = 65536;              /* 128 sectors of 512 bytes */
   const uint32_t npages = 24;
   const uint64_t size = (uint64_t) npages * ps;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (16 * (uint64_t) ps, ps);
   struct cache *c;
-  uint8_t *model;
   uint64_t rs = seed, full = 0, rebases = 0;
   unsigned pat = 1000;
   int err = 0;
@@ -1647,10 +1506,7 @@ partial_run (uint32_t partial_pages, uint64_t seed, bool want_full)
   pagetable_test_epoch_span = 8;
   pagetable_test_seq_span = 16;
   cfg.partial_pages = partial_pages;
-  rambackend_init (&rb, size, 23);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 23);
 
   for (int op = 0; op < 2500; op++) {
     uint64_t r = rnd64 (&rs) % 100;
@@ -1662,25 +1518,24 @@ partial_run (uint32_t partial_pages, uint64_t seed, bool want_full)
     if (off + len > size)
       len = size - off;
     if (r < 45)
-      mwrite (c, &t.be, model, off, len, pat++);
+      tenv_write (&env, c, off, len, pat++);
     else if (r < 85)
-      mread_check (c, &t.be, model, off, len);
+      tenv_read_check (&env, c, off, len);
     else if (r < 92)
-      assert_int_equal (cache_flush (c, &t.be, &err), 0);
+      assert_int_equal (cache_flush (c, env.be, &err), 0);
     else if (r < 96)
-      assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+      assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
     else {
       full += ST (c, partial_maps_full);
       rebases += ST (c, pt_rebases);
       cache_close (c);
       cfg.mode = rnd64 (&rs) % 2 ? LAYOUT_MODE_WRITEBACK
         : LAYOUT_MODE_WRITETHROUGH;
-      c = open_attach (&cfg, size);
+      c = testfile_open_attach (&cfg, size);
     }
   }
-  mread_all_check (c, &t.be, model, size, ps / 2);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, ps);
+  tenv_read_all_check (&env, c, ps / 2);
+  tenv_writeback_check (&env, c);
   full += ST (c, partial_maps_full);
   rebases += ST (c, pt_rebases);
   cache_close (c);
@@ -1688,8 +1543,7 @@ partial_run (uint32_t partial_pages, uint64_t seed, bool want_full)
     assert_true (full > 0);
   assert_true (rebases > 0);
   pagetable_test_epoch_span = pagetable_test_seq_span = 0;
-  free (model);
-  rambackend_free (&rb);
+  tenv_free (&env);
 }
 
 static void
@@ -1721,35 +1575,28 @@ test_wb_parallel_depth (void **state)
   unsigned depths[] = { 1, 4 };
 
   for (unsigned d = 0; d < 2; d++) {
-    struct rambackend rb;
-    struct tbe t;
+    struct tenv env;
     struct cache_config cfg = fixture_writeback_config (80 * PS, PS);
     struct cache *c;
-    uint8_t *model;
     int err = 0;
 
     cfg.wb.depth = depths[d];
     unlink (testfile_path);               /* a new cache each time */
-    rambackend_init (&rb, size, 40 + d);
-    tbe_init (&t, &rb);
-    model = model_new (&rb);
-    c = open_attach (&cfg, size);
+    c = tenv_open (&env, &cfg, size, 40 + d);
     for (int p = 0; p < 128; p += 2)    /* not adjacent: 64 groups */
-      mwrite (c, &t.be, model, (uint64_t) p * PS + 7, 1000, 500 + p);
-    atomic_store (&rb.delay_max_us, 3000);
-    assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-    atomic_store (&rb.delay_max_us, 0);
+      tenv_write (&env, c, (uint64_t) p * PS + 7, 1000, 500 + p);
+    atomic_store (&env.rb.delay_max_us, 3000);
+    assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
+    atomic_store (&env.rb.delay_max_us, 0);
     if (depths[d] == 1)
-      assert_int_equal (atomic_load (&t.max_inflight), 1);
+      assert_int_equal (atomic_load (&env.t.max_inflight), 1);
     else {
-      assert_true (atomic_load (&t.max_inflight) >= 2);
-      assert_true (atomic_load (&t.max_inflight) <= depths[d]);
+      assert_true (atomic_load (&env.t.max_inflight) >= 2);
+      assert_true (atomic_load (&env.t.max_inflight) <= depths[d]);
     }
     assert_int_equal (cache_dirty_pages (c), 0);
-    backend_check (&rb, model, PS);
-    cache_close (c);
-    rambackend_free (&rb);
-    free (model);
+    backend_check (&env.rb, env.model, PS);
+    tenv_close (&env, c);
   }
 }
 
@@ -1763,60 +1610,51 @@ static void
 test_wb_dirty_cap (void **state)
 {
   const uint64_t size = 32 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
   struct cache *c;
-  uint8_t *model;
-  int err = 0;
 
   cfg.wb.max_dirty_bytes = 2 * PS;
-  rambackend_init (&rb, size, 45);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
-  mwrite (c, &t.be, model, 0, PS, 1);              /* dirty: A */
-  mwrite (c, &t.be, model, 4 * PS, PS, 2);
+  c = tenv_open (&env, &cfg, size, 45);
+  tenv_write (&env, c, 0, PS, 1);              /* dirty: A */
+  tenv_write (&env, c, 4 * PS, PS, 2);
   assert_int_equal (cache_dirty_pages (c), 2);
   assert_int_equal (ST (c, dirty_cap_writes), 0);
-  mwrite (c, &t.be, model, 8 * PS + 100, 200, 3);  /* at the cap */
+  tenv_write (&env, c, 8 * PS + 100, 200, 3);  /* at the cap */
   assert_int_equal (ST (c, dirty_cap_writes), 1);
   {
-    const uint64_t writes = rb.writes, flushes = t.flushes;
+    const uint64_t writes = env.rb.writes, flushes = env.t.flushes;
 
-    mwrite (c, &t.be, model, 4 * PS + 512, 1024, 8); /* dirty only */
+    tenv_write (&env, c, 4 * PS + 512, 1024, 8); /* dirty only */
     assert_int_equal (ST (c, dirty_cap_writes), 1);
-    assert_int_equal (rb.writes, writes);
-    assert_int_equal (t.flushes, flushes);
+    assert_int_equal (env.rb.writes, writes);
+    assert_int_equal (env.t.flushes, flushes);
   }
-  mwrite (c, &t.be, model, 100, PS + 300, 4);      /* B over A, and more */
+  tenv_write (&env, c, 100, PS + 300, 4);      /* B over A, and more */
   assert_int_equal (ST (c, dirty_cap_writes), 2);
   assert_true (cache_dirty_pages (c) <= 2);
-  mread_all_check (c, &t.be, model, size, 3 * PS);
+  tenv_read_all_check (&env, c, 3 * PS);
   /* Page 0 was written back before B went to the backend. */
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
-  mread_all_check (c, &t.be, model, size, 5 * PS);
+  tenv_writeback_check (&env, c);
+  tenv_read_all_check (&env, c, 5 * PS);
   /* A write at the cap over several dirty pages: they are written back
    * together, with one backend flush before the write, not one each.
    */
-  mwrite (c, &t.be, model, 10 * PS + 512, 1024, 5);
-  mwrite (c, &t.be, model, 12 * PS, PS, 6);
+  tenv_write (&env, c, 10 * PS + 512, 1024, 5);
+  tenv_write (&env, c, 12 * PS, PS, 6);
   assert_int_equal (cache_dirty_pages (c), 2);
   {
-    const uint64_t flushes = t.flushes, back = ST (c, pages_written_back);
+    const uint64_t flushes = env.t.flushes, back = ST (c, pages_written_back);
 
-    mwrite (c, &t.be, model, 10 * PS + 100, 4 * PS - 200, 7);
-    assert_int_equal (t.flushes, flushes + 1);
+    tenv_write (&env, c, 10 * PS + 100, 4 * PS - 200, 7);
+    assert_int_equal (env.t.flushes, flushes + 1);
     assert_int_equal (ST (c, pages_written_back), back + 2);
     assert_int_equal (ST (c, dirty_cap_writes), 3);
   }
   assert_int_equal (cache_dirty_pages (c), 0);
-  backend_check (&rb, model, PS);
-  mread_all_check (c, &t.be, model, size, 5 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  backend_check (&env.rb, env.model, PS);
+  tenv_read_all_check (&env, c, 5 * PS);
+  tenv_close (&env, c);
 }
 
 /* ssdcache-writeback-max-age: with no watermark reached and no idle
@@ -1826,25 +1664,20 @@ static void
 test_wb_max_age (void **state)
 {
   const uint64_t size = 32 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
   struct cache *c;
-  uint8_t *model;
   uint64_t start, deadline;
 
   cfg.wb.high_pct = 100;
   cfg.wb.low_pct = 100;
   cfg.wb.idle_ms = 0;
   cfg.wb.max_age_s = 1;
-  rambackend_init (&rb, size, 46);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
-  assert_int_equal (writeback_start (c, &t.be), 0);
+  c = tenv_open (&env, &cfg, size, 46);
+  assert_int_equal (writeback_start (c, env.be), 0);
   start = cache_now_ms_for_tests ();
   for (int p = 0; p < 4; ++p)
-    mwrite (c, &t.be, model, (uint64_t) p * 3 * PS, PS, 600 + p);
+    tenv_write (&env, c, (uint64_t) p * 3 * PS, PS, 600 + p);
   assert_int_equal (cache_dirty_pages (c), 4);
   deadline = start + 10000;
   while (cache_dirty_pages (c) > 0) {
@@ -1853,11 +1686,9 @@ test_wb_max_age (void **state)
   }
   /* Not before they were a second old. */
   assert_true (cache_now_ms_for_tests () - start >= 1000);
-  backend_check (&rb, model, PS);
+  backend_check (&env.rb, env.model, PS);
   writeback_stop (c);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_close (&env, c);
 }
 
 /* ssdcache-writeback-seq-cutoff: a sequential stream is cached up to
@@ -1870,75 +1701,68 @@ static void
 test_wb_seq_around (void **state)
 {
   const uint64_t size = 64 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
   struct cache *c;
-  uint8_t *model;
   uint64_t p = 0;
   int err = 0;
 
   cfg.wb.high_pct = 50;
   cfg.wb.seq_cutoff = 4 * PS;
-  rambackend_init (&rb, size, 47);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
+  c = tenv_open (&env, &cfg, size, 47);
   /* Past the cutoff but writeback is not behind: cached. */
   for (; p < 8; ++p)
-    mwrite (c, &t.be, model, p * PS, PS, 700 + p);
+    tenv_write (&env, c, p * PS, PS, 700 + p);
   assert_int_equal (cache_dirty_pages (c), 8);
   assert_int_equal (ST (c, seq_write_bypassed), 0);
   /* 8 of 16 dirty: at the high watermark, the stream goes around. */
   for (; p < 10; ++p)
-    mwrite (c, &t.be, model, p * PS, PS, 700 + p);
+    tenv_write (&env, c, p * PS, PS, 700 + p);
   assert_int_equal (cache_dirty_pages (c), 8);
   assert_int_equal (ST (c, seq_write_bypassed), 2);
   /* Writeback caught up: the stream still goes around. */
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
   assert_int_equal (cache_dirty_pages (c), 0);
-  mwrite (c, &t.be, model, p * PS, PS, 700 + p);
+  tenv_write (&env, c, p * PS, PS, 700 + p);
   ++p;
   assert_int_equal (cache_dirty_pages (c), 0);
   assert_int_equal (ST (c, seq_write_bypassed), 3);
-  backend_check (&rb, model, PS);
+  backend_check (&env.rb, env.model, PS);
   /* Page 20 is dirty (a write of no stream); when the stream gets
    * there it writes page 20 in the cache, not around it: around, the
    * dirty data would be written back and the backend flushed first.
    */
-  mwrite (c, &t.be, model, 20 * PS + 512, 1024, 650);
+  tenv_write (&env, c, 20 * PS + 512, 1024, 650);
   assert_int_equal (cache_dirty_pages (c), 1);
   {
-    const uint64_t flushes = t.flushes, around = ST (c, seq_write_bypassed);
+    const uint64_t flushes = env.t.flushes;
+    const uint64_t around = ST (c, seq_write_bypassed);
 
     for (; p <= 21; ++p)
-      mwrite (c, &t.be, model, p * PS, PS, 700 + p);
+      tenv_write (&env, c, p * PS, PS, 700 + p);
     assert_int_equal (ST (c, seq_write_bypassed), around + (21 - 11));
     assert_int_equal (cache_dirty_pages (c), 1);
     assert_int_equal (ST (c, pages_written_back), 8);
-    assert_int_equal (t.flushes, flushes);
+    assert_int_equal (env.t.flushes, flushes);
   }
-  mread_all_check (c, &t.be, model, size, 8 * PS);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
+  tenv_read_all_check (&env, c, 8 * PS);
+  tenv_writeback_check (&env, c);
   /* A pause longer than the hold: cached again. */
   usleep ((CACHE_SEQ_HOLD_MS + 200) * 1000);
-  mwrite (c, &t.be, model, p * PS, PS, 700 + p);
+  tenv_write (&env, c, p * PS, PS, 700 + p);
   ++p;
   assert_int_equal (cache_dirty_pages (c), 1);
   assert_int_equal (ST (c, seq_write_bypassed), 13);
-  mread_all_check (c, &t.be, model, size, 8 * PS);
+  tenv_read_all_check (&env, c, 8 * PS);
   /* Cutoff 0: never around, even at the watermark. */
   cache_close (c);
   cfg.wb.seq_cutoff = 0;
-  c = open_attach (&cfg, size);
+  c = testfile_open_attach (&cfg, size);
   for (p = 0; p < 16; ++p)
-    mwrite (c, &t.be, model, p * PS, PS, 800 + p);
+    tenv_write (&env, c, p * PS, PS, 800 + p);
   assert_int_equal (ST (c, seq_write_bypassed), 0);
-  mread_all_check (c, &t.be, model, size, 8 * PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_read_all_check (&env, c, 8 * PS);
+  tenv_close (&env, c);
 }
 
 /* A stream that goes around because of the hold (writeback is not
@@ -1949,88 +1773,79 @@ static void
 test_wb_seq_around_quiet (void **state)
 {
   const uint64_t size = 64 * PS;
-  struct rambackend rb;
-  struct tbe t;
+  struct tenv env;
   struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
   struct cache *c;
-  uint8_t *model;
   uint64_t p = 0, back, flushes, around;
   int err = 0;
 
   cfg.wb.high_pct = 50;
   cfg.wb.seq_cutoff = 4 * PS;
-  rambackend_init (&rb, size, 48);
-  tbe_init (&t, &rb);
-  model = model_new (&rb);
-  c = open_attach (&cfg, size);
-  assert_int_equal (writeback_start (c, &t.be), 0);
+  c = tenv_open (&env, &cfg, size, 48);
+  assert_int_equal (writeback_start (c, env.be), 0);
   /* The stream reaches the watermark and goes around; drained. */
   for (; p < 10; ++p)
-    mwrite (c, &t.be, model, p * PS, PS, 900 + p);
+    tenv_write (&env, c, p * PS, PS, 900 + p);
   assert_true (ST (c, seq_write_bypassed) > 0);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
+  assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
   /* (Those writes did wake it: let it see that and go back to sleep,
    * within the second the stream keeps going around.)
    */
   usleep (250 * 1000);
   /* One dirty page of no stream, then the stream goes on around. */
-  mwrite (c, &t.be, model, 40 * PS, 512, 950);
+  tenv_write (&env, c, 40 * PS, 512, 950);
   back = ST (c, pages_written_back);
-  flushes = t.flushes;
+  flushes = env.t.flushes;
   around = ST (c, seq_write_bypassed);
   for (; p < 16; ++p)
-    mwrite (c, &t.be, model, p * PS, PS, 900 + p);
+    tenv_write (&env, c, p * PS, PS, 900 + p);
   assert_int_equal (ST (c, seq_write_bypassed), around + 6);
   usleep (400 * 1000);          /* four polls of the thread */
   assert_int_equal (cache_dirty_pages (c), 1);
   assert_int_equal (ST (c, pages_written_back), back);
-  assert_int_equal (t.flushes, flushes);
-  mread_all_check (c, &t.be, model, size, 8 * PS);
+  assert_int_equal (env.t.flushes, flushes);
+  tenv_read_all_check (&env, c, 8 * PS);
   writeback_stop (c);
-  assert_int_equal (cache_writeback_all (c, &t.be, &err), 0);
-  backend_check (&rb, model, PS);
-  cache_close (c);
-  rambackend_free (&rb);
-  free (model);
+  tenv_writeback_check (&env, c);
+  tenv_close (&env, c);
 }
 
 int
 main (void)
 {
   const struct CMUnitTest tests[] = {
-    T (test_wb_basics),
-    T (test_wb_subpage),
-    T (test_wb_bridge),
-    T (test_wb_cow_durable),
-    T (test_wb_inplace_not_durable),
-    T (test_wb_full_no_thread),
-    T (test_wb_full_overwrite_durable_dirty),
-    T (test_wb_full_thread),
-    T (test_wb_flush_backend),
-    T (test_wb_flush_cache),
-    T (test_wb_zero_trim),
-    T (test_wb_backend_errors),
-    T (test_wb_parallel_depth),
-    T (test_wb_dirty_cap),
-    T (test_wb_max_age),
-    T (test_wb_seq_around),
-    T (test_wb_seq_around_quiet),
-    T (test_wb_threads_flush_cache),
-    T (test_wb_threads_flush_backend),
-    T (test_wb_flush_backend_hot),
-    T (test_wb_threads_tiny_cache),
-    T (test_wb_unsealed_sealed),
-    T (test_wb_hot_pages_left_alone),
-    T (test_wb_hot_window_rule),
-    T (test_wb_hot_window_grows),
-    T (test_wb_partial_maps_none),
-    T (test_wb_partial_maps_tiny),
-    T (test_wb_partial_maps_default),
+    TESTFILE_TEST (test_wb_basics),
+    TESTFILE_TEST (test_wb_subpage),
+    TESTFILE_TEST (test_wb_bridge),
+    TESTFILE_TEST (test_wb_cow_durable),
+    TESTFILE_TEST (test_wb_inplace_not_durable),
+    TESTFILE_TEST (test_wb_full_no_thread),
+    TESTFILE_TEST (test_wb_full_overwrite_durable_dirty),
+    TESTFILE_TEST (test_wb_full_thread),
+    TESTFILE_TEST (test_wb_flush_backend),
+    TESTFILE_TEST (test_wb_flush_cache),
+    TESTFILE_TEST (test_wb_zero_trim),
+    TESTFILE_TEST (test_wb_backend_errors),
+    TESTFILE_TEST (test_wb_parallel_depth),
+    TESTFILE_TEST (test_wb_dirty_cap),
+    TESTFILE_TEST (test_wb_max_age),
+    TESTFILE_TEST (test_wb_seq_around),
+    TESTFILE_TEST (test_wb_seq_around_quiet),
+    TESTFILE_TEST (test_wb_threads_flush_cache),
+    TESTFILE_TEST (test_wb_threads_flush_backend),
+    TESTFILE_TEST (test_wb_flush_backend_hot),
+    TESTFILE_TEST (test_wb_threads_tiny_cache),
+    TESTFILE_TEST (test_wb_unsealed_sealed),
+    TESTFILE_TEST (test_wb_hot_pages_left_alone),
+    TESTFILE_TEST (test_wb_hot_window_rule),
+    TESTFILE_TEST (test_wb_hot_window_grows),
+    TESTFILE_TEST (test_wb_partial_maps_none),
+    TESTFILE_TEST (test_wb_partial_maps_tiny),
+    TESTFILE_TEST (test_wb_partial_maps_default),
   };
 
   testfile_name = "test-writeback";
   testfile_watchdog_seconds = 400;
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
-
 

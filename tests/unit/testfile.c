@@ -16,6 +16,7 @@
 
 #include "cache.h"
 #include "layout.h"
+#include "log-stderr.h"
 #include "testfile.h"
 
 char testfile_path[4096];
@@ -100,6 +101,49 @@ testfile_read_sb (struct layout_sb *out)
   assert_true (found);
 }
 
+int
+testfile_newest_sb (void)
+{
+  uint8_t buf[LAYOUT_SB_SIZE];
+  struct layout_sb sb;
+  uint64_t gen = 0;
+  int best = -1;
+
+  for (int i = 0; i < LAYOUT_SB_COUNT; i++) {
+    assert_int_equal (testfile_read (i * LAYOUT_SB_SIZE, buf, sizeof buf),
+                      sizeof buf);
+    if (layout_sb_decode (buf, &sb, NULL) == 0 &&
+        (best == -1 || sb.generation > gen)) {
+      best = i;
+      gen = sb.generation;
+    }
+  }
+  assert_true (best >= 0);
+  return best;
+}
+
+ssize_t
+testfile_read (uint64_t off, void *buf, size_t len)
+{
+  int fd = open (testfile_path, O_RDONLY);
+  ssize_t r;
+
+  assert_true (fd >= 0);
+  r = pread (fd, buf, len, off);
+  close (fd);
+  return r;
+}
+
+void
+testfile_write (uint64_t off, const void *buf, size_t len)
+{
+  int fd = open (testfile_path, O_WRONLY);
+
+  assert_true (fd >= 0);
+  assert_int_equal (pwrite (fd, buf, len, off), (ssize_t) len);
+  close (fd);
+}
+
 void
 testfile_xor (uint64_t off, size_t len, uint8_t x)
 {
@@ -118,7 +162,6 @@ testfile_xor (uint64_t off, size_t len, uint8_t x)
 struct cache *
 testfile_open_attach (const struct cache_config *cfg, uint64_t backend_size)
 {
-  extern char log_error_last[512];
   struct cache *c = cache_open (cfg);
 
   if (c == NULL)

@@ -24,10 +24,15 @@ extern unsigned testfile_watchdog_seconds;
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 extern int testfile_setup (void **state);
 extern bool testfile_direct (void);
 extern int testfile_teardown (void **state);
+
+/* A cmocka test f that runs with a cache file and the watchdog. */
+#define TESTFILE_TEST(f) \
+  cmocka_unit_test_setup_teardown (f, testfile_setup, testfile_teardown)
 
 struct layout_sb;
 /* The valid superblock copy of testfile_path with the highest
@@ -35,8 +40,17 @@ struct layout_sb;
  */
 extern void testfile_read_sb (struct layout_sb *out);
 
+/* Which superblock copy (0 or 1) of testfile_path is valid with the
+ * highest generation (a cmocka failure if neither is).
+ */
+extern int testfile_newest_sb (void);
+
 /* XOR len (<= 4096) bytes of testfile_path at off with x. */
 extern void testfile_xor (uint64_t off, size_t len, uint8_t x);
+/* pread of len bytes of testfile_path at off: what it returned. */
+extern ssize_t testfile_read (uint64_t off, void *buf, size_t len);
+/* Write all len bytes of buf at off of testfile_path. */
+extern void testfile_write (uint64_t off, const void *buf, size_t len);
 
 struct cache;
 struct cache_config;

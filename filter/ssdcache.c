@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <nbdkit-filter.h>
@@ -240,6 +241,24 @@ open_context (nbdkit_backend *backend, int readonly)
  */
 #define PROBE_MS 2000
 
+/* In the probe's child: a crash kills it at once, with no core dump
+ * and no sanitizer report.  Either can take longer than PROBE_MS (a
+ * report is symbolized, a core goes to a dump handler), and a daemon
+ * logs the plugin's "no connection" error to syslog, not to the pipe:
+ * the crash was then taken for a hang, and the parent crashed in the
+ * same open.
+ */
+static void
+probe_die_at_once (void)
+{
+  static const int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT };
+  struct rlimit none = { 0, 0 };
+
+  setrlimit (RLIMIT_CORE, &none);
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+    signal (sigs[i], SIG_DFL);
+}
+
 static bool
 probe_shared (nbdkit_backend *backend)
 {
@@ -263,6 +282,7 @@ probe_shared (nbdkit_backend *backend)
   if (pid == 0) {
     nbdkit_next *next;
     prctl (PR_SET_PDEATHSIG, SIGKILL);
+    probe_die_at_once ();
     dup2 (fds[1], 2);
     close (fds[0]);
     next = open_context (backend, 1);

@@ -744,7 +744,8 @@ pagetable_from_entry (struct pagetable *pt, uint32_t s,
     return false;
   }
   r->page = (uint32_t) e->page;
-  r->seq = 0;                   /* the loader rebases to c->seq at the end */
+  r->seq = (uint32_t) e->seq;   /* pt_loaded_seq; the loader then sets */
+  r->epoch = e->seq >> 32;      /* both anew */
   r->data_crc = e->data_crc;
   r->state = e->state;
   pt_set_gen (pt, s, e->gen);   /* the loader sets gen_ref above them all */

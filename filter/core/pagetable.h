@@ -245,6 +245,18 @@ extern bool pt_epoch_surely_at_most (const struct pagetable *pt, uint32_t s,
                                      uint64_t t);
 /* Move the epoch base up to base: epochs at or below it read as base. */
 extern void pagetable_epoch_rebase (struct pagetable *pt, uint64_t base);
+/* While the page table is loaded (pagetable_from_entry until the
+ * loader's first pt_set_seq or pagetable_seq_rebase on the slot), a
+ * slot keeps its entry's exact sequence number in its seq and epoch
+ * fields, so that the loader can order two versions of a page without
+ * an array of its own.
+ */
+static inline uint64_t
+pt_loaded_seq (const struct pagetable *pt, uint32_t s)
+{
+  return (uint64_t) pt->recs[s].epoch << 32 | pt->recs[s].seq;
+}
+
 /* Generations (see struct pt_slot). */
 static inline uint64_t
 pt_gen (const struct pagetable *pt, uint32_t s)

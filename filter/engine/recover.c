@@ -7,9 +7,13 @@
  * once (a write torn by the crash was never flushed, so the next older
  * candidate, or the backend, is right); the losers get FREE entries so
  * that they can never come back.  Each step is a function, and they
- * share a struct recovery: parse_entries (1), pick_winners (2) with
- * torn_by_crash (3) and free_loser (4) for each candidate, then
- * free_the_rest and report.  With ssdcache-writeback-order=flush, the
+ * share a struct recovery: parse_entries (1) indexes the first
+ * candidate of each page at once and keeps the others (and unsealed
+ * ones) aside in r->extra, so that start-up takes O(n) time and no
+ * array the size of the cache; pick_singles (2) settles the pages with
+ * one candidate; pick_extras (3) sorts the few pages with several and
+ * picks their winners, with torn_by_crash and free_loser for each
+ * candidate; then free_the_rest and report.  With ssdcache-writeback-order=flush, the
  * older dirty versions of a dirty winner from earlier flush generations
  * are kept (retain_older) so that writeback can go on in order.  Runs
  * single-threaded at start-up, before
@@ -117,25 +121,57 @@ struct recovery {
   bool may_dirty;                /* the cache may have held dirty data */
   uint8_t *raw;                  /* CACHE_LOAD_CHUNK entries */
   uint8_t *page_buf;             /* one page */
-  struct cand *cand;             /* nslots of them */
-  uint64_t ncand;
+  struct cand *cand;             /* the extra candidates (add_cand) */
+  uint64_t ncand, cand_cap;
   /* Counted for the statistics and the log. */
   uint64_t loaded, dropped, lost, ndirty, unsealed, damaged, cut, retained;
   uint64_t gen_max;              /* newest flush generation of dirty data */
   uint32_t first_damaged;
 };
 
-static void
-add_cand (struct recovery *r, const struct layout_entry *e, uint32_t s,
-          uint8_t hint, bool unsealed)
+/* Keep a candidate aside in r->cand.  Returns -1 (logged) on ENOMEM. */
+static int
+push_cand (struct recovery *r, uint64_t page, uint64_t seq, uint32_t s,
+           uint8_t hint, bool unsealed)
 {
-  struct cand *x = &r->cand[r->ncand++];
+  struct cand *x;
 
-  x->page = e->page;
-  x->seq = e->seq;
+  if (r->ncand == r->cand_cap) {
+    uint64_t cap = r->cand_cap ? 2 * r->cand_cap : 1024;
+
+    x = realloc (r->cand, cap * sizeof *x);
+    if (x == NULL) {
+      log_error ("cache file %s: loading the page table: %m", r->c->path);
+      return -1;
+    }
+    r->cand = x;
+    r->cand_cap = cap;
+  }
+  x = &r->cand[r->ncand++];
+  x->page = page;
+  x->seq = seq;
   x->slot = s;
   x->hint = hint;
   x->unsealed = unsealed;
+  return 0;
+}
+
+/* A candidate for a page that has none yet goes into the index (and
+ * the policy, with its hint) at once: pick_singles settles it if it
+ * stays its page's only one.  Others go aside for pick_extras.
+ * Returns -1 (logged) on ENOMEM.
+ */
+static int
+add_cand (struct recovery *r, const struct layout_entry *e, uint32_t s,
+          uint8_t hint, bool unsealed)
+{
+  struct cache *c = r->c;
+
+  if (unsealed || pagetable_lookup (&c->pt, e->page) != PT_NONE)
+    return push_cand (r, e->page, e->seq, s, hint, unsealed);
+  pagetable_insert (&c->pt, s, e->page);
+  evict_insert_hint (c->ev, s, hint);
+  return 0;
 }
 
 /* The entry raw of slot s fails its checks.  All zeroes is an unused
@@ -193,9 +229,7 @@ parse_entry (struct recovery *r, uint32_t s, const uint8_t *raw)
     if (ssdcache_debug_recovery)
       log_debug ("slot %u: page %llu unsealed (not flushed): dropped",
                  s, (unsigned long long) e.page);
-    if (e.page < r->npages)
-      add_cand (r, &e, s, 0, true);
-    return 0;
+    return e.page < r->npages ? add_cand (r, &e, s, 0, true) : 0;
   }
   if (e.page >= r->npages) {
     r->dropped++;
@@ -225,8 +259,7 @@ parse_entry (struct recovery *r, uint32_t s, const uint8_t *raw)
     cache_write_free_entry (c, s);
     return 0;
   }
-  add_cand (r, &e, s, e.hint, false);
-  return 0;
+  return add_cand (r, &e, s, e.hint, false);
 }
 
 /* Step 1, parse: read the entries a chunk at a time and decode them,
@@ -252,7 +285,7 @@ parse_entries (struct recovery *r)
   return 0;
 }
 
-/* Step 3, verify dirty data: after an unclean shutdown, a dirty
+/* Dirty data checked: after an unclean shutdown, a dirty
  * candidate about to win must have data that matches its checksum.
  * Returns true if slot s was torn by the crash and is now freed.
  */
@@ -277,7 +310,7 @@ torn_by_crash (struct recovery *r, uint32_t s)
   return true;
 }
 
-/* Step 4, the losers: slot s holds an older version than its page's
+/* A loser: slot s holds an older version than its page's
  * winner; a FREE entry makes sure it can never come back.
  */
 static void
@@ -290,22 +323,19 @@ free_loser (struct recovery *r, uint32_t s)
   r->dropped++;
 }
 
-/* Candidate k has won its page: index it. */
+/* Indexed slot s has won its page. */
 static void
-take_winner (struct recovery *r, uint64_t k)
+finish_winner (struct recovery *r, uint32_t s)
 {
   struct cache *c = r->c;
-  uint32_t s = r->cand[k].slot;
 
   /* (With c->verify every slot is checked again on first use: its
    * clean sectors against the backend.)
    */
-  pt_set_flags (&c->pt, s,
-                pt_state (&c->pt, s) == LAYOUT_DIRTY && !c->was_clean &&
-                !c->verify ? PT_VERIFIED : 0);
+  pt_set_flags (&c->pt, s, PT_INDEXED |
+                (pt_state (&c->pt, s) == LAYOUT_DIRTY && !c->was_clean &&
+                 !c->verify ? PT_VERIFIED : 0));
   pt_set_epoch (&c->pt, s, 0);
-  pagetable_insert (&c->pt, s, pt_page (&c->pt, s));
-  evict_insert_hint (c->ev, s, r->cand[k].hint);   /* hot stays hot */
   if (pt_state (&c->pt, s) == LAYOUT_DIRTY)
     r->ndirty++;
   r->loaded++;
@@ -314,6 +344,18 @@ take_winner (struct recovery *r, uint64_t k)
                (unsigned long long) pt_page (&c->pt, s),
                (unsigned long long) pt_seq (&c->pt, s),
                pt_state (&c->pt, s) == LAYOUT_DIRTY ? "dirty" : "clean");
+}
+
+/* Candidate k has won its page: index it. */
+static void
+take_winner (struct recovery *r, uint64_t k)
+{
+  struct cache *c = r->c;
+  uint32_t s = r->cand[k].slot;
+
+  pagetable_insert (&c->pt, s, pt_page (&c->pt, s));
+  evict_insert_hint (c->ev, s, r->cand[k].hint);   /* hot stays hot */
+  finish_winner (r, s);
 }
 
 /* The flush order: slot s, an older version of a page whose newer
@@ -359,9 +401,10 @@ retain_older (struct recovery *r, uint32_t s, uint32_t succ)
   return true;
 }
 
-/* Step 2, pick the winner of one page (its candidates are cand[i, j),
- * newest first): the newest whose data holds up (step 3) wins, and
- * the older ones get FREE entries (step 4), one candidate at a time.
+/* Pick the winner of one page of several candidates (cand[i, j),
+ * newest first): the newest whose data holds up (torn_by_crash) wins,
+ * and the older ones get FREE entries (free_loser), one candidate at a
+ * time.
  */
 static void
 pick_page (struct recovery *r, uint64_t i, uint64_t j)
@@ -400,10 +443,69 @@ pick_page (struct recovery *r, uint64_t i, uint64_t j)
   }
 }
 
-/* Step 2 for every page. */
-static void
-pick_winners (struct recovery *r)
+/* Is page one of those with several candidates (r->cand sorted)? */
+static bool
+has_extras (const struct recovery *r, uint64_t page)
 {
+  uint64_t lo = 0, hi = r->ncand;
+
+  while (lo < hi) {
+    uint64_t mid = lo + (hi - lo) / 2;
+
+    if (r->cand[mid].page < page)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < r->ncand && r->cand[lo].page == page;
+}
+
+/* Step 2: a page whose only candidate parse_entries indexed wins with
+ * it, unless a crash tore its data.
+ */
+static void
+pick_singles (struct recovery *r)
+{
+  struct cache *c = r->c;
+
+  for (uint32_t s = 0; s < c->nslots; s++) {
+    if (!(pt_flags (&c->pt, s) & PT_INDEXED) ||
+        (r->ncand && has_extras (r, pt_page (&c->pt, s))))
+      continue;
+    if (torn_by_crash (r, s)) {
+      pagetable_remove (&c->pt, s);
+      evict_remove (c->ev, s);
+      continue;
+    }
+    finish_winner (r, s);
+  }
+}
+
+/* Step 3: the pages with several candidates (r->cand sorted).  The
+ * one parse_entries indexed joins the others, then each page's
+ * candidates, newest first, go to pick_page.  Returns -1 (logged) on
+ * ENOMEM.
+ */
+static int
+pick_extras (struct recovery *r)
+{
+  struct cache *c = r->c;
+  uint64_t n = r->ncand;
+
+  for (uint64_t i = 0; i < n; i++) {
+    uint32_t s;
+
+    if (i > 0 && r->cand[i].page == r->cand[i - 1].page)
+      continue;
+    s = pagetable_lookup (&c->pt, r->cand[i].page);
+    if (s == PT_NONE)
+      continue;
+    if (push_cand (r, r->cand[i].page, pt_loaded_seq (&c->pt, s), s,
+                   evict_slot_hint (c->ev, s), false) == -1)
+      return -1;
+    evict_remove (c->ev, s);
+    pagetable_remove (&c->pt, s);
+  }
   qsort (r->cand, r->ncand, sizeof *r->cand, cmp_cand);
   for (uint64_t i = 0; i < r->ncand;) {
     uint64_t j = i;
@@ -413,6 +515,7 @@ pick_winners (struct recovery *r)
     pick_page (r, i, j);
     i = j;
   }
+  return 0;
 }
 
 /* Every slot not indexed is free.  Loading may take more side-table
@@ -426,12 +529,14 @@ free_the_rest (struct recovery *r)
 {
   struct cache *c = r->c;
 
-  for (uint32_t s = c->nslots; s-- > 0;)
+  for (uint32_t s = c->nslots; s-- > 0;) {
+    pt_set_seq (&c->pt, s, 0);  /* (no pt_loaded_seq any more) */
     if (!(pt_flags (&c->pt, s) & PT_INDEXED) &&
         !cache_retained_locked (c, s)) {
       pt_set_state (&c->pt, s, LAYOUT_FREE);
       pagetable_put_free (&c->pt, s);
     }
+  }
   for (uint32_t s = 0;
        s < c->nslots && c->pt.side_used > c->pt.side_limit; s++)
     if ((pt_flags (&c->pt, s) & PT_INDEXED) &&
@@ -509,8 +614,7 @@ recover_load_entries (struct cache *c, uint32_t data_end)
 
   r.raw = malloc ((size_t) CACHE_LOAD_CHUNK * LAYOUT_ENTRY_SIZE);
   r.page_buf = malloc (c->page_size);
-  r.cand = malloc ((size_t) c->nslots * sizeof *r.cand);
-  if (r.raw == NULL || r.page_buf == NULL || r.cand == NULL) {
+  if (r.raw == NULL || r.page_buf == NULL) {
     log_error ("malloc: %m");
     goto out;
   }
@@ -521,7 +625,10 @@ recover_load_entries (struct cache *c, uint32_t data_end)
   if (r.gen_max + 1 > c->gen)
     c->gen = r.gen_max + 1;
   c->pt.gen_ref = c->gen;
-  pick_winners (&r);
+  qsort (r.cand, r.ncand, sizeof *r.cand, cmp_cand);
+  pick_singles (&r);
+  if (pick_extras (&r) == -1)
+    goto out;
   free_the_rest (&r);
   /* RAM keeps sequence numbers as change stamps from here on. */
   pagetable_seq_rebase (&c->pt, c->seq);

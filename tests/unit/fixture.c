@@ -428,29 +428,51 @@ fixture_wait (pid_t pid)
 /* Entry of slot as stored in the file (raw: its 64 bytes, may be
  * NULL).  Returns layout_entry_decode's result.
  */
+static uint64_t
+file_entry_offset (uint32_t slot, struct layout_sb *sb)
+{
+  uint64_t pt, pool, total;
+
+  testfile_read_sb (sb);
+  assert_true (slot < sb->nslots);
+  assert_true (layout_geometry (sb->page_size, sb->nslots, &pt, &pool,
+                                &total));
+  assert_int_equal (pt, sb->pt_offset);
+  return pt + (uint64_t) slot * LAYOUT_ENTRY_SIZE;
+}
+
 int
 file_entry (uint32_t slot, struct layout_entry *e, uint8_t *raw)
 {
   struct layout_sb sb;
   uint8_t buf[LAYOUT_ENTRY_SIZE];
-  uint64_t pt, pool, total;
+  uint64_t off = file_entry_offset (slot, &sb);
   int fd, r;
 
-  testfile_read_sb (&sb);
-  assert_true (slot < sb.nslots);
-  assert_true (layout_geometry (sb.page_size, sb.nslots, &pt, &pool,
-                                &total));
-  assert_int_equal (pt, sb.pt_offset);
   fd = open (testfile_path, O_RDONLY);
   assert_true (fd >= 0);
-  assert_int_equal (pread (fd, buf, sizeof buf,
-                           pt + (uint64_t) slot * LAYOUT_ENTRY_SIZE),
-                    sizeof buf);
+  assert_int_equal (pread (fd, buf, sizeof buf, off), sizeof buf);
   close (fd);
   if (raw)
     memcpy (raw, buf, sizeof buf);
   r = layout_entry_decode (buf, sb.page_size / sb.sector_size, e);
   return r;
+}
+
+/* Store entry e as slot's, CRC and all. */
+void
+file_set_entry (uint32_t slot, const struct layout_entry *e)
+{
+  struct layout_sb sb;
+  uint8_t buf[LAYOUT_ENTRY_SIZE];
+  uint64_t off = file_entry_offset (slot, &sb);
+  int fd;
+
+  layout_entry_encode (e, buf);
+  fd = open (testfile_path, O_WRONLY);
+  assert_true (fd >= 0);
+  assert_int_equal (pwrite (fd, buf, sizeof buf, off), sizeof buf);
+  close (fd);
 }
 
 /* Slots whose valid, non-free entry names page, oldest first.  Returns

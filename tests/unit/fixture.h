@@ -188,6 +188,8 @@ extern void fixture_wait (pid_t pid);
  * NULL); returns layout_entry_decode's result.
  */
 extern int file_entry (uint32_t slot, struct layout_entry *e, uint8_t *raw);
+/* Store e as the entry of slot (a valid one: CRC and all). */
+extern void file_set_entry (uint32_t slot, const struct layout_entry *e);
 /* Slots whose valid, non-free entry names page, oldest first (their
  * seqs and, if states is not NULL, states); returns how many (<= max).
  */

@@ -817,6 +817,39 @@ test_wb_two_versions (void **state)
   two_versions_free (&tv);
 }
 
+/* Versions are told apart by all 64 bits of their numbers: the two
+ * versions' numbers here differ only above bit 31, and the one with
+ * the lower half lower wins, whichever of the two it is (whichever of
+ * the two slots recovery meets first).
+ */
+static void
+test_wb_two_versions_far_seqs (void **state)
+{
+  struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
+
+  for (int older_wins = 0; older_wins < 2; older_wins++) {
+    struct two_versions tv;
+    struct layout_entry e;
+    struct cache *c;
+
+    two_versions_crash (&tv, &cfg, 12 + older_wins);
+    assert_int_equal (file_entry (tv.old, &e, NULL), 0);
+    e.seq = older_wins ? (UINT64_C (1) << 32) + 3 : 7;
+    file_set_entry (tv.old, &e);
+    assert_int_equal (file_entry (tv.new, &e, NULL), 0);
+    e.seq = older_wins ? 7 : (UINT64_C (1) << 32) + 3;
+    file_set_entry (tv.new, &e);
+    if (older_wins)
+      memcpy (tv.env.model, tv.v1, tv.env.rb.size);
+
+    c = testfile_open_attach (&cfg, tv.env.rb.size);
+    assert_slot_free (older_wins ? tv.new : tv.old);
+    tenv_read_all_check (&tv.env, c, 3 * PS);
+    cache_close (c);
+    two_versions_free (&tv);
+  }
+}
+
 /* The newer copy was torn by the crash (its data does not verify): it
  * was never flushed, so the older, durable version wins.
  */
@@ -1779,6 +1812,7 @@ main (void)
     T (test_wb_crash_reopen_writethrough),
     T (test_wb_crash_writethrough_serves_dirty),
     T (test_wb_two_versions),
+    T (test_wb_two_versions_far_seqs),
     T (test_wb_two_versions_torn_newer),
     T (test_wb_written_back_successor),
     T (test_wb_unsealed_crash),

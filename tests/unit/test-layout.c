@@ -774,6 +774,42 @@ test_entry_bits_past_page (void **state)
   }
 }
 
+/* The map checks against the rule, bit by bit: for every page size in
+ * sectors, maps with a few random bits.
+ */
+static void
+test_entry_bits_rule (void **state)
+{
+  struct layout_entry e, out;
+  uint8_t buf[LAYOUT_ENTRY_SIZE];
+  unsigned seed = 1;
+
+  for (unsigned nsec = 1; nsec <= LAYOUT_MAX_SECTORS; nsec++)
+    for (int k = 0; k < 200; k++) {
+      bool ok = true;
+
+      make_entry (&e, LAYOUT_DIRTY);
+      memset (e.valid, 0, sizeof e.valid);
+      memset (e.dirty, 0, sizeof e.dirty);
+      layout_bit_set (e.valid, 0);
+      layout_bit_set (e.dirty, 0);
+      for (int n = 0; n < 3; n++) {
+        layout_bit_set (e.valid, rand_r (&seed) % LAYOUT_MAX_SECTORS);
+        if (rand_r (&seed) % 2)
+          layout_bit_set (e.dirty, rand_r (&seed) % LAYOUT_MAX_SECTORS);
+      }
+      for (unsigned i = 0; i < LAYOUT_MAX_SECTORS; i++) {
+        bool v = layout_bit_test (e.valid, i), d = layout_bit_test (e.dirty, i);
+
+        ok &= !((v || d) && i >= nsec) && !(d && !v);
+      }
+      layout_entry_encode (&e, buf);
+      if ((layout_entry_decode (buf, nsec, &out) == 0) != ok)
+        fail_msg ("nsectors %u: entry %s, should be %s", nsec,
+                  ok ? "refused" : "accepted", ok ? "accepted" : "refused");
+    }
+}
+
 static void
 test_entry_dirty_not_subset (void **state)
 {
@@ -928,6 +964,7 @@ main (void)
     cmocka_unit_test (test_entry_every_bit_flip),
     cmocka_unit_test (test_entry_all_zero),
     cmocka_unit_test (test_entry_bits_past_page),
+    cmocka_unit_test (test_entry_bits_rule),
     cmocka_unit_test (test_entry_dirty_not_subset),
     cmocka_unit_test (test_entry_bad_state),
     cmocka_unit_test (test_entry_free_with_data),

@@ -106,6 +106,11 @@ struct evict {
   uint32_t gbuckets;
   evict_page_fn page_fn;
   void *page_opaque;
+
+  /* One bit per EVICT_HINT_GRAIN slots: a hint there may have changed
+   * since evict_hints_saved (mark).
+   */
+  uint64_t *hint_marks;
 };
 
 /*----------------------------------------------------------------------
@@ -180,6 +185,10 @@ evict_new_policy (enum evict_policy policy, uint32_t nslots)
   ev->policy = policy;
   ev->nslots = nslots;
 
+  ev->hint_marks = ev_calloc (ev, ((uint64_t) nslots / EVICT_HINT_GRAIN + 64)
+                             / 64, sizeof (uint64_t));
+  if (ev->hint_marks == NULL)
+    goto fail;
   if (policy == EVICT_CLOCK) {
     size_t words = (nslots + 63) / 64;
 
@@ -223,6 +232,7 @@ evict_free (struct evict *ev)
     free (ev->st);
     free (ev->ring);
     free (ev->ghost);
+    free (ev->hint_marks);
     free (ev);
   }
 }
@@ -253,7 +263,7 @@ evict_resident (const struct evict *ev)
 }
 
 /*----------------------------------------------------------------------
- * CLOCK.
+ * Bitmaps, and the marks of changed hints.
  */
 
 static bool
@@ -271,9 +281,46 @@ set (uint64_t *m, uint32_t i, bool v)
     m[i / 64] &= ~(UINT64_C (1) << (i % 64));
 }
 
+/* Slot s's hint may have changed (every change of its state calls this). */
+static void
+mark (struct evict *ev, uint32_t s)
+{
+  set (ev->hint_marks, s / EVICT_HINT_GRAIN, true);
+}
+
+bool
+evict_hints_changed (const struct evict *ev, uint32_t first, uint32_t n)
+{
+  for (uint64_t g = first / EVICT_HINT_GRAIN;
+       g * EVICT_HINT_GRAIN < (uint64_t) first + n; g++)
+    if (bit (ev->hint_marks, g))
+      return true;
+  return false;
+}
+
+void
+evict_hints_saved (struct evict *ev, uint32_t first, uint32_t n)
+{
+  /* Only whole grains are unmarked: one partly outside the range may
+   * hold a changed hint that was not saved.
+   */
+  uint64_t end = (uint64_t) first + n;
+  uint64_t g = ((uint64_t) first + EVICT_HINT_GRAIN - 1) / EVICT_HINT_GRAIN;
+  uint64_t gend = end >= ev->nslots
+    ? (end + EVICT_HINT_GRAIN - 1) / EVICT_HINT_GRAIN : end / EVICT_HINT_GRAIN;
+
+  for (; g < gend; g++)
+    set (ev->hint_marks, g, false);
+}
+
+/*----------------------------------------------------------------------
+ * CLOCK.
+ */
+
 static void
 clock_insert (struct evict *ev, uint32_t slot, bool ref)
 {
+  mark (ev, slot);
   if (!bit (ev->resident, slot)) {
     set (ev->resident, slot, true);
     ev->resident_count++;
@@ -307,6 +354,7 @@ clock_victim (struct evict *ev, evict_can_take_fn can_take, void *opaque)
       continue;
     if (bit (ev->ref, s)) {
       set (ev->ref, s, false);
+      mark (ev, s);
       continue;
     }
     if (can_take (opaque, s)) {
@@ -385,6 +433,7 @@ freq (const struct evict *ev, uint32_t s)
 static void
 set_freq (struct evict *ev, uint32_t s, unsigned f)
 {
+  mark (ev, s);
   ev->st[s] = (ev->st[s] & ~ST_FMASK) | (f << ST_FSHIFT);
 }
 
@@ -420,6 +469,7 @@ ring_pop (struct evict *ev)
 static void
 to_main (struct evict *ev, uint32_t s, bool prob)
 {
+  mark (ev, s);
   ev->st[s] = (ev->st[s] & ~(ST_FMASK | ST_PROB)) | ST_M |
     (prob ? ST_PROB : 0);
   ev->s_count--;
@@ -448,6 +498,7 @@ s3_insert (struct evict *ev, uint32_t slot, bool main, unsigned f)
     return;
   }
   /* Keep the ring bit, set the rest. */
+  mark (ev, slot);
   ev->st[slot] = (st & ST_RING) | ST_RES | (main ? ST_M : 0) |
     (f << ST_FSHIFT);
   ev->resident_count++;
@@ -561,8 +612,10 @@ sweep_main (struct evict *ev, evict_can_take_fn can_take, void *opaque)
     }
     f = freq (ev, s);
     if (f > 0) {
-      if (st & ST_PROB)         /* hit on probation: an M page now */
+      if (st & ST_PROB) {       /* hit on probation: an M page now */
         ev->st[s] = (st & ~(ST_FMASK | ST_PROB));
+        mark (ev, s);
+      }
       else
         set_freq (ev, s, f - 1);
       idle = 0;
@@ -652,8 +705,10 @@ void
 evict_touch (struct evict *ev, uint32_t slot)
 {
   if (ev->policy == EVICT_CLOCK) {
-    if (bit (ev->resident, slot))
+    if (bit (ev->resident, slot) && !bit (ev->ref, slot)) {
       set (ev->ref, slot, true);
+      mark (ev, slot);
+    }
   }
   else if (ev->st[slot] & ST_RES) {
     unsigned f = freq (ev, slot);

@@ -151,4 +151,17 @@ extern uint8_t evict_slot_hint (const struct evict *ev, uint32_t slot);
 extern void evict_insert_hint (struct evict *ev, uint32_t slot,
                                uint8_t hint);
 
+/* Which hints changed, by grains of EVICT_HINT_GRAIN slots (so that a
+ * clean stop rewrites only the entries whose hint changed): a grain is
+ * marked whenever a hint in it may have changed, and stays marked
+ * until evict_hints_saved.  _changed: is a grain that meets slots
+ * [first, first + n) marked?  _saved: the hints of [first, first + n)
+ * are on disk: unmark the grains it covers whole (the last grain also
+ * when the range runs to the end).
+ */
+#define EVICT_HINT_GRAIN 4096
+extern bool evict_hints_changed (const struct evict *ev, uint32_t first,
+                                 uint32_t n);
+extern void evict_hints_saved (struct evict *ev, uint32_t first, uint32_t n);
+
 #endif /* SSDCACHE_EVICT_H */

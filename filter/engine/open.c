@@ -273,9 +273,46 @@ slot_page (void *opaque, uint32_t s)
   return pt_page (&c->pt, s);
 }
 
+/* Slot s is indexed, and raw its entry as stored: bring its hint up
+ * to date.  An entry that only changes its hint keeps its number; one
+ * that differs otherwise (it should not at a clean stop) is written
+ * from RAM with a fresh number, as the newest version of its page.
+ * Returns true if raw changed.  Called with c->lock held.
+ */
+static bool
+save_hint_locked (struct cache *c, uint32_t s, uint8_t *raw)
+{
+  struct layout_entry e, old;
+  struct pt_slot v;
+  uint8_t buf[LAYOUT_ENTRY_SIZE];
+
+  pagetable_get (&c->pt, s, &v);
+  if (layout_entry_decode (raw, c->nsectors, &old) == 0) {
+    v.seq = old.seq;
+    pagetable_to_entry (&v, &e);
+    e.hint = old.hint;
+    layout_entry_encode (&e, buf);
+    if (memcmp (buf, raw, LAYOUT_ENTRY_SIZE) == 0) {
+      if (old.hint == evict_slot_hint (c->ev, s))
+        return false;
+      e.hint = evict_slot_hint (c->ev, s);
+      layout_entry_encode (&e, raw);
+      return true;
+    }
+  }
+  /* A fresh number: RAM keeps only a change stamp (pagetable.h). */
+  v.seq = ++c->seq;
+  pagetable_to_entry (&v, &e);
+  e.hint = evict_slot_hint (c->ev, s);
+  layout_entry_encode (&e, raw);
+  return true;
+}
+
 /* At a clean shutdown, record every cached page's hotness (the policy
- * hint) in its entry, so that the next start knows its hot set.  The
- * entries are otherwise rewritten unchanged, a chunk at a time.
+ * hint) in its entry, so that the next start knows its hot set.  Only
+ * grains of slots whose hints may have changed since they were loaded
+ * are read (evict_hints_changed), and only chunks with an entry whose
+ * hint did change are written back.
  */
 static void
 save_hints (struct cache *c)
@@ -287,34 +324,28 @@ save_hints (struct cache *c)
   for (uint64_t base = 0; base < c->nslots; base += CACHE_LOAD_CHUNK) {
     uint64_t n = c->nslots - base < CACHE_LOAD_CHUNK
       ? c->nslots - base : CACHE_LOAD_CHUNK;
-    bool changed = false;
+    bool changed = false, marked;
 
+    pthread_mutex_lock (&c->lock);
+    marked = evict_hints_changed (c->ev, base, n);
+    pthread_mutex_unlock (&c->lock);
+    if (!marked)
+      continue;
     if (pool_read_entries (&c->pool, base, n, raw) == -1)
       break;
     pthread_mutex_lock (&c->lock);
-    for (uint64_t k = 0; k < n; k++) {
-      uint32_t s = base + k;
-      struct layout_entry e;
-
-      struct pt_slot v;
-
-      if (!(pt_flags (&c->pt, s) & PT_INDEXED))
-        continue;
-      pagetable_get (&c->pt, s, &v);
-      /* A fresh number: RAM keeps only a change stamp (pagetable.h),
-       * and an indexed slot is its page's newest version.
-       */
-      v.seq = ++c->seq;
-      pagetable_to_entry (&v, &e);
-      e.hint = evict_slot_hint (c->ev, s);
-      layout_entry_encode (&e, raw + k * LAYOUT_ENTRY_SIZE);
-      changed = true;
-    }
+    for (uint64_t k = 0; k < n; k++)
+      if (pt_flags (&c->pt, base + k) & PT_INDEXED)
+        changed |= save_hint_locked (c, base + k,
+                                     raw + k * LAYOUT_ENTRY_SIZE);
     pthread_mutex_unlock (&c->lock);
     if (changed && pool_write_entries (&c->pool, base, n, raw) == -1) {
       log_error ("cache file %s: saving policy hints: %m", c->path);
       break;
     }
+    pthread_mutex_lock (&c->lock);
+    evict_hints_saved (c->ev, base, n);
+    pthread_mutex_unlock (&c->lock);
   }
   free (raw);
 }

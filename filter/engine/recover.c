@@ -65,7 +65,7 @@ data_verifies (struct cache *c, uint32_t s, uint8_t *buf)
  * are the flushed data.  Returns true if s is still to be used.
  */
 static bool
-older_after_drop (struct cache *c, uint32_t s, uint8_t *buf)
+older_after_drop (struct cache *c, uint32_t s, uint8_t hint, uint8_t *buf)
 {
   struct pt_slot v;
   struct layout_entry e;
@@ -93,6 +93,7 @@ older_after_drop (struct cache *c, uint32_t s, uint8_t *buf)
   v.seq = ++c->seq;
   pt_set_seq (&c->pt, s, v.seq);
   pagetable_to_entry (&v, &e);
+  e.hint = hint;
   if (pool_write_entry (&c->pool, s, &e) == -1) {
     cache_io_error (c, "writing entry at recovery", s);
     return false;
@@ -433,7 +434,8 @@ pick_page (struct recovery *r, uint64_t i, uint64_t j)
       continue;
     }
     won = true;
-    if (newer_dropped && !older_after_drop (r->c, s, r->page_buf)) {
+    if (newer_dropped &&
+        !older_after_drop (r->c, s, r->cand[k].hint, r->page_buf)) {
       r->dropped++;
       keep = false;
       continue;
@@ -632,6 +634,8 @@ recover_load_entries (struct cache *c, uint32_t data_end)
   free_the_rest (&r);
   /* RAM keeps sequence numbers as change stamps from here on. */
   pagetable_seq_rebase (&c->pt, c->seq);
+  /* Every indexed slot's hint is its entry's (save_hints). */
+  evict_hints_saved (c->ev, 0, c->nslots);
   report (&r);
   ret = 0;
  out:

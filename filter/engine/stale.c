@@ -129,6 +129,7 @@ stale_record (struct cache *c, uint64_t first, uint64_t last, bool dirty_only)
     pagetable_get (&c->pt, st->slot, &v);
     pagetable_to_entry (&v, &e[n]);
     e[n].seq = ++c->seq;
+    e[n].hint = evict_slot_hint (c->ev, st->slot);
     slots[n++] = st->slot;
   }
   pthread_mutex_unlock (&c->lock);

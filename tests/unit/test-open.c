@@ -99,6 +99,57 @@ test_warm_reopen (void **state)
   rambackend_free (&rb);
 }
 
+/* A clean stop rewrites only the entries whose hint changed, and such
+ * an entry keeps its number.
+ */
+static void
+test_stop_saves_changed_hints (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = fixture_config (64 * PS, PS);
+  uint8_t before[64][LAYOUT_ENTRY_SIZE], raw[LAYOUT_ENTRY_SIZE];
+  struct layout_entry e, e0;
+  uint32_t slot = UINT32_MAX;
+  struct cache *c;
+
+  c = fixture_open (&rb, &cfg, 64 * PS, 11);
+  read_all_check (c, &rb, PS);
+  cache_close (c);
+  for (uint32_t s = 0; s < 64; s++)
+    file_entry (s, &e, before[s]);
+
+  /* A restart without a request: the stop writes no entry. */
+  c = testfile_open_attach (&cfg, rb.size);
+  cache_close (c);
+  for (uint32_t s = 0; s < 64; s++) {
+    file_entry (s, &e, raw);
+    assert_memory_equal (raw, before[s], LAYOUT_ENTRY_SIZE);
+  }
+
+  /* A page read once more: its hint, and nothing else, changes. */
+  for (uint64_t p = 0; p < 64 && slot == UINT32_MAX; p++) {
+    newest_entry (p, &e0, &slot);
+    if (e0.hint != 0)
+      slot = UINT32_MAX;
+  }
+  assert_true (slot != UINT32_MAX);
+  c = testfile_open_attach (&cfg, rb.size);
+  read_check (c, &rb, e0.page * PS, PS);
+  cache_close (c);
+  for (uint32_t s = 0; s < 64; s++) {
+    assert_int_equal (file_entry (s, &e, raw), 0);
+    if (s != slot)
+      assert_memory_equal (raw, before[s], LAYOUT_ENTRY_SIZE);
+  }
+  file_entry (slot, &e, NULL);
+  assert_int_equal (e.page, e0.page);
+  assert_int_equal (e.seq, e0.seq);
+  assert_int_not_equal (e.hint, 0);
+
+  warm_check (&cfg, &rb, 16 * PS);
+  rambackend_free (&rb);
+}
+
 /*----------------------------------------------------------------------
  * A damaged cache file.
  */
@@ -456,6 +507,7 @@ main (void)
 {
   const struct CMUnitTest tests[] = {
     TESTFILE_TEST (test_warm_reopen),
+    TESTFILE_TEST (test_stop_saves_changed_hints),
     TESTFILE_TEST (test_corrupt_data),
     TESTFILE_TEST (test_corrupt_entry),
     TESTFILE_TEST (test_entry_conflicts),

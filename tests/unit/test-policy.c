@@ -217,6 +217,97 @@ test_s3fifo_main_reinsertion (void **state)
 }
 
 /*----------------------------------------------------------------------
+ * Marks of changed hints (what a clean stop saves).
+ */
+
+static bool
+take_any (void *opaque, uint32_t slot)
+{
+  return true;
+}
+
+/* Save the hints of [first, first + n) if marked, as save_hints does. */
+static void
+save_range (struct evict *ev, uint8_t *saved, uint32_t first, uint32_t n)
+{
+  if (!evict_hints_changed (ev, first, n))
+    return;
+  for (uint32_t s = first; s < first + n; s++)
+    saved[s] = evict_slot_hint (ev, s);
+  evict_hints_saved (ev, first, n);
+}
+
+/* Random operations, a few between saves, and saves over ranges that
+ * do not follow the grains: a resident slot in an unmarked grain always
+ * has its saved hint.
+ */
+static void
+test_hint_marks (void **state)
+{
+  const uint32_t n = 16 * EVICT_HINT_GRAIN + 100;
+  uint8_t *saved = calloc (n, 1);
+  bool *res = calloc (n, sizeof *res);
+  unsigned seed = 7;
+
+  assert_non_null (saved);
+  assert_non_null (res);
+  for (int p = 0; p < EVICT_NR_POLICIES; p++) {
+    struct evict *ev = evict_new_policy (p, n);
+    unsigned unmarked = 0;
+
+    assert_non_null (ev);
+    memset (saved, 0, n);
+    for (uint32_t s = 0; s < n; s++) {
+      evict_insert_hint (ev, s, rand_r (&seed) % 4);
+      res[s] = true;
+    }
+    save_range (ev, saved, 0, n);
+    for (int round = 0; round < 300; round++) {
+      for (int k = 1 + rand_r (&seed) % 8; k > 0; k--) {
+        uint32_t s = rand_r (&seed) % n, v;
+
+        switch (rand_r (&seed) % 7) {
+        case 0: evict_insert (ev, s); res[s] = true; break;
+        case 1:
+          evict_insert_hint (ev, s, rand_r (&seed) % 4);
+          res[s] = true;
+          break;
+        case 2: case 3: case 4: evict_touch (ev, s); break;
+        case 5: evict_remove (ev, s); res[s] = false; break;
+        default:
+          v = evict_victim (ev, take_any, NULL);
+          if (v != EVICT_NONE)
+            res[v] = false;
+          break;
+        }
+      }
+      /* Save some ranges (a chunk size unlike the grain's). */
+      for (uint32_t first = 0; first < n; first += 5000)
+        if (rand_r (&seed) % 3)
+          save_range (ev, saved, first, first + 5000 > n ? n - first : 5000);
+      for (uint32_t s = 0; s < n; s++) {
+        if (!res[s] || evict_hints_changed (ev, s, 1))
+          continue;
+        unmarked++;
+        if (evict_slot_hint (ev, s) != saved[s])
+          fail_msg ("policy %d, round %d: slot %u hint %u, saved %u, "
+                    "not marked", p, round, s, evict_slot_hint (ev, s),
+                    saved[s]);
+      }
+    }
+    /* Saved everywhere: nothing marked. */
+    save_range (ev, saved, 0, n);
+    assert_false (evict_hints_changed (ev, 0, n));
+    evict_free (ev);
+    if (unmarked < 10000)               /* (the check did check) */
+      fail_msg ("policy %d: only %u resident slots in unmarked grains",
+                p, unmarked);
+  }
+  free (saved);
+  free (res);
+}
+
+/*----------------------------------------------------------------------
  * Ghost.
  */
 
@@ -1165,6 +1256,7 @@ main (void)
     cmocka_unit_test (test_seq_two_streams),
     cmocka_unit_test (test_seq_reordered),
     cmocka_unit_test (test_nhit),
+    cmocka_unit_test (test_hint_marks),
   };
 
   return cmocka_run_group_tests (tests, NULL, NULL);

@@ -284,7 +284,7 @@ fresh
 cache_tool flip $((pool + dirty_slot2 * page + 4000)) 2
 expect_check 1 "$cache" \
     "^damage: slot $dirty_slot2: dirty page 14: data checksum mismatch: after an unclean shutdown" \
-    "^at risk: slot $dirty_slot2: page 14 \(bytes 57344-61439\): data checksum mismatch: DIRTY DATA LOST at the next start" \
+    "^at risk: slot $dirty_slot2: page 14 \(bytes 57344-61439\): data checksum mismatch: DIRTY DATA LOST at the next use" \
     "^dirty_dropped: 1$" \
     "^result: damage found: 1 problem, 1 with dirty data at risk$"
 at_risk 1

@@ -854,23 +854,34 @@ data_problem (struct cachefile *cf, const struct cf_cand *c,
 
 /* torn_by_crash: after an unclean shutdown, a dirty candidate about to
  * win must have data that verifies; one that does not is dropped and
- * the next older candidate tried.
+ * the next older candidate tried.  The only candidate of its page is
+ * checked on first use instead (lazily): a start loads it, and the
+ * first use finds it torn (a verify failure) and drops it.
  */
 static bool
-torn (struct cachefile *cf, const struct cf_cand *c)
+torn (struct cachefile *cf, const struct cf_cand *c, bool lazily)
 {
   struct cf_problem *p;
 
   if (c->state != LAYOUT_DIRTY || cf->was_clean || c->data_ok)
     return false;
   cf->rec.dirty_dropped++;
-  p = data_problem (cf, c, "after an unclean shutdown (a write torn by the "
+  if (lazily) {
+    cf->rec.loaded_slots++;
+    cf->rec.verify_failures++;
+  }
+  p = data_problem (cf, c, lazily
+                    ? "after an unclean shutdown (a write torn by the "
+                    "crash, never flushed, or damaged data) its first use "
+                    "drops it and uses the backend's data"
+                    : "after an unclean shutdown (a write torn by the "
                     "crash, never flushed, or damaged data) a start drops "
                     "it and uses the next older version or the backend's "
                     "data");
   set_risk (cf, p, c->page, true, "slot %" PRIu32 ": " PAGE_FMT ": %s: "
-            "DIRTY DATA LOST at the next start", c->slot,
-            PAGE_ARGS (cf, c->page), data_why (c));
+            "DIRTY DATA LOST at the next %s", c->slot,
+            PAGE_ARGS (cf, c->page), data_why (c),
+            lazily ? "use" : "start");
   return true;
 }
 
@@ -951,7 +962,7 @@ recover_page (struct cachefile *cf, size_t i, size_t j)
       newer_dropped |= !won;
       continue;
     }
-    if (!won && torn (cf, c)) {
+    if (!won && torn (cf, c, j - i == 1)) {
       newer_dropped = true;
       continue;
     }

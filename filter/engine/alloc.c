@@ -78,11 +78,13 @@ alloc_locked (struct cache *c, enum alloc_for why, bool reclaim,
 
   *evicted = false;
   *over_budget = s == PT_NONE && c->pt.nfree > 0;
-  if (s != PT_NONE || (*over_budget && reclaim) || why == ALLOC_FREE ||
-      (why == ALLOC_DIRTY_PART && cache_dirty_pressure_locked (c)))
-    return s;
-  s = evict_locked (c, why == ALLOC_FILL);
-  *evicted = s != PT_NONE;
+  if (s == PT_NONE && !(*over_budget && reclaim) && why != ALLOC_FREE &&
+      !(why == ALLOC_DIRTY_PART && cache_dirty_pressure_locked (c))) {
+    s = evict_locked (c, why == ALLOC_FILL);
+    *evicted = s != PT_NONE;
+  }
+  if (s != PT_NONE)
+    cache_suspect_take_locked (c, s);   /* new data: not torn */
   return s;
 }
 

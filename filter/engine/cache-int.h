@@ -153,6 +153,12 @@ struct cache {
   uint64_t backend_size;
   bool have_sb;                  /* an accepted superblock was read */
   bool was_clean;                /* ... and it was closed cleanly */
+  /* Slots loaded dirty after an unclean shutdown whose data has not
+   * been checked yet (a bit each; NULL if none): a checksum failure
+   * there is a write torn by the crash, never flushed (fill.c).  Under
+   * c->lock.
+   */
+  uint64_t *suspect;
 
   /* Under c->lock. */
   uint64_t seq;                  /* last sequence number used */
@@ -237,6 +243,23 @@ cache_ordered (const struct cache *c)
   return c->wbcfg.order == CACHE_ORDER_FLUSH &&
     (c->mode == LAYOUT_MODE_WRITEBACK || c->ndirty > 0 || c->nretained > 0);
 }
+/* Under c->lock: was slot s loaded dirty and unchecked after an
+ * unclean shutdown?  Its mark goes (a slot is checked once, or is
+ * reused).
+ */
+static inline bool
+cache_suspect_take_locked (struct cache *c, uint32_t s)
+{
+  uint64_t bit = UINT64_C (1) << (s % 64);
+  bool was;
+
+  if (c->suspect == NULL)
+    return false;
+  was = c->suspect[s / 64] & bit;
+  c->suspect[s / 64] &= ~bit;
+  return was;
+}
+
 /* Under c->lock: is slot s an older version kept for the flush order,
  * its dirty data still to be written back in its generation?
  */
@@ -355,6 +378,17 @@ extern int cache_read_verified_span (struct cache *c,
                                      const struct cache_backend *be,
                                      uint32_t s, uint8_t *buf, unsigned sf,
                                      unsigned sl);
+/* After cache_read_verified failed for slot s of page: was s dropped
+ * (the page is no longer cached, and the backend has it), rather than
+ * marked bad?
+ */
+extern bool cache_slot_dropped (struct cache *c, uint64_t page, uint32_t s);
+/* Log a dirty page whose data is gone (loudly: a client's write). */
+extern void cache_log_dirty_lost (struct cache *c, uint32_t s, uint64_t page,
+                                  const char *why);
+/* Why a dirty page that fails its checksum after a crash is dropped. */
+#define CACHE_TORN_WHY "fails its data checksum after an unclean " \
+  "shutdown: a write torn by the crash (never flushed), or damaged data"
 /* Who stores a page read from the backend (cache_fill_slot). */
 enum fill_kind {
   FILL_CLIENT,       /* a client's read (or write) */

@@ -198,8 +198,8 @@ load_page (struct cache *c, const struct cache_backend *be, uint64_t page,
     cache_unpin (c, s);
     return dirty ? -1 : 0;
   }
-  if (cache_read_verified (c, be, s, buf) == -1)
-    return -1;                  /* marked bad, pin consumed */
+  if (cache_read_verified (c, be, s, buf) == -1)     /* pin consumed */
+    return cache_slot_dropped (c, page, s) ? 0 : -1;  /* torn, or bad */
   pthread_mutex_lock (&c->lock);
   g->slot = s;
   g->seq = pt_seq (&c->pt, s);

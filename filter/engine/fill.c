@@ -181,6 +181,52 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
   return -1;
 }
 
+void
+cache_log_dirty_lost (struct cache *c, uint32_t s, uint64_t page,
+                      const char *why)
+{
+  log_error ("cache file %s: DIRTY DATA LOST: dirty page %llu (slot %u, "
+             "bytes %llu-%llu) %s; reads of it now return the previous "
+             "version (an older cached copy, or the backend's data)",
+             c->path, (unsigned long long) page, s,
+             (unsigned long long) page * c->page_size,
+             (unsigned long long) (page + 1) * c->page_size - 1, why);
+}
+
+bool
+cache_slot_dropped (struct cache *c, uint64_t page, uint32_t s)
+{
+  bool dropped;
+
+  pthread_mutex_lock (&c->lock);
+  dropped = pagetable_lookup (&c->pt, page) != s ||
+    !(pt_flags (&c->pt, s) & PT_BAD);
+  pthread_mutex_unlock (&c->lock);
+  return dropped;
+}
+
+/* Pinned slot s, loaded dirty after an unclean shutdown, fails its
+ * checksum on first use (recovery leaves it to then): a write torn by
+ * the crash, never flushed, so the backend's older data is right.  It
+ * is dropped, as recovery would have done.  Consumes the pin.  Returns
+ * false if s is not such a slot.
+ */
+static bool
+drop_torn (struct cache *c, uint32_t s, uint64_t page)
+{
+  bool torn;
+
+  pthread_mutex_lock (&c->lock);
+  torn = cache_suspect_take_locked (c, s);
+  pthread_mutex_unlock (&c->lock);
+  if (!torn)
+    return false;
+  cache_log_dirty_lost (c, s, page, CACHE_TORN_WHY);
+  STATS_ADD (&c->stats, dirty_dropped, 1);
+  cache_drop_slot (c, s);
+  return true;
+}
+
 /* Mark pinned slot s bad: its dirty data cannot be read back.  It stays
  * in the index so that reads of the page fail instead of returning the
  * backend's stale data.  Consumes the pin.
@@ -344,6 +390,8 @@ cache_read_verified_span (struct cache *c, const struct cache_backend *be,
     STATS_ADD (&c->stats, verify_failures, 1);
     log_debug ("cache file %s: slot %u (page %llu) fails its data "
                "checksum", c->path, s, (unsigned long long) snap.page);
+    if (snap.state == LAYOUT_DIRTY && drop_torn (c, s, snap.page))
+      return -1;
     goto bad;
   }
   if (c->verify && be && check_backend (c, be, s, &snap, buf) == 1) {
@@ -352,6 +400,7 @@ cache_read_verified_span (struct cache *c, const struct cache_backend *be,
   }
   pthread_mutex_lock (&c->lock);
   pt_flags_on (&c->pt, s, PT_VERIFIED);
+  cache_suspect_take_locked (c, s);
   pthread_mutex_unlock (&c->lock);
   return 0;
 

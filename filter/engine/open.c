@@ -684,6 +684,7 @@ cache_close (struct cache *c)
   pthread_mutex_destroy (&c->lock);
   free (c->sup);
   free (c->unsealed);
+  free (c->suspect);
   free (c->stale);
   admit_seq_free (c->seqcut);
   admit_seq_free (c->wseq);

@@ -3,10 +3,12 @@
  *
  * Owns recover_load_entries: every entry whose CRC verifies is a candidate for
  * its backend page, and per page the highest sequence number wins.
- * After an unclean shutdown the data CRC of dirty winners is checked at
- * once (a write torn by the crash was never flushed, so the next older
- * candidate, or the backend, is right); the losers get FREE entries so
- * that they can never come back.  Each step is a function, and they
+ * After an unclean shutdown the data CRC of a dirty winner must hold (a
+ * write torn by the crash was never flushed, so the next older
+ * candidate, or the backend, is right): checked at once for a page of
+ * several candidates, and on first use for a page of one (c->suspect,
+ * fill.c), so that no data is read at start-up; the losers get FREE
+ * entries so that they can never come back.  Each step is a function, and they
  * share a struct recovery: parse_entries (1) indexes the first
  * candidate of each page at once and keeps the others (and unsealed
  * ones) aside in r->extra, so that start-up takes O(n) time and no
@@ -99,18 +101,6 @@ older_after_drop (struct cache *c, uint32_t s, uint8_t hint, uint8_t *buf)
     return false;
   }
   return true;
-}
-
-/* Log a dirty page whose data is gone (loudly: a client's write). */
-static void
-log_dirty_lost (struct cache *c, uint32_t s, uint64_t page, const char *why)
-{
-  log_error ("cache file %s: DIRTY DATA LOST: dirty page %llu (slot %u, "
-             "bytes %llu-%llu) %s; reads of it now return the previous "
-             "version (an older cached copy, or the backend's data)",
-             c->path, (unsigned long long) page, s,
-             (unsigned long long) page * c->page_size,
-             (unsigned long long) (page + 1) * c->page_size - 1, why);
 }
 
 /* What the steps of recover_load_entries share. */
@@ -242,7 +232,7 @@ parse_entry (struct recovery *r, uint32_t s, const uint8_t *raw)
     r->dropped++;
     if (e.state == LAYOUT_DIRTY) {
       r->lost++;
-      log_dirty_lost (c, s, e.page, "lay past the end of the "
+      cache_log_dirty_lost (c, s, e.page, "lay past the end of the "
                       "truncated cache file");
     }
     cache_write_free_entry (c, s);
@@ -302,10 +292,7 @@ torn_by_crash (struct recovery *r, uint32_t s)
    * place).
    */
   r->lost++;
-  log_dirty_lost (c, s, pt_page (&c->pt, s),
-                  "fails its data checksum after an unclean "
-                  "shutdown: a write torn by the crash (never "
-                  "flushed), or damaged data");
+  cache_log_dirty_lost (c, s, pt_page (&c->pt, s), CACHE_TORN_WHY);
   pt_set_state (&c->pt, s, LAYOUT_FREE);
   cache_write_free_entry (c, s);
   return true;
@@ -324,18 +311,17 @@ free_loser (struct recovery *r, uint32_t s)
   r->dropped++;
 }
 
-/* Indexed slot s has won its page. */
+/* Indexed slot s has won its page; its data was checked if verified
+ * (then, with c->verify, it is still checked on first use: its clean
+ * sectors against the backend).
+ */
 static void
-finish_winner (struct recovery *r, uint32_t s)
+finish_winner (struct recovery *r, uint32_t s, bool verified)
 {
   struct cache *c = r->c;
 
-  /* (With c->verify every slot is checked again on first use: its
-   * clean sectors against the backend.)
-   */
   pt_set_flags (&c->pt, s, PT_INDEXED |
-                (pt_state (&c->pt, s) == LAYOUT_DIRTY && !c->was_clean &&
-                 !c->verify ? PT_VERIFIED : 0));
+                (verified && !c->verify ? PT_VERIFIED : 0));
   pt_set_epoch (&c->pt, s, 0);
   if (pt_state (&c->pt, s) == LAYOUT_DIRTY)
     r->ndirty++;
@@ -356,7 +342,8 @@ take_winner (struct recovery *r, uint64_t k)
 
   pagetable_insert (&c->pt, s, pt_page (&c->pt, s));
   evict_insert_hint (c->ev, s, r->cand[k].hint);   /* hot stays hot */
-  finish_winner (r, s);
+  finish_winner (r, s, pt_state (&c->pt, s) == LAYOUT_DIRTY &&
+                 !c->was_clean);
 }
 
 /* The flush order: slot s, an older version of a page whose newer
@@ -462,10 +449,32 @@ has_extras (const struct recovery *r, uint64_t page)
   return lo < r->ncand && r->cand[lo].page == page;
 }
 
-/* Step 2: a page whose only candidate parse_entries indexed wins with
- * it, unless a crash tore its data.
+/* Slot s's dirty data is checked on first use (fill.c), not now: a
+ * restart after a crash reads no data.  Returns -1 (logged) on ENOMEM.
  */
-static void
+static int
+suspect (struct recovery *r, uint32_t s)
+{
+  struct cache *c = r->c;
+
+  if (c->suspect == NULL) {
+    c->suspect = calloc ((c->nslots + 63) / 64, sizeof *c->suspect);
+    if (c->suspect == NULL) {
+      log_error ("cache file %s: loading the page table: %m", c->path);
+      return -1;
+    }
+  }
+  c->suspect[s / 64] |= UINT64_C (1) << (s % 64);
+  return 0;
+}
+
+/* Step 2: a page whose only candidate parse_entries indexed wins with
+ * it.  After an unclean shutdown its dirty data may have been torn by
+ * the crash: that is checked on first use (suspect), as torn_by_crash
+ * does for the pages of several candidates.  Returns -1 (logged) on
+ * ENOMEM.
+ */
+static int
 pick_singles (struct recovery *r)
 {
   struct cache *c = r->c;
@@ -474,13 +483,12 @@ pick_singles (struct recovery *r)
     if (!(pt_flags (&c->pt, s) & PT_INDEXED) ||
         (r->ncand && has_extras (r, pt_page (&c->pt, s))))
       continue;
-    if (torn_by_crash (r, s)) {
-      pagetable_remove (&c->pt, s);
-      evict_remove (c->ev, s);
-      continue;
-    }
-    finish_winner (r, s);
+    if (pt_state (&c->pt, s) == LAYOUT_DIRTY && !c->was_clean &&
+        suspect (r, s) == -1)
+      return -1;
+    finish_winner (r, s, false);
   }
+  return 0;
 }
 
 /* Step 3: the pages with several candidates (r->cand sorted).  The
@@ -628,8 +636,7 @@ recover_load_entries (struct cache *c, uint32_t data_end)
     c->gen = r.gen_max + 1;
   c->pt.gen_ref = c->gen;
   qsort (r.cand, r.ncand, sizeof *r.cand, cmp_cand);
-  pick_singles (&r);
-  if (pick_extras (&r) == -1)
+  if (pick_singles (&r) == -1 || pick_extras (&r) == -1)
     goto out;
   free_the_rest (&r);
   /* RAM keeps sequence numbers as change stamps from here on. */

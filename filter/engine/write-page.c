@@ -154,23 +154,20 @@ cow_slot (const struct page_write *w, uint32_t s)
   unsigned sf, sl;
   uint32_t ns;
   int r;
-  bool was_clean;
 
   if (buf == NULL) {
     cache_unpin (c, s);
     *err = ENOMEM;
     return -1;
   }
-  pthread_mutex_lock (&c->lock);
-  was_clean = pt_state (&c->pt, s) == LAYOUT_CLEAN;
-  pthread_mutex_unlock (&c->lock);
   if (cow_read (c, be, s, buf, &snap) == -1) {
-    /* Pin consumed.  A clean copy that failed its check was dropped:
-     * the backend has the page, so the write goes on as for a page not
-     * cached.  Bad dirty data fails the write.
+    /* Pin consumed.  A clean copy that failed its check was dropped,
+     * and so was dirty data torn by a crash: the backend has the page,
+     * so the write goes on as for a page not cached.  Bad dirty data
+     * fails the write.
      */
     free (buf);
-    if (was_clean) {
+    {
       uint32_t again = cache_lookup_pin (c, page);
       if (again == PT_NONE)
         return write_fresh (w);

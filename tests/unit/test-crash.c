@@ -1562,9 +1562,9 @@ test_rec_newest_sb_damaged (void **state)
   testfile_xor (testfile_newest_sb () * LAYOUT_SB_SIZE + 40, 1, 0x01);
   c = rec_open ();
   assert_true (log_errors_contain ("superblock copy"));
+  check_data (c, BIT (12));
   assert_int_equal (ST (c, dirty_dropped), 1);
   assert_true (log_errors_contain ("DIRTY DATA LOST"));
-  check_data (c, BIT (12));
   cache_close (c);
 }
 
@@ -1714,11 +1714,105 @@ test_rec_data_bits (void **state)
   flip_slot_byte (30, 4095, 0x80);
   flip_slot_byte (14, 0, 0x01);
   c = rec_open ();
+  /* Checked on first use, not at start-up: nothing read yet. */
+  assert_int_equal (ST (c, dirty_dropped), 0);
+  assert_int_equal (ST (c, verify_failures), 0);
+  check_data (c, BIT (14));
   assert_int_equal (ST (c, dirty_dropped), 1);
   assert_true (log_errors_contain ("DIRTY DATA LOST"));
-  check_data (c, BIT (14));
-  assert_int_equal (ST (c, verify_failures), 1);
+  assert_int_equal (ST (c, verify_failures), 2);    /* clean and dirty */
   cache_close (c);
+}
+
+/* Dirty pages torn by the crash, first used by a write into part of
+ * one (its copy reads the slot) and by writeback of the other: each is
+ * dropped as torn (the backend's data is right), and neither the write
+ * nor the writeback fails.
+ */
+static void
+test_rec_torn_first_use (void **state)
+{
+  struct rambackend rb;
+  struct cache *c;
+  uint8_t buf[PS], exp[PS];
+  int err = 0;
+
+  make_crashed_cache ();
+  flip_slot_byte (11, 10, 0x01);
+  flip_slot_byte (12, 20, 0x02);
+  c = rec_open ();
+  assert_int_equal (ST (c, dirty_dropped), 0);
+  rambackend_init (&rb, SIZE, SEED);
+  memset (buf, 0xab, 100);
+  if (cache_write (c, &rb.be, buf, 100, 11 * PS + 50, false, &err) != 0)
+    fail_msg ("write into a torn page failed: err %d", err);
+  assert_int_equal (ST (c, dirty_dropped), 1);
+  if (cache_writeback_all (c, &rb.be, &err) != 0)
+    fail_msg ("writeback failed: err %d", err);
+  assert_int_equal (ST (c, dirty_dropped), 2);
+  assert_int_equal (cache_dirty_pages (c), 0);
+
+  /* The backend: the dirty pages that survived, page 11 as before the
+   * crash but for the write, page 12 as before the crash.
+   */
+  for (uint64_t p = DIRTY_LO; p <= DIRTY_HI; p++) {
+    rambackend_peek (&rb, buf, PS, p * PS);
+    if (p == 11 || p == 12) {
+      struct rambackend orig;
+
+      rambackend_init (&orig, SIZE, SEED);
+      rambackend_peek (&orig, exp, PS, p * PS);
+      rambackend_free (&orig);
+      if (p == 11)
+        memset (exp + 50, 0xab, 100);
+    }
+    else
+      dirty_pattern (exp, p);
+    if (memcmp (buf, exp, PS) != 0)
+      fail_msg ("page %llu: wrong data on the backend",
+                (unsigned long long) p);
+  }
+  cache_close (c);
+  rambackend_free (&rb);
+}
+
+/* A dirty page torn by the crash, first used by a write that goes
+ * around the cache (at the dirty cap) and so writes back the dirty pages
+ * it covers first: the torn one is dropped, not lost, and the write
+ * does not fail.
+ */
+static void
+test_rec_torn_around (void **state)
+{
+  struct cache_config cfg = fixture_writeback_config (SIZE, PS);
+  const uint32_t len = 5 * PS;
+  uint8_t *buf = malloc (len), got[PS];
+  struct rambackend rb;
+  struct cache *c;
+  int err = 0;
+
+  assert_non_null (buf);
+  make_crashed_cache ();
+  flip_slot_byte (12, 30, 0x04);
+  cfg.wb.max_dirty_bytes = (DIRTY_HI - DIRTY_LO + 1) * PS;
+  log_errors_forget ();
+  c = cache_open (&cfg);
+  assert_non_null (c);
+  assert_int_equal (cache_attach (c, SIZE), 0);
+  rambackend_init (&rb, SIZE, SEED);
+  memset (buf, 0xcd, len);
+  if (cache_write (c, &rb.be, buf, len, 12 * PS, false, &err) != 0)
+    fail_msg ("write around a torn page failed: err %d", err);
+  assert_true (ST (c, dirty_cap_writes) >= 1);
+  assert_int_equal (ST (c, dirty_dropped), 1);
+  for (uint64_t p = 12; p < 17; p++) {
+    if (cache_read (c, &rb.be, got, PS, p * PS, &err) != 0)
+      fail_msg ("page %llu: read failed", (unsigned long long) p);
+    assert_memory_equal (got, buf, PS);
+  }
+  cache_close (c);
+  rambackend_free (&rb);
+  free (buf);
 }
 
 /* A test that failed half-way must not leave the next one with its
@@ -1831,6 +1925,8 @@ main (void)
     T (test_wb_cap_through_crash),
     T (test_rec_future_version),
     T (test_rec_data_bits),
+    T (test_rec_torn_first_use),
+    T (test_rec_torn_around),
   };
 
   testfile_name = "test-crash";

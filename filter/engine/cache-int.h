@@ -69,6 +69,7 @@
 #include "cache.h"
 #include "defer.h"
 #include "evict.h"
+#include "genclock.h"
 #include "pagetable.h"
 #include "pool.h"
 #include "rangelock.h"
@@ -98,7 +99,6 @@ struct cache_sync_node {         /* a client sync in flight */
 };
 
 
-#define CACHE_GEN_RING 1024       /* generations whose close times are kept */
 
 struct cache {
   pthread_mutex_t lock;
@@ -196,8 +196,9 @@ struct cache {
   bool order_advancing;          /* c->gen_done is moving: they wait */
   uint64_t nretained;            /* superseded slots whose dirty data
                                     is still to be written back */
-  uint64_t gen_close_ms[CACHE_GEN_RING]; /* when the flush that closed
-                                    generation g began (g % ring) */
+  struct genclock gclock;        /* when the flush that closed each
+                                    generation not yet on the backend
+                                    began */
 
   /* Lock free. */
   atomic_bool degraded;          /* the cache device failed: all around */

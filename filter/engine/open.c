@@ -685,6 +685,7 @@ cache_close (struct cache *c)
   free (c->sup);
   free (c->unsealed);
   free (c->suspect);
+  genclock_free (&c->gclock);
   free (c->stale);
   admit_seq_free (c->seqcut);
   admit_seq_free (c->wseq);

@@ -59,7 +59,7 @@ order_owned_range (const struct cache *c, uint64_t *first, uint64_t *last)
 void
 order_close_gen_locked (struct cache *c)
 {
-  c->gen_close_ms[c->gen % CACHE_GEN_RING] = cache_now_ms ();
+  genclock_close (&c->gclock, c->gen, c->gen_done, cache_now_ms ());
   c->gen++;
   c->pt.gen_ref = c->gen;
 }
@@ -205,7 +205,7 @@ order_update_stats (struct cache *c)
   done = c->gen_done;
   lag = c->gen - 1 - done;
   if (lag > 0)
-    age = (now - c->gen_close_ms[(done + 1) % CACHE_GEN_RING]) / 1000;
+    age = genclock_age (&c->gclock, done + 1, now, NULL) / 1000;
   behind = (c->ndirty + c->nretained) * c->page_size;
   atomic_store (&c->stats.order_retained, c->nretained);
   pthread_mutex_unlock (&c->lock);

@@ -275,7 +275,6 @@ cache_retained_locked (const struct cache *c, uint32_t s)
 extern int order_enter (struct cache *c, uint64_t gen);
 extern void order_leave (struct cache *c);
 extern void order_close_gen_locked (struct cache *c);
-extern bool order_gen_pending_locked (const struct cache *c, uint64_t g);
 extern int order_try_advance (struct cache *c,
                               const struct cache_backend *be, int *err);
 extern void order_loaded (struct cache *c);

@@ -104,18 +104,20 @@ behind_locked (const struct cache *c, uint32_t s)
     (pt_flags (&c->pt, s) & (PT_INDEXED | PT_SUPERSEDED));
 }
 
-/* Under c->lock: is dirty data of generation g or older still to be
- * written back?  (Bad slots cannot be: they are reported, not waited
- * for.)
+/* Under c->lock: the oldest generation of dirty data still to be
+ * written back, or UINT64_MAX if none.  (Bad slots cannot be: they are
+ * reported, not waited for.)  One pass over the slots.
  */
-bool
-order_gen_pending_locked (const struct cache *c, uint64_t g)
+static uint64_t
+oldest_pending_locked (const struct cache *c)
 {
+  uint64_t lo = UINT64_MAX;
+
   for (uint32_t s = 0; s < c->nslots; s++)
     if (behind_locked (c, s) && !(pt_flags (&c->pt, s) & PT_BAD) &&
-        pt_gen (&c->pt, s) <= g)
-      return true;
-  return false;
+        pt_gen (&c->pt, s) < lo)
+      lo = pt_gen (&c->pt, s);
+  return lo;
 }
 
 /* Generation c->gen_done + 1 is complete (closed by a flush, nothing of
@@ -133,7 +135,7 @@ order_try_advance (struct cache *c, const struct cache_backend *be, int *err)
   pthread_mutex_lock (&c->lock);
   g = c->gen_done + 1;
   if (g >= c->gen || c->order_inflight > 0 || c->order_advancing ||
-      order_gen_pending_locked (c, g)) {
+      oldest_pending_locked (c) <= g) {
     pthread_mutex_unlock (&c->lock);
     return 0;
   }
@@ -148,13 +150,15 @@ order_try_advance (struct cache *c, const struct cache_backend *be, int *err)
 
   pthread_mutex_lock (&c->lock);
   if (r == 0) {
-    /* A later generation may be complete already (no writes): move
-     * over those too, up to the open one.
+    /* Later generations may be complete already (no writes): move
+     * over those too, up to the oldest one still pending or the open
+     * one.
      */
-    c->gen_done = g;
-    while (c->gen_done + 1 < c->gen &&
-           !order_gen_pending_locked (c, c->gen_done + 1))
-      c->gen_done++;
+    uint64_t lo = oldest_pending_locked (c);
+
+    c->gen_done = lo < c->gen ? lo - 1 : c->gen - 1;
+    if (c->gen_done < g)
+      c->gen_done = g;
   }
   c->order_advancing = false;
   pthread_cond_broadcast (&c->order_cond);

@@ -380,6 +380,47 @@ sock_uri ()
     echo "nbd+unix:///?socket=$1"
 }
 
+# -- a client that stays connected --------------------------------------
+#
+#   hold_client NAME URI CODE   nbdsh on URI runs the Python CODE (its
+#                               handle is h), then stays connected; the
+#                               call returns once CODE has run (fails
+#                               the test if the client failed first)
+#   release_client NAME         let it disconnect, and wait for it
+#
+# For a test that needs an export kept open (its cache attached, its
+# threads running) while it looks at something else.  A client still
+# held at exit is killed.
+
+declare -A _held_clients
+
+hold_client ()
+{
+    local name="$1" uri="$2" code="$3" said=""
+    rm -f "$tmpdir/$name.held" "$tmpdir/$name.release"
+    mkfifo "$tmpdir/$name.held" "$tmpdir/$name.release"
+    (
+        HELD="$tmpdir/$name.held" RELEASE="$tmpdir/$name.release" \
+            nbdsh -u "$uri" -c "$code" -c '
+import os
+open(os.environ["HELD"], "w").write("held\n")
+open(os.environ["RELEASE"]).read()
+' || echo failed > "$tmpdir/$name.held"
+    ) &
+    _held_clients[$name]=$!
+    cleanup_fn kill "$!"
+    read -r said < "$tmpdir/$name.held"
+    [ "$said" = held ] || fail "hold_client $name: the client failed"
+}
+
+release_client ()
+{
+    local name="$1"
+    echo > "$tmpdir/$name.release"
+    wait "${_held_clients[$name]}"
+    unset "_held_clients[$name]"
+}
+
 # -- statistics ---------------------------------------------------------
 
 # stat_get FILE NAME: print counter NAME from an ssdcache-stats file

@@ -26,24 +26,14 @@ rm -f "$cache" "$cache".* "$tmpdir/st".*
 start_ssdcache -P "$tmpdir/s.pid" -U "$tmpdir/s.sock" file dir="$dir" \
     ssdcache-file="$cache" ssdcache-size=4M ssdcache-readahead=off \
     ssdcache-stats="$tmpdir/st" -D ssdcache.exports=1
-mkfifo "$tmpdir/c-read" "$tmpdir/c-end"
-READ="$tmpdir/c-read" END="$tmpdir/c-end" \
-nbdsh -u "$(uri_of c.img "$tmpdir/s.sock")" -c '
-import os
+hold_client c "$(uri_of c.img "$tmpdir/s.sock")" '
 for off in range(0, h.get_size(), 1 << 20):
-    h.pread(1 << 20, off)
-open(os.environ["READ"], "w").write("read\n")
-open(os.environ["END"]).read()
-' &
-holder=$!
-cleanup_fn kill $holder
-read -r _ < "$tmpdir/c-read"
+    h.pread(1 << 20, off)'
 sleep 1.5                       # c.img idle (EXPORTS_IDLE_MS)
 nbdcopy --no-extents "$(uri_of a.img "$tmpdir/s.sock")" "$tmpdir/copy"
 nbdcopy --no-extents "$(uri_of a.img "$tmpdir/s.sock")" "$tmpdir/copy"
 cmp "$dir/a.img" "$tmpdir/copy" || fail "a.img read wrong (budget)"
-echo > "$tmpdir/c-end"
-wait $holder
+release_client c
 stop_nbdkit "$tmpdir/s.pid"
 shared="$(hits_of_a "$tmpdir/st")"
 cfile="$(grep -l '^export: c.img$' "$tmpdir/st".*)"

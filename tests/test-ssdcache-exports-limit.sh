@@ -57,17 +57,7 @@ start_ssdcache -P "$pid" -U "$sock" --filter=stats file dir="$dir" \
     statsfile="$tmpdir/bstats" ssdcache-file="$cache" ssdcache-size=6M \
     ssdcache-exports-max=2 -D ssdcache.exports=1 2> "$tmpdir/log"
 # The default export ("", which file dir= lacks) keeps one of the two.
-mkfifo "$tmpdir/a-read" "$tmpdir/a-end"
-READ="$tmpdir/a-read" END="$tmpdir/a-end" \
-nbdsh -u "$(uri_of a.img)" -c '
-import os
-h.pread(2 * 1024 * 1024, 0)
-open(os.environ["READ"], "w").write("read\n")
-open(os.environ["END"]).read()
-' &
-holder=$!
-cleanup_fn kill $holder
-read -r _ < "$tmpdir/a-read"
+hold_client a "$(uri_of a.img)" 'h.pread(2 * 1024 * 1024, 0)'
 fds=$(cache_fds)
 if nbdsh -u "$(uri_of b.img)" -c 'h.pread(512, 0)' 2> "$tmpdir/err"; then
     fail "a third export was served with ssdcache-exports-max=2"
@@ -78,8 +68,7 @@ grep -q "export 'b.img' refused: .*(ssdcache-exports-max=2)" "$tmpdir/log" ||
 [ "$(cache_fds)" -eq "$fds" ] || fail "the refused export opened a file"
 ls "$cache".* | grep -c . | grep -qx 1 ||
     fail "the refused export created a cache file"
-echo > "$tmpdir/a-end"
-wait $holder
+release_client a
 # a.img's client left: its cache goes (bounded wait for the close).
 for (( i = 0; i < 300; i++ )); do
     [ "$(cache_fds)" -lt "$fds" ] && break

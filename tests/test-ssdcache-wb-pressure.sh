@@ -87,20 +87,10 @@ touch "$trigger"
 # The client stays connected while writeback works: the sh plugin asks
 # for the export name, so this export's threads (and its control
 # socket) use its connections (a last close would write back once and
-# stop them).  It says on one fifo when its writes are done and waits
-# on another for the end.
-mkfifo "$tmpdir/written" "$tmpdir/done"
-WRITTEN="$tmpdir/written" DONE="$tmpdir/done" \
-nbdsh -u "$(sock_uri "$sock")" -c '
-import os
+# stop them).
+hold_client writer "$(sock_uri "$sock")" '
 for p in range(16):                       # pages 0-3 fail, 4-15 do not
-    h.pwrite(bytes([p + 1]) * 65536, p * 65536)
-open(os.environ["WRITTEN"], "w").write("written\n")
-open(os.environ["DONE"]).read()
-' &
-client=$!
-cleanup_fn kill $client
-read -r _ < "$tmpdir/written"
+    h.pwrite(bytes([p + 1]) * 65536, p * 65536)'
 # wait_status FIELD OP VALUE: until "ctl status" says FIELD OP VALUE
 # (-eq, -le, ...), at most 60 s.
 wait_status ()
@@ -121,8 +111,7 @@ ctl stats > "$tmpdir/st"
     fail "backoff: no writeback error was counted"
 rm "$trigger"
 wait_status dirty_pages -eq 0
-echo > "$tmpdir/done"
-wait $client
+release_client writer
 stop_nbdkit "$tmpdir/pid"
 "$PYTHON" -c '
 import sys

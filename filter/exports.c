@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <nbdkit-filter.h>
@@ -594,12 +595,39 @@ unlink_locked (struct export *e)
   pthread_cond_broadcast (&exports_cond);
 }
 
+/* Under exports_lock, at ssdcache-exports-max: wait for a change while
+ * an export is closing (its count goes when it is closed), or until
+ * the deadline for one to begin closing.  Returns false once there is
+ * nothing to wait for any more.
+ */
+static bool
+wait_for_room_locked (const struct timespec *deadline)
+{
+  struct timespec now;
+
+  for (struct export *e = exports; e; e = e->link)
+    if (e->state == EXPORT_CLOSING) {
+      pthread_cond_wait (&exports_cond, &exports_lock);
+      return true;
+    }
+  clock_gettime (CLOCK_REALTIME, &now);
+  if (now.tv_sec > deadline->tv_sec ||
+      (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec))
+    return false;
+  pthread_cond_timedwait (&exports_cond, &exports_lock, deadline);
+  return true;
+}
+
 struct export *
 exports_get (const char *name)
 {
   struct export *e, *o;
+  struct timespec deadline;
 
+  clock_gettime (CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += EXPORTS_LIMIT_GRACE_MS / 1000;
   pthread_mutex_lock (&exports_lock);
+ again:
   /* Another connection may be opening or closing this name's cache:
    * its file is locked until then.
    */
@@ -611,6 +639,8 @@ exports_get (const char *name)
     pthread_mutex_unlock (&exports_lock);
     return o;
   }
+  if (nexports >= exports_max && wait_for_room_locked (&deadline))
+    goto again;
   if (nexports >= exports_max) {
     pthread_mutex_unlock (&exports_lock);
     nbdkit_error ("ssdcache: export '%s' refused: %u exports have a cache "

@@ -39,6 +39,11 @@
 #include "cache.h"
 
 #define EXPORTS_IDLE_MS 1000
+/* A connection over ssdcache-exports-max waits this long for a count
+ * to free (a client that just left: nbdkit closes its connection after
+ * the client is gone), and for as long as an export is closing.
+ */
+#define EXPORTS_LIMIT_GRACE_MS 2000
 
 struct export;
 struct lender;

@@ -13,6 +13,12 @@
 #     back its fd and threads, and the third is served.
 #  3. The export that was closed is warm when it comes back; when room
 #     is needed, its file is removed instead.
+#  4. At the limit, a client that comes right after another left is
+#     served: nbdkit closes the connection after the client is gone,
+#     and closing its export's cache takes time (here 1.5 s: a slow
+#     sync, LD_PRELOAD shim), so the newcomer waits for that close.
+#     (With the default export and b.img's client, which stays, three
+#     are open.)
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
@@ -114,3 +120,20 @@ for e in a b c; do
         --run "nbdcopy \"nbd+unix:///$e.img?socket=\$unixsocket\" $tmpdir/copy"
     cmp "$dir/$e.img" "$tmpdir/copy" || fail "$e.img read wrong"
 done
+
+# -- 4. the next client while the last one's cache is closing ---------
+
+rm -f "$cache" "$cache".*
+export LD_PRELOAD="$(shim_path faultio)" FAULTIO_PATH="$cache*" \
+    FAULTIO_TRIGGER="$tmpdir/slow" FAULTIO_OPS=s FAULTIO_DELAY_MS=1500
+start_ssdcache -P "$pid" -U "$sock" file dir="$dir" \
+    ssdcache-file="$cache" ssdcache-size=6M ssdcache-exports-max=3
+unset LD_PRELOAD FAULTIO_PATH FAULTIO_TRIGGER FAULTIO_OPS FAULTIO_DELAY_MS
+hold_client b "$(uri_of b.img)" 'h.pread(4096, 0)'
+touch "$tmpdir/slow"            # a sync of a cache file takes 1.5 s
+nbd a.img 'h.pread(4096, 0)'    # so closing its cache does
+nbd c.img 'h.pread(4096, 0)' ||
+    fail "c.img refused while a.img's cache was closing"
+rm "$tmpdir/slow"
+release_client b
+stop_nbdkit "$pid"

@@ -21,6 +21,9 @@
  *                  matching calls that fail, chosen by a per-thread
  *                  pseudo-random sequence seeded from $FAULTIO_SEED
  *                  (default 1) and the thread id.
+ *   FAULTIO_DELAY_MS  the matching calls do not fail: each waits this
+ *                  many milliseconds, then goes to the C library (a
+ *                  slow device).
  *
  * Everything else goes to the C library.  Used by
  * test-ssdcache-cache-errors.sh and chaos.py to make the cache device
@@ -38,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <sys/syscall.h>
 
@@ -132,6 +136,14 @@ should_fail (int fd, char op, size_t size)
     return false;
   if (!rate_hit ())
     return false;
+  if (getenv ("FAULTIO_DELAY_MS")) {
+    /* Slow, not failing. */
+    const long ms = atol (getenv ("FAULTIO_DELAY_MS"));
+    const struct timespec ts = { ms / 1000, ms % 1000 * 1000000 };
+
+    nanosleep (&ts, NULL);
+    return false;
+  }
   errno = getenv ("FAULTIO_ERRNO") ? atoi (getenv ("FAULTIO_ERRNO")) : EIO;
   return true;
 }

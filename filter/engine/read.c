@@ -302,7 +302,7 @@ slow_cached (const struct read_req *r, uint64_t page, uint8_t *page_buf)
   uint32_t a, b;
   unsigned sf, sl;
   uint32_t s = cache_lookup_pin (c, page);
-  bool ok, bad;
+  bool ok;
 
   if (s == PT_NONE) {
     if (!o->readahead)
@@ -312,12 +312,8 @@ slow_cached (const struct read_req *r, uint64_t page, uint8_t *page_buf)
   cache_page_part (c, page, pos, len, &a, &b);
   cache_sector_span (c, a, b - a, &sf, &sl);
   if (cache_read_verified_span (c, be, s, page_buf, sf, sl) == -1) {
-    pthread_mutex_lock (&c->lock);
-    bad = pagetable_lookup (&c->pt, page) == s &&
-      (pt_flags (&c->pt, s) & PT_BAD);
-    pthread_mutex_unlock (&c->lock);
-    if (bad) {
-      *err = EIO;
+    if (!cache_slot_dropped (c, page, s)) {
+      *err = EIO;                /* bad */
       return -1;
     }
     if (!o->readahead)

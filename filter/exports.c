@@ -597,11 +597,12 @@ unlink_locked (struct export *e)
 
 /* Under exports_lock, at ssdcache-exports-max: wait for a change while
  * an export is closing (its count goes when it is closed), or until
- * the deadline for one to begin closing.  Returns false once there is
- * nothing to wait for any more.
+ * *deadline (set at the first call, EXPORTS_LIMIT_GRACE_MS on) for one
+ * to begin closing.  Returns false once there is nothing to wait for
+ * any more.
  */
 static bool
-wait_for_room_locked (const struct timespec *deadline)
+wait_for_room_locked (struct timespec *deadline)
 {
   struct timespec now;
 
@@ -611,6 +612,10 @@ wait_for_room_locked (const struct timespec *deadline)
       return true;
     }
   clock_gettime (CLOCK_REALTIME, &now);
+  if (deadline->tv_sec == 0) {  /* the first wait sets it */
+    *deadline = now;
+    deadline->tv_sec += EXPORTS_LIMIT_GRACE_MS / 1000;
+  }
   if (now.tv_sec > deadline->tv_sec ||
       (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec))
     return false;
@@ -622,10 +627,8 @@ struct export *
 exports_get (const char *name)
 {
   struct export *e, *o;
-  struct timespec deadline;
+  struct timespec deadline = { 0 };
 
-  clock_gettime (CLOCK_REALTIME, &deadline);
-  deadline.tv_sec += EXPORTS_LIMIT_GRACE_MS / 1000;
   pthread_mutex_lock (&exports_lock);
  again:
   /* Another connection may be opening or closing this name's cache:

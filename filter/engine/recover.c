@@ -1,26 +1,26 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: crash recovery (loading the page table).
  *
- * Owns recover_load_entries: every entry whose CRC verifies is a candidate for
- * its backend page, and per page the highest sequence number wins.
- * After an unclean shutdown the data CRC of a dirty winner must hold (a
- * write torn by the crash was never flushed, so the next older
- * candidate, or the backend, is right): checked at once for a page of
- * several candidates, and on first use for a page of one (c->suspect,
- * fill.c), so that no data is read at start-up; the losers get FREE
- * entries so that they can never come back.  Each step is a function, and they
- * share a struct recovery: parse_entries (1) indexes the first
- * candidate of each page at once and keeps the others (and unsealed
- * ones) aside in r->extra, so that start-up takes O(n) time and no
- * array the size of the cache; pick_singles (2) settles the pages with
- * one candidate; pick_extras (3) sorts the few pages with several and
+ * Owns recover_load_entries: every entry whose CRC verifies is a
+ * candidate for its backend page, and per page the highest sequence
+ * number wins.  After an unclean shutdown the data CRC of a dirty
+ * winner must hold (a write torn by the crash was never flushed, so the
+ * next older candidate, or the backend, is right): checked at once for
+ * a page of several candidates, and on first use for a page of one
+ * (c->suspect, fill.c), so that no data is read at start-up; the losers
+ * get FREE entries so that they can never come back.  Each step is a
+ * function, and they share a struct recovery: parse_entries (1) indexes
+ * the first candidate of each page at once and keeps the others (and
+ * unsealed ones) aside in r->cand, so that start-up takes O(n) time and
+ * no array the size of the cache; pick_singles (2) settles the pages of
+ * one candidate; pick_extras (3) sorts the few pages of several and
  * picks their winners, with torn_by_crash and free_loser for each
- * candidate; then free_the_rest and report.  With ssdcache-writeback-order=flush, the
- * older dirty versions of a dirty winner from earlier flush generations
- * are kept (retain_older) so that writeback can go on in order.  Runs
- * single-threaded at start-up, before
- * any request; c->lock is still taken where the slot helpers expect
- * it.
+ * candidate; then free_the_rest and report.  With
+ * ssdcache-writeback-order=flush, the older dirty versions of a dirty
+ * winner from earlier flush generations are kept (retain_older) so that
+ * writeback can go on in order.  Runs single-threaded at start-up,
+ * before any request; c->lock is still taken where the slot helpers
+ * expect it.
  */
 #include <errno.h>
 #include <stdio.h>

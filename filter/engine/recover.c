@@ -432,6 +432,16 @@ pick_page (struct recovery *r, uint64_t i, uint64_t j)
   }
 }
 
+/* Sort the candidates set aside by page, newest first.  (Not when
+ * there are none: r->cand may be NULL, which qsort must not be given.)
+ */
+static void
+sort_cands (struct recovery *r)
+{
+  if (r->ncand > 1)
+    qsort (r->cand, r->ncand, sizeof *r->cand, cmp_cand);
+}
+
 /* Is page one of those with several candidates (r->cand sorted)? */
 static bool
 has_extras (const struct recovery *r, uint64_t page)
@@ -516,7 +526,7 @@ pick_extras (struct recovery *r)
     evict_remove (c->ev, s);
     pagetable_remove (&c->pt, s);
   }
-  qsort (r->cand, r->ncand, sizeof *r->cand, cmp_cand);
+  sort_cands (r);
   for (uint64_t i = 0; i < r->ncand;) {
     uint64_t j = i;
 
@@ -635,7 +645,7 @@ recover_load_entries (struct cache *c, uint32_t data_end)
   if (r.gen_max + 1 > c->gen)
     c->gen = r.gen_max + 1;
   c->pt.gen_ref = c->gen;
-  qsort (r.cand, r.ncand, sizeof *r.cand, cmp_cand);
+  sort_cands (&r);
   if (pick_singles (&r) == -1 || pick_extras (&r) == -1)
     goto out;
   free_the_rest (&r);

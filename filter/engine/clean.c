@@ -317,6 +317,7 @@ struct pass {
   size_t max_group;              /* pages */
   uint64_t target, start_ms;
   uint64_t gen_max;              /* flush generations written back */
+  bool closed;                   /* ... all closed: writes around wait */
   struct clean_page *kept;       /* retained slots written (order.c) */
   size_t nkept;
 
@@ -332,7 +333,9 @@ struct pass {
 };
 
 /* Writes going around a full cache share the backend with writeback:
- * while they do, a pass keeps one request in flight, not depth.
+ * while they do, a pass keeps one request in flight, not depth.  Not a
+ * pass over closed flush generations: writes around the cache wait for
+ * it (order.c), so it has the backend to itself.
  */
 #define CLEAN_YIELD_MS 200
 
@@ -349,7 +352,8 @@ take_group (struct pass *ps, bool helper, int64_t *first, size_t *ng)
     if (i >= ps->n ||
         (ps->target > 0 && (uint64_t) (ps->n - i) <= ps->target))
       return false;
-    if (helper && cache_now_ms () - atomic_load (&ps->c->last_around_ms)
+    if (helper && !ps->closed &&
+        cache_now_ms () - atomic_load (&ps->c->last_around_ms)
         < CLEAN_YIELD_MS)
       return false;
     j = lock_group (ps->c, ps->pages, i, ps->n, ps->max_group);
@@ -681,6 +685,9 @@ gen_pass (struct cache *c, const struct cache_backend *be,
     ps.max_group = 1;
   pthread_mutex_init (&ps.lock, NULL);
   pthread_mutex_lock (&c->clean_lock);
+  pthread_mutex_lock (&c->lock);
+  ps.closed = cache_ordered (c) && gen_max < c->gen;
+  pthread_mutex_unlock (&c->lock);
   ps.n = collect_dirty (c, &ps.pages,
                         o->skip_hot ? o->hot_after : UINT64_MAX,
                         o->target == 0 && !o->limited, gen_max, &nhot);

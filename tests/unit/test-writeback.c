@@ -1600,6 +1600,44 @@ test_wb_parallel_depth (void **state)
   }
 }
 
+/* In the flush order a pass over closed generations keeps depth
+ * requests in flight even while writes go around the cache: those
+ * writes wait for the pass (the backend is its own), where without the
+ * order a pass yields the backend to them with one request in flight.
+ */
+static void
+test_order_closed_pass_depth (void **state)
+{
+  const uint64_t size = 128 * PS;
+  enum cache_wb_order orders[] = { CACHE_ORDER_OFFSET, CACHE_ORDER_FLUSH };
+
+  for (unsigned o = 0; o < 2; o++) {
+    struct tenv env;
+    struct cache_config cfg = fixture_writeback_config (80 * PS, PS);
+    struct cache *c;
+    int err = 0;
+
+    cfg.wb.depth = 4;
+    cfg.wb.order = orders[o];
+    unlink (testfile_path);               /* a new cache each time */
+    c = tenv_open (&env, &cfg, size, 46 + o);
+    for (int p = 0; p < 128; p += 2)    /* not adjacent: 64 groups */
+      tenv_write (&env, c, (uint64_t) p * PS + 7, 1000, 600 + p);
+    assert_int_equal (cache_sync (c, &err), 0);  /* closes generation 1 */
+    atomic_store (&c->last_around_ms, cache_now_ms ()); /* a write around */
+    atomic_store (&env.rb.delay_max_us, 3000);
+    assert_int_equal (cache_writeback_all (c, env.be, &err), 0);
+    atomic_store (&env.rb.delay_max_us, 0);
+    if (orders[o] == CACHE_ORDER_OFFSET)
+      assert_int_equal (atomic_load (&env.t.max_inflight), 1);
+    else
+      assert_true (atomic_load (&env.t.max_inflight) >= 2);
+    assert_int_equal (cache_dirty_pages (c), 0);
+    backend_check (&env.rb, env.model, PS);
+    tenv_close (&env, c);
+  }
+}
+
 /* ssdcache-writeback-max-dirty: at the cap a write that would add
  * dirty pages goes through as in writethrough and makes no new dirty
  * data; a page it touches that is dirty is written back first, so its
@@ -1827,6 +1865,7 @@ main (void)
     TESTFILE_TEST (test_wb_zero_trim),
     TESTFILE_TEST (test_wb_backend_errors),
     TESTFILE_TEST (test_wb_parallel_depth),
+    TESTFILE_TEST (test_order_closed_pass_depth),
     TESTFILE_TEST (test_wb_dirty_cap),
     TESTFILE_TEST (test_wb_max_age),
     TESTFILE_TEST (test_wb_seq_around),

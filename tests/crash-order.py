@@ -4,7 +4,9 @@
 # thrown away (ssdcache-writeback-order=flush).
 #
 # Each iteration starts nbdkit in writeback mode (ssdcache-flush=cache)
-# over a file backend slowed by nbdkit's delay filter, on a small cache,
+# over a file backend slowed by nbdkit's delay filter, on a small cache
+# (page size, cache size, writeback depth and watermarks, dirty cap and
+# a rate of failing backend writes chosen at random),
 # and sends random asynchronous writes (sector aligned, 512 bytes to
 # 256 KiB, none overlapping another in flight) with flushes in between.
 # Every flush is issued with no write in flight, so that the export at
@@ -102,7 +104,8 @@ class KillHistory(T.FlushHistory):
 def server_args(args, cfg):
     """nbdkit's arguments after the ones ssdtest.Nbdkit adds."""
     c = cfg
-    a = ["--filter=" + args.filter, "--filter=delay",
+    below = ["--filter=error"] if c["errors"] else []
+    a = ["--filter=" + args.filter] + below + ["--filter=delay",
          "file", args.image,
          "delay-write=%dms" % c["delay_ms"],
          "ssdcache-file=" + args.cache,
@@ -115,6 +118,12 @@ def server_args(args, cfg):
          "ssdcache-writeback-low=%d" % c["low"],
          "ssdcache-writeback-idle=%d" % c["idle"],
          "ssdcache-writeback-on-exit=false"]
+    if c["errors"]:
+        # Backend writes fail now and then (writeback's, and those of
+        # writes that go around the cache); not reads, so that the
+        # recovered export can always be read back, and not flushes:
+        # nbdkit 1.32's error filter cannot fail them.
+        a += ["error=EIO", "error-pwrite-rate=%d%%" % c["errors"]]
     if c["max_dirty"]:
         a.append("ssdcache-writeback-max-dirty=%d%%" % c["max_dirty"])
     return a
@@ -134,7 +143,7 @@ class Client:
         self.disk = disk
         self.h = srv.connect()
         self.inflight = {}              # cookie -> (off, len, Write)
-        self.writes = self.flushes = 0
+        self.writes = self.flushes = self.failed = 0
 
     def overlaps(self, off, n):
         return any(off < o + l and o < off + n
@@ -144,8 +153,13 @@ class Client:
         if block and self.inflight:
             self.h.poll(-1)
         for cookie in list(self.inflight):
-            if self.h.aio_command_completed(cookie):
-                self.disk.end(self.inflight.pop(cookie)[2], True)
+            try:
+                done, ok = self.h.aio_command_completed(cookie), True
+            except nbd.Error:
+                done, ok = True, False  # (a backend error, --errors)
+            if done:
+                self.disk.end(self.inflight.pop(cookie)[2], ok)
+                self.failed += not ok
 
     def issue_write(self):
         size = self.args.size
@@ -170,7 +184,11 @@ class Client:
         while self.inflight:
             self.reap(True)
         tok = self.disk.flush_begin()
-        self.h.flush()
+        try:
+            self.h.flush()
+        except nbd.Error:
+            self.failed += 1            # no flush point
+            return
         self.disk.flush_end(tok)
         self.flushes += 1
 
@@ -200,6 +218,7 @@ def choose_cfg(rng):
         "low": 5,
         "idle": rng.choice([0, 50, 1000]),
         "max_dirty": rng.choice([0, 0, 30]),
+        "errors": rng.choice([0, 0, 2, 10]),   # % of backend writes fail
     }
 
 
@@ -234,11 +253,13 @@ def iteration(args, rng, it):
     with open(args.image, "rb") as f:
         got = f.read()
     k, _ = disk.check_order(got)
-    desc = ("page %d KiB, cache %d MiB, delay %d ms, depth %d, %d restarts, "
-            "%d writes, %d flushes" % (
+    desc = ("page %d KiB, cache %d MiB, delay %d ms, depth %d, backend "
+            "errors %d%%, %d restarts, %d writes, %d failed requests, %d "
+            "flushes" % (
                 cfg["page_size"] // KiB, cfg["cache_size"] // MiB,
-                cfg["delay_ms"], cfg["depth"], restarts, cl.writes if cl
-                else 0, len(disk.history.flushes)))
+                cfg["delay_ms"], cfg["depth"], cfg["errors"], restarts,
+                sum(x.writes for x in clients),
+                sum(x.failed for x in clients), len(disk.history.flushes)))
     if k is None:
         info("iteration %d: the backing file matches NO flush point (%s)"
              % (it, desc))

@@ -111,6 +111,7 @@ pagetable_free (struct pagetable *pt)
   free (pt->buckets);
   free (pt->side);
   free (pt->gens);
+  free (pt->pend);
   memset (pt, 0, sizeof *pt);
 }
 
@@ -166,8 +167,7 @@ pagetable_insert (struct pagetable *pt, uint32_t slot, uint64_t page)
 
   s->page = (uint32_t) page;
   s->next = pt->buckets[b];
-  s->flags |= PT_INDEXED;
-  s->flags &= ~PT_ORPHAN;
+  pt_set_flags (pt, slot, (s->flags | PT_INDEXED) & ~PT_ORPHAN);
   pt->buckets[b] = slot;
   pt->nindexed++;
 }
@@ -190,7 +190,7 @@ pagetable_remove (struct pagetable *pt, uint32_t slot)
       pt->recs[prev].next = s->next;
   }
   s->next = PT_NONE;
-  s->flags &= ~PT_INDEXED;
+  pt_flags_off (pt, slot, PT_INDEXED);
   pt->nindexed--;
 }
 
@@ -685,6 +685,7 @@ pagetable_put_free (struct pagetable *pt, uint32_t slot)
   struct pt_rec *s = &pt->recs[slot];
   uint32_t seq = s->seq;
 
+  pt_set_state (pt, slot, LAYOUT_FREE);       /* (not pending now) */
   if (code_is_side (s->map >> 14))
     side_release (pt, side_index (s->map));
   memset (s, 0, sizeof *s);
@@ -740,14 +741,14 @@ pagetable_from_entry (struct pagetable *pt, uint32_t s,
 
   if (e->page > PT_MAX_PAGES ||
       !pt_maps_set_force (pt, s, e->valid, e->dirty)) {
-    r->state = LAYOUT_FREE;
+    pt_set_state (pt, s, LAYOUT_FREE);
     return false;
   }
   r->page = (uint32_t) e->page;
   r->seq = (uint32_t) e->seq;   /* pt_loaded_seq; the loader then sets */
   r->epoch = e->seq >> 32;      /* both anew */
   r->data_crc = e->data_crc;
-  r->state = e->state;
+  pt_set_state (pt, s, e->state);
   pt_set_gen (pt, s, e->gen);   /* the loader sets gen_ref above them all */
   return true;
 }

@@ -133,7 +133,41 @@ struct pagetable {
    */
   uint32_t *gens;
   uint64_t gen_ref;
+  /* Slots whose dirty data the backend still lacks, counted per
+   * generation (ptgens.c; pagetable_count_pending turns it on): the
+   * flush order asks for the oldest such generation at every step, and
+   * must not scan the slots for it.
+   */
+  struct pt_gcount *pend;             /* sorted by gen, from pend_lo */
+  uint32_t pend_lo, pend_len, pend_cap;
+  bool pend_on;                       /* counting */
+  bool pend_lost;                     /* an allocation failed: scan */
 };
+
+/* A slot is pending (its dirty data not yet on the backend, counted in
+ * pt->pend) if it is dirty, indexed or superseded (kept for the flush
+ * order), and not bad.
+ */
+struct pt_gcount {
+  uint64_t gen;
+  uint32_t n;
+};
+struct pt_pend_mark {
+  bool was;
+  uint64_t gen;
+};
+extern struct pt_pend_mark pagetable_pend_mark (const struct pagetable *pt,
+                                                uint32_t s);
+extern void pagetable_pend_note (struct pagetable *pt, uint32_t s,
+                                 struct pt_pend_mark m);
+/* Count from now on (after loading, once gen_ref is final; one scan). */
+extern void pagetable_count_pending (struct pagetable *pt);
+/* The oldest generation of a pending slot, or UINT64_MAX. */
+extern uint64_t pagetable_oldest_pending (struct pagetable *pt);
+/* The same by a scan of every slot (what the counts must equal). */
+extern uint64_t pagetable_scan_oldest_pending (const struct pagetable *pt);
+/* Do the counts match a scan?  (For tests.) */
+extern bool pagetable_pending_consistent (const struct pagetable *pt);
 
 /* Test hooks: when non-zero, pagetable_init uses these spans instead of
  * the defaults (so that tests can force many rebases).
@@ -157,10 +191,19 @@ pt_state (const struct pagetable *pt, uint32_t s)
 {
   return pt->recs[s].state;
 }
+/* (Changes to state, flags and generation keep pt->pend in step.) */
 static inline void
 pt_set_state (struct pagetable *pt, uint32_t s, uint8_t state)
 {
+  struct pt_pend_mark m;
+
+  if (!pt->pend_on) {
+    pt->recs[s].state = state;
+    return;
+  }
+  m = pagetable_pend_mark (pt, s);
   pt->recs[s].state = state;
+  pagetable_pend_note (pt, s, m);
 }
 static inline uint16_t
 pt_flags (const struct pagetable *pt, uint32_t s)
@@ -170,17 +213,25 @@ pt_flags (const struct pagetable *pt, uint32_t s)
 static inline void
 pt_set_flags (struct pagetable *pt, uint32_t s, uint16_t flags)
 {
+  struct pt_pend_mark m;
+
+  if (!pt->pend_on) {
+    pt->recs[s].flags = flags;
+    return;
+  }
+  m = pagetable_pend_mark (pt, s);
   pt->recs[s].flags = flags;
+  pagetable_pend_note (pt, s, m);
 }
 static inline void
 pt_flags_on (struct pagetable *pt, uint32_t s, uint16_t f)
 {
-  pt->recs[s].flags |= f;
+  pt_set_flags (pt, s, pt->recs[s].flags | f);
 }
 static inline void
 pt_flags_off (struct pagetable *pt, uint32_t s, uint16_t f)
 {
-  pt->recs[s].flags &= ~f;
+  pt_set_flags (pt, s, pt->recs[s].flags & ~f);
 }
 extern unsigned pt_pins_over (const struct pagetable *pt, uint32_t s);
 extern void pt_pin_over (struct pagetable *pt, uint32_t s);
@@ -268,8 +319,17 @@ pt_gen (const struct pagetable *pt, uint32_t s)
 static inline void
 pt_set_gen (struct pagetable *pt, uint32_t s, uint64_t gen)
 {
-  if (pt->gens)
+  struct pt_pend_mark m;
+
+  if (pt->gens == NULL)
+    return;
+  if (!pt->pend_on) {
     pt->gens[s] = (uint32_t) gen;
+    return;
+  }
+  m = pagetable_pend_mark (pt, s);
+  pt->gens[s] = (uint32_t) gen;
+  pagetable_pend_note (pt, s, m);
 }
 /* Keep generations from now on (4 bytes a slot).  Returns 0 or -1. */
 extern int pagetable_keep_gens (struct pagetable *pt);

@@ -194,6 +194,8 @@ struct cache {
   unsigned order_inflight;       /* backend writes of c->gen_done + 1 (or
                                     older) in flight */
   bool order_advancing;          /* c->gen_done is moving: they wait */
+  uint64_t order_checked_ms;     /* last check of the page table's
+                                    counts (order.c: order_counts_ok) */
   uint64_t nretained;            /* superseded slots whose dirty data
                                     is still to be written back */
   struct genclock gclock;        /* when the flush that closed each

@@ -106,18 +106,39 @@ behind_locked (const struct cache *c, uint32_t s)
 
 /* Under c->lock: the oldest generation of dirty data still to be
  * written back, or UINT64_MAX if none.  (Bad slots cannot be: they are
- * reported, not waited for.)  One pass over the slots.
+ * reported, not waited for.)  Counted per generation by the page table
+ * (core/ptgens.c): no scan.
  */
 static uint64_t
-oldest_pending_locked (const struct cache *c)
+oldest_pending_locked (struct cache *c)
 {
-  uint64_t lo = UINT64_MAX;
+  return pagetable_oldest_pending (&c->pt);
+}
 
-  for (uint32_t s = 0; s < c->nslots; s++)
-    if (behind_locked (c, s) && !(pt_flags (&c->pt, s) & PT_BAD) &&
-        pt_gen (&c->pt, s) < lo)
-      lo = pt_gen (&c->pt, s);
-  return lo;
+/* Under c->lock: generation g seems to wait for pending slots.  Were
+ * the counts ever wrong (a bug), the flush order would wait forever:
+ * at most once every ORDER_CHECK_MS, compare them with a scan and
+ * count again if they differ.  Returns the oldest pending generation.
+ */
+#define ORDER_CHECK_MS 1000
+
+static uint64_t
+order_counts_ok_locked (struct cache *c, uint64_t lo)
+{
+  uint64_t now = cache_now_ms (), scan;
+
+  if (now - c->order_checked_ms < ORDER_CHECK_MS)
+    return lo;
+  c->order_checked_ms = now;
+  scan = pagetable_scan_oldest_pending (&c->pt);
+  if (scan == lo)
+    return lo;
+  log_error ("cache file %s: internal error: the flush order counted "
+             "generation %llu as the oldest with dirty data, but it is "
+             "%llu; counting again", c->path, (unsigned long long) lo,
+             (unsigned long long) scan);
+  pagetable_count_pending (&c->pt);
+  return scan;
 }
 
 /* Generation c->gen_done + 1 is complete (closed by a flush, nothing of
@@ -135,7 +156,8 @@ order_try_advance (struct cache *c, const struct cache_backend *be, int *err)
   pthread_mutex_lock (&c->lock);
   g = c->gen_done + 1;
   if (g >= c->gen || c->order_inflight > 0 || c->order_advancing ||
-      oldest_pending_locked (c) <= g) {
+      (oldest_pending_locked (c) <= g &&
+       order_counts_ok_locked (c, oldest_pending_locked (c)) <= g)) {
     pthread_mutex_unlock (&c->lock);
     return 0;
   }
@@ -192,6 +214,8 @@ order_loaded (struct cache *c)
     c->gen = hi + 1;
   c->pt.gen_ref = c->gen;
   c->gen_done = lo == UINT64_MAX ? c->gen - 1 : lo - 1;
+  if (c->wbcfg.order == CACHE_ORDER_FLUSH)
+    pagetable_count_pending (&c->pt);
   order_update_stats (c);
 }
 

@@ -368,6 +368,22 @@ client_op (struct cache *c, struct checker *ck, struct history *h,
   }
 }
 
+/* The page table's counts of pending slots per generation (what the
+ * flush order asks for the oldest of) match a scan of the slots.
+ */
+static void
+pend_check (struct cache *c)
+{
+  bool ok;
+
+  pthread_mutex_lock (&c->lock);
+  ok = pagetable_pending_consistent (&c->pt) &&
+    pagetable_oldest_pending (&c->pt) ==
+    pagetable_scan_oldest_pending (&c->pt);
+  pthread_mutex_unlock (&c->lock);
+  assert_true (ok);
+}
+
 /* A writeback cache of slots pages over the 64-page disk, the thread
  * cleaning from 25% dirty, writes in flight four at a time.
  */
@@ -416,9 +432,11 @@ run_model (enum cache_wb_order order, uint32_t slots, unsigned nops,
       writeback_request_all (c, &err);
     }
     client_op (c, ck, &h, &rng, i);
+    pend_check (c);
   }
   writeback_stop (c);
   assert_int_equal (cache_writeback_all (c, &ck->be, &err), 0);
+  pend_check (c);
   backend_check (&rb, h.model, PS);
   if (order == CACHE_ORDER_FLUSH) {
     assert_true (ST (c, order_flush_point) > 0);
@@ -537,6 +555,7 @@ crash_resume (uint64_t seed, uint64_t die_at)
   rambackend_poke (&rb, saved, SIZE, 0);
   checker_init (ck, &rb, &h);
   c = testfile_open_attach (&cfg, SIZE);
+  pend_check (c);
   print_message ("recovered: %llu dirty pages, %llu older versions kept, "
                  "flush lag %llu\n",
                  (unsigned long long) ST (c, dirty_pages),
@@ -545,6 +564,7 @@ crash_resume (uint64_t seed, uint64_t die_at)
   /* What the restarted export serves must reach the backend, in order. */
   assert_int_equal (cache_read (c, &ck->be, got, SIZE, 0, &err), 0);
   assert_int_equal (cache_writeback_all (c, &ck->be, &err), 0);
+  pend_check (c);
   backend_check (&rb, got, PS);
   if (ck->violations)
     fail_msg ("after recovery: %llu of %llu checks failed; the first %s",

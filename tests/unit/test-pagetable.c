@@ -965,6 +965,93 @@ test_shared_budget (void **state)
   assert_int_equal (budget_used (&bg), 0);
 }
 
+/* Pending slots counted per generation (core/ptgens.c): random
+ * changes of state, flags and generation through the accessors, with
+ * generations that mostly grow (as the flush order makes them) and now
+ * and then an older one (a copy that keeps its generation, recovery);
+ * after each change the counts match a scan, and the oldest agrees.
+ */
+static void
+test_pending_counts (void **state)
+{
+  const uint32_t n = 64;
+  struct pagetable pt;
+  uint64_t rng = 88172645463325252ULL, gen = 1;
+  uint32_t slots[64], nheld = 0;
+
+  assert_int_equal (pagetable_init (&pt, n), 0);
+  assert_int_equal (pagetable_keep_gens (&pt), 0);
+  pt.gen_ref = gen;
+  pagetable_count_pending (&pt);
+  assert_int_equal (pagetable_oldest_pending (&pt), UINT64_MAX);
+  for (unsigned i = 0; i < 20000; i++) {
+    uint32_t k, s;
+
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    k = nheld ? (uint32_t) (rng >> 32) % nheld : 0;
+    s = nheld ? slots[k] : PT_NONE;
+    switch (rng % 10) {
+    case 0:                                   /* a flush */
+      pt.gen_ref = ++gen;
+      break;
+    case 1:                                   /* a slot taken */
+      if ((s = pagetable_take_free (&pt)) != PT_NONE) {
+        slots[nheld++] = s;
+        pt_set_gen (&pt, s, gen);
+        pt_set_state (&pt, s, LAYOUT_DIRTY);
+        if (pagetable_lookup (&pt, s) == PT_NONE && rng % 3)
+          pagetable_insert (&pt, s, s);
+      }
+      break;
+    case 2:                                   /* a slot freed */
+      if (s != PT_NONE) {
+        pagetable_remove (&pt, s);
+        pagetable_put_free (&pt, s);
+        slots[k] = slots[--nheld];
+      }
+      break;
+    case 3:                                   /* written back */
+      if (s != PT_NONE)
+        pt_set_state (&pt, s, (rng >> 8) % 2 ? LAYOUT_CLEAN : LAYOUT_DIRTY);
+      break;
+    case 4:                                   /* superseded, or not */
+      if (s != PT_NONE) {
+        if ((rng >> 8) % 2)
+          pt_flags_on (&pt, s, PT_SUPERSEDED);
+        else
+          pt_flags_off (&pt, s, PT_SUPERSEDED);
+      }
+      break;
+    case 5:                                   /* out of the index */
+      if (s != PT_NONE)
+        pagetable_remove (&pt, s);
+      break;
+    case 6:                                   /* bad, or not */
+      if (s != PT_NONE)
+        pt_set_flags (&pt, s, (pt_flags (&pt, s) ^ PT_BAD));
+      break;
+    case 7:                                   /* rewritten: open gen */
+      if (s != PT_NONE)
+        pt_set_gen (&pt, s, gen);
+      break;
+    case 8:                                   /* an older generation */
+      if (s != PT_NONE && gen > 1)
+        pt_set_gen (&pt, s, gen - 1 - (rng >> 9) % (gen - 1 < 5 ? gen - 1
+                                                     : 5));
+      break;
+    default:                                  /* back in the index */
+      if (s != PT_NONE && !(pt_flags (&pt, s) & PT_INDEXED) &&
+          pagetable_lookup (&pt, s) == PT_NONE)
+        pagetable_insert (&pt, s, s);
+      break;
+    }
+    assert_true (pagetable_pending_consistent (&pt));
+    assert_int_equal (pagetable_oldest_pending (&pt),
+                      pagetable_scan_oldest_pending (&pt));
+  }
+  pagetable_free (&pt);
+}
+
 int
 main (void)
 {
@@ -987,6 +1074,7 @@ main (void)
     cmocka_unit_test (test_churn_large),
     cmocka_unit_test (test_entry_roundtrip),
     cmocka_unit_test (test_range_valid),
+    cmocka_unit_test (test_pending_counts),
   };
 
   return cmocka_run_group_tests (tests, NULL, NULL);

@@ -22,7 +22,7 @@
 #
 # --order offset runs the same with the offset order, to show that the
 # check fails there (the exit status is then 0 if some iteration found
-# no flush point).
+# no flush point; --stop-at-first ends there).
 #
 # Exit status: 0 all good, 1 a violation (details on stderr), 2 usage
 # or environment error.  Needs the libnbd Python bindings: run with
@@ -281,6 +281,9 @@ def main():
     p.add_argument("--seconds", type=float, default=1.5)
     p.add_argument("--qd", type=int, default=8)
     p.add_argument("--order", choices=["flush", "offset"], default="flush")
+    p.add_argument("--stop-at-first", action="store_true",
+                   help="end at the first iteration that matches no "
+                   "flush point (a self-test of the checker)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
@@ -315,6 +318,9 @@ def main():
             bad += 1
             if args.order == "flush":
                 return 1
+            if args.stop_at_first:
+                args.iterations = it
+                break
         elif rc != 0:
             return 1
     info("%d of %d iterations matched no flush point (%.0f s)" % (

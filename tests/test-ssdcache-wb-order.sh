@@ -20,7 +20,8 @@ crash="$testsrcdir/crash-order.py"
 seed="${CRASH_ORDER_SEED:-$RANDOM}"
 
 # The checker must catch an inconsistent backend.
-"$PYTHON" "$crash" --order offset --iterations 6 --seed "$seed" \
+"$PYTHON" "$crash" --order offset --iterations 24 --stop-at-first \
+          --seed "$seed" \
           --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/offset" \
           > "$tmpdir/offset.log" 2>&1 || {
     cat "$tmpdir/offset.log"

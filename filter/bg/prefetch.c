@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* nbdkit-ssdcache-filter: prefetch, the thread that runs readahead's reads.
+/* nbdkit-ssdcache-filter: prefetch, the threads that run readahead's reads.
  *
- * Owns struct prefetch and its thread, and struct prefetch_conn; see
- * prefetch.h for what each lock protects.  The thread takes ranges from
- * a small FIFO queue and reads each in pieces of at most PREFETCH_PIECE bytes
- * (cache_prefetch_fill: one backend read per run of pages not cached).
- * A range that overlaps one queued or being read is trimmed; when the
- * queue is full the new range is dropped and its stream asks again.
+ * Owns struct prefetch and its worker threads, and struct prefetch_conn;
+ * see prefetch.h for what each lock protects.  The workers take ranges
+ * from a small FIFO queue in pieces of at most PREFETCH_PIECE bytes, so
+ * that up to PREFETCH_WORKERS backend reads of one stream are in flight
+ * at once (cache_prefetch_fill: one backend read per run of pages not
+ * cached).  A range that overlaps one queued or being read is trimmed;
+ * when the queue is full the new range is dropped and its stream asks
+ * again.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -20,7 +22,8 @@
 #include "readahead.h"
 
 #define PREFETCH_QUEUE 32                     /* ranges waiting */
-#define PREFETCH_PIECE (4u << 20)             /* bytes read at a time */
+#define PREFETCH_PIECE (1u << 20)             /* bytes a worker reads */
+#define PREFETCH_WORKERS 4                    /* pieces read at once */
 
 struct prefetch_range {
   uint64_t lo, hi;
@@ -29,15 +32,17 @@ struct prefetch_range {
 struct prefetch {
   struct cache *c;
   struct cache_backend be;
-  pthread_t thread;
-  bool started;
+  pthread_t thread[PREFETCH_WORKERS];
+  unsigned nthreads;
 
   pthread_mutex_t lock;
   pthread_cond_t wake, idle;
   bool stop;
   struct prefetch_range q[PREFETCH_QUEUE];
   unsigned head, n;                     /* FIFO: q[head], ... */
-  struct prefetch_range cur;                  /* being read (lo == hi: none) */
+  struct prefetch_range busy[PREFETCH_WORKERS]; /* being read (lo == hi:
+                                                   none) */
+  unsigned nbusy;
 };
 
 struct prefetch_conn {
@@ -46,61 +51,104 @@ struct prefetch_conn {
   uint64_t wasted_seen;                 /* prefetch_wasted when last looked */
 };
 
+struct prefetch_worker {
+  struct prefetch *pf;
+  unsigned id;
+};
+
+/* Under pf->lock: cut the next piece off the range at the head of the
+ * queue (the range leaves the queue with its last piece).
+ */
+static struct prefetch_range
+next_piece_locked (struct prefetch *pf)
+{
+  struct prefetch_range *r = &pf->q[pf->head];
+  struct prefetch_range piece = *r;
+
+  if (piece.hi - piece.lo > PREFETCH_PIECE)
+    piece.hi = piece.lo + PREFETCH_PIECE;
+  r->lo = piece.hi;
+  if (r->lo >= r->hi) {
+    pf->head = (pf->head + 1) % PREFETCH_QUEUE;
+    pf->n--;
+  }
+  return piece;
+}
+
+/* Read one piece into the cache (pf->lock not held). */
+static void
+read_piece (struct prefetch *pf, struct prefetch_range r)
+{
+  int err = 0;
+
+  if (cache_prefetch_fill (pf->c, &pf->be, r.lo, r.hi - r.lo, &err) == -1 &&
+      ssdcache_debug_readahead)
+    /* The client's own read will meet the error if it persists. */
+    log_debug ("readahead: prefetch at %llu failed: %s",
+               (unsigned long long) r.lo, strerror (err));
+}
+
 static void *
 prefetch_thread (void *arg)
 {
-  struct prefetch *pf = arg;
-  struct cache *c = pf->c;
+  struct prefetch_worker *w = arg;
+  struct prefetch *pf = w->pf;
+  const unsigned id = w->id;
 
+  free (w);
   pthread_mutex_lock (&pf->lock);
   for (;;) {
-    struct prefetch_range r;
-    int err = 0;
-
     while (!pf->stop && pf->n == 0)
       pthread_cond_wait (&pf->wake, &pf->lock);
     if (pf->stop)
       break;
-    r = pf->q[pf->head];
-    pf->head = (pf->head + 1) % PREFETCH_QUEUE;
-    pf->n--;
-    pf->cur = r;
+    struct prefetch_range piece = next_piece_locked (pf);
+    pf->busy[id] = piece;
+    pf->nbusy++;
+    if (pf->n > 0)
+      pthread_cond_signal (&pf->wake);  /* the next piece, to another */
     pthread_mutex_unlock (&pf->lock);
 
-    for (uint64_t lo = r.lo; lo < r.hi;) {
-      uint64_t n = r.hi - lo < PREFETCH_PIECE ? r.hi - lo : PREFETCH_PIECE;
-      if (cache_prefetch_fill (c, &pf->be, lo, n, &err) == -1) {
-        /* The client's own read will meet the error if it persists. */
-        if (ssdcache_debug_readahead)
-          log_debug ("readahead: prefetch at %llu failed: %s",
-                     (unsigned long long) lo, strerror (err));
-        break;
-      }
-      lo += n;
-      pthread_mutex_lock (&pf->lock);
-      pf->cur.lo = lo;
-      if (pf->stop) {
-        pthread_mutex_unlock (&pf->lock);
-        goto out;
-      }
-      pthread_mutex_unlock (&pf->lock);
-    }
+    read_piece (pf, piece);
 
     pthread_mutex_lock (&pf->lock);
-    pf->cur.lo = pf->cur.hi = 0;
-    if (pf->n == 0)
+    pf->busy[id].lo = pf->busy[id].hi = 0;
+    pf->nbusy--;
+    if (pf->n == 0 && pf->nbusy == 0)
       pthread_cond_broadcast (&pf->idle);
   }
   pthread_mutex_unlock (&pf->lock);
- out:
   return NULL;
+}
+
+/* Start the workers; false (none left running) if the first fails. */
+static bool
+start_workers (struct prefetch *pf)
+{
+  for (unsigned i = 0; i < PREFETCH_WORKERS; i++) {
+    struct prefetch_worker *w = malloc (sizeof *w);
+    int r = w ? 0 : ENOMEM;
+
+    if (w) {
+      *w = (struct prefetch_worker) { .pf = pf, .id = i };
+      r = pthread_create (&pf->thread[i], NULL, prefetch_thread, w);
+      if (r != 0)
+        free (w);
+    }
+    if (r != 0) {
+      errno = r;
+      log_error ("cannot start readahead thread %u: %m", i + 1);
+      break;
+    }
+    pf->nthreads++;
+  }
+  return pf->nthreads > 0;
 }
 
 int
 prefetch_start (struct cache *c, const struct cache_backend *be)
 {
   struct prefetch *pf;
-  int r;
   struct readahead_config cfg;
 
   cache_readahead_config (c, &cfg);
@@ -116,17 +164,13 @@ prefetch_start (struct cache *c, const struct cache_backend *be)
   pthread_mutex_init (&pf->lock, NULL);
   pthread_cond_init (&pf->wake, NULL);
   pthread_cond_init (&pf->idle, NULL);
-  r = pthread_create (&pf->thread, NULL, prefetch_thread, pf);
-  if (r != 0) {
-    errno = r;
-    log_error ("cannot start the readahead thread: %m");
+  if (!start_workers (pf)) {
     pthread_mutex_destroy (&pf->lock);
     pthread_cond_destroy (&pf->wake);
     pthread_cond_destroy (&pf->idle);
     free (pf);
     return -1;
   }
-  pf->started = true;
   cache_bg_set (c, CACHE_BG_READAHEAD, pf);
   cache_hooks (c)->readahead_note_read = prefetch_note_read;
   cache_hooks (c)->readahead_stop = prefetch_stop;
@@ -146,8 +190,8 @@ prefetch_stop (struct cache *c)
   pthread_cond_broadcast (&pf->wake);
   pthread_cond_broadcast (&pf->idle);
   pthread_mutex_unlock (&pf->lock);
-  if (pf->started)
-    pthread_join (pf->thread, NULL);
+  for (unsigned i = 0; i < pf->nthreads; i++)
+    pthread_join (pf->thread[i], NULL);
   cache_hooks (c)->readahead_note_read = NULL;
   cache_hooks (c)->readahead_stop = NULL;
   cache_bg_set (c, CACHE_BG_READAHEAD, NULL);
@@ -165,7 +209,7 @@ prefetch_drain (struct cache *c)
   if (pf == NULL)
     return;
   pthread_mutex_lock (&pf->lock);
-  while (!pf->stop && (pf->n > 0 || pf->cur.lo < pf->cur.hi))
+  while (!pf->stop && (pf->n > 0 || pf->nbusy > 0))
     pthread_cond_wait (&pf->idle, &pf->lock);
   pthread_mutex_unlock (&pf->lock);
 }
@@ -216,25 +260,36 @@ prefetch_conn_free (struct prefetch_conn *pc)
   free (pc);
 }
 
+/* Under pf->lock: does o cut r?  Trims r's ends that o covers; true
+ * if o covers all of r.
+ */
+static bool
+trim_by (const struct prefetch_range *o, struct prefetch_range *r)
+{
+  if (o->lo >= o->hi || o->hi <= r->lo || o->lo >= r->hi)
+    return false;
+  if (o->lo <= r->lo && o->hi >= r->hi)
+    return true;                /* wholly covered */
+  if (o->lo <= r->lo)
+    r->lo = o->hi;              /* covered at the start */
+  else if (o->hi >= r->hi)
+    r->hi = o->lo;              /* covered at the end */
+  /* (a hole in the middle: both are read; cached pages are skipped) */
+  return false;
+}
+
 /* Under pf->lock: cut from r what is queued or being read already.
  * Returns false if nothing is left.
  */
 static bool
 trim_locked (const struct prefetch *pf, struct prefetch_range *r)
 {
-  for (unsigned i = 0; i <= pf->n; i++) {
-    const struct prefetch_range *o = i < pf->n
-      ? &pf->q[(pf->head + i) % PREFETCH_QUEUE] : &pf->cur;
-    if (o->lo >= o->hi || o->hi <= r->lo || o->lo >= r->hi)
-      continue;
-    if (o->lo <= r->lo && o->hi >= r->hi)
-      return false;             /* wholly covered */
-    if (o->lo <= r->lo)
-      r->lo = o->hi;            /* covered at the start */
-    else if (o->hi >= r->hi)
-      r->hi = o->lo;            /* covered at the end */
-    /* (a hole in the middle: both are read; cached pages are skipped) */
-  }
+  for (unsigned i = 0; i < pf->n; i++)
+    if (trim_by (&pf->q[(pf->head + i) % PREFETCH_QUEUE], r))
+      return false;
+  for (unsigned i = 0; i < pf->nthreads; i++)
+    if (trim_by (&pf->busy[i], r))
+      return false;
   return r->lo < r->hi;
 }
 

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* nbdkit-ssdcache-filter: prefetch, the thread that runs readahead's reads.
+/* nbdkit-ssdcache-filter: prefetch, the threads that run readahead's reads.
  *
- * Owns the prefetch thread (which reads from the backend through a
- * context of its own and stores into the cache), its queue of ranges
+ * Owns the prefetch workers (which read from the backend through a
+ * context of their own, a piece of a range each, and store into the
+ * cache), their queue of ranges
  * to prefetch, and the per-connection readahead state (struct
  * prefetch_conn: a struct readahead, see readahead.h, and its lock).
  * A client read only records what it did and maybe queues a range: it
@@ -11,7 +12,7 @@
  * is read; pages are stored through the engine's usual clean-fill path,
  * so readahead never evicts dirty data and never waits for a slot.
  *
- * Locking: pf->lock protects the queue, the range being read and the
+ * Locking: pf->lock protects the queue, the pieces being read and the
  * stop flag; it is never held across I/O.  pc->lock protects one
  * connection's readahead state.  Lock order: pc->lock, then pf->lock;
  * neither is held while taking c->lock.
@@ -26,8 +27,8 @@
 
 struct prefetch_conn;
 
-/* Start / stop the prefetch thread (stop waits for it, dropping what is
- * still queued).  Readahead works only while the thread runs.
+/* Start / stop the prefetch workers (stop waits for them, dropping what
+ * is still queued).  Readahead works only while they run.
  */
 extern int prefetch_start (struct cache *c, const struct cache_backend *be);
 extern void prefetch_stop (struct cache *c);

@@ -10,9 +10,12 @@
  * The engine (prefetch.c with cache.c) over a RAM backend and a real
  * cache file: data stays right, a sequential read needs far fewer
  * backend requests, no page is ever read from the backend twice
- * (cached pages and ranges in flight are skipped), and dirty data is
- * never evicted to make room for a prefetch.
+ * (cached pages and ranges in flight are skipped), a long range is read
+ * by several backend requests at once, and dirty data is never evicted
+ * to make room for a prefetch.
  */
+#include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -21,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 
 #include "cache.h"
@@ -532,6 +536,73 @@ test_engine_never_evicts_dirty (void **state)
   free (got);
 }
 
+/* A backend whose reads wait, each, until another is in flight too (or
+ * until a 10 s guard, so that a serial prefetch fails instead of
+ * hanging); once two were in flight together, reads no longer wait.
+ */
+struct gated {
+  struct rambackend *rb;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  unsigned inflight, max_inflight;
+  bool open;
+};
+
+static int
+gated_pread (void *h, void *buf, uint32_t count, uint64_t offset, int *err)
+{
+  struct gated *g = h;
+  struct timespec until;
+
+  clock_gettime (CLOCK_REALTIME, &until);
+  until.tv_sec += 10;
+  pthread_mutex_lock (&g->lock);
+  g->inflight++;
+  if (g->inflight > g->max_inflight)
+    g->max_inflight = g->inflight;
+  if (g->inflight >= 2)
+    g->open = true;
+  pthread_cond_broadcast (&g->cond);
+  while (!g->open &&
+         pthread_cond_timedwait (&g->cond, &g->lock, &until) != ETIMEDOUT)
+    ;
+  g->open = true;               /* (after the guard: do not wait again) */
+  pthread_mutex_unlock (&g->lock);
+  int r = g->rb->be.pread (g->rb->be.h, buf, count, offset, err);
+  pthread_mutex_lock (&g->lock);
+  g->inflight--;
+  pthread_mutex_unlock (&g->lock);
+  return r;
+}
+
+/* A prefetch of several pieces has more than one backend read in
+ * flight: the workers read a stream's range side by side.
+ */
+static void
+test_engine_parallel (void **state)
+{
+  const uint64_t size = 16 * M;
+  struct ra_engine e;
+  struct gated g = { .lock = PTHREAD_MUTEX_INITIALIZER,
+                     .cond = PTHREAD_COND_INITIALIZER };
+  struct cache *c = engine_open (32 * M, size, LAYOUT_MODE_WRITETHROUGH,
+                                 READAHEAD_FIXED, 8 * M, 0);
+
+  rambackend_init (&e.rb, size, 5);
+  rambackend_init (&e.prb, size, 5);
+  g.rb = &e.prb;
+  e.c = c;
+  assert_int_equal (prefetch_start (c, &(struct cache_backend) {
+                                      .h = &g, .pread = gated_pread,
+                                      .pwrite = e.prb.be.pwrite }), 0);
+  e.pc = prefetch_conn_new (c);
+  assert_non_null (e.pc);
+  ra_engine_scan (&e, 0, size, 64 * K);
+  assert_true (g.max_inflight >= 2);
+  assert_true (ST (c, prefetch_pages) > 0);
+  ra_engine_stop (&e);
+}
+
 /* Readahead off: no state, nothing prefetched. */
 static void
 test_engine_off (void **state)
@@ -567,6 +638,7 @@ main (void)
     TESTFILE_TEST (test_engine_sequential),
     TESTFILE_TEST (test_engine_skips_cached),
     TESTFILE_TEST (test_engine_never_evicts_dirty),
+    TESTFILE_TEST (test_engine_parallel),
     TESTFILE_TEST (test_engine_off),
   };
 

@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-ssdcache-filter: page range locks.
  *
- * Owns the arrays of held and waiting ranges; rl->lock protects them
- * and is held only while scanning/updating them.  See rangelock.h.
+ * Owns the arrays of held and waiting ranges and the pages' change
+ * stamps; rl->lock protects them and is held only while scanning or
+ * updating them.  See rangelock.h.
  */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rangelock.h"
 
@@ -16,6 +18,8 @@ rangelock_init (struct rangelock *rl)
   rl->held = rl->waiting = NULL;
   rl->n = rl->cap = rl->nwait = rl->capwait = 0;
   rl->next_ticket = 1;
+  rl->clock = 0;
+  memset (rl->stamp, 0, sizeof rl->stamp);
   if (pthread_mutex_init (&rl->lock, NULL) != 0)
     return -1;
   if (pthread_cond_init (&rl->cond, NULL) != 0) {
@@ -126,13 +130,49 @@ rangelock_try_acquire (struct rangelock *rl, uint64_t lo, uint64_t hi)
   return r;
 }
 
+/* Under rl->lock: remove [lo, hi] from the held ranges, wake waiters. */
+static void
+unhold_locked (struct rangelock *rl, uint64_t lo, uint64_t hi)
+{
+  drop (rl->held, &rl->n, lo, hi, 0, true);
+  pthread_cond_broadcast (&rl->cond);
+}
+
 void
 rangelock_release (struct rangelock *rl, uint64_t lo, uint64_t hi)
 {
   pthread_mutex_lock (&rl->lock);
-  drop (rl->held, &rl->n, lo, hi, 0, true);
-  pthread_cond_broadcast (&rl->cond);
+  rl->clock++;
+  for (uint64_t p = lo; p <= hi && p - lo < RANGELOCK_STAMPS; p++)
+    rl->stamp[p % RANGELOCK_STAMPS] = rl->clock;
+  unhold_locked (rl, lo, hi);
   pthread_mutex_unlock (&rl->lock);
+}
+
+uint64_t
+rangelock_release_unchanged (struct rangelock *rl, uint64_t lo, uint64_t hi)
+{
+  uint64_t t;
+
+  pthread_mutex_lock (&rl->lock);
+  t = rl->clock;
+  unhold_locked (rl, lo, hi);
+  pthread_mutex_unlock (&rl->lock);
+  return t;
+}
+
+bool
+rangelock_changed_since (struct rangelock *rl, uint64_t lo, uint64_t hi,
+                         uint64_t t)
+{
+  bool changed = false;
+
+  pthread_mutex_lock (&rl->lock);
+  for (uint64_t p = lo; p <= hi && p - lo < RANGELOCK_STAMPS && !changed;
+       p++)
+    changed = rl->stamp[p % RANGELOCK_STAMPS] > t;
+  pthread_mutex_unlock (&rl->lock);
+  return changed;
 }
 
 void

@@ -14,7 +14,14 @@
  * background pass never waits for a waiter (the waiter may itself wait
  * for a holder that waits for the pass).
  *
- * Locking: rl->lock protects rl->held and rl->waiting; it is held only
+ * Each release of a range stamps its pages (in RANGELOCK_STAMPS buckets,
+ * page number modulo their count) with a clock that only grows, unless
+ * the holder changed no page's data (rangelock_release_unchanged: a
+ * read, a fill): a fill behind (bg/behind.c) that read a page at clock t
+ * stores it only if no bucket of its pages is stamped after t.
+ *
+ * Locking: rl->lock protects rl->held, rl->waiting, the stamps and the
+ * clock; it is held only
  * to scan and update these small arrays, never across I/O.  Waiters
  * sleep on rl->cond.
  */
@@ -22,6 +29,7 @@
 #define SSDCACHE_RANGELOCK_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,6 +37,8 @@ struct rangelock_range {
   uint64_t lo, hi;
   uint64_t ticket;               /* held: when taken; waiting: arrival */
 };
+
+#define RANGELOCK_STAMPS 4096
 
 struct rangelock {
   pthread_mutex_t lock;
@@ -38,6 +48,8 @@ struct rangelock {
   struct rangelock_range *waiting;
   size_t nwait, capwait;
   uint64_t next_ticket;
+  uint64_t clock;                /* the latest stamp */
+  uint64_t stamp[RANGELOCK_STAMPS];
 };
 
 extern int rangelock_init (struct rangelock *rl);
@@ -54,7 +66,21 @@ extern int rangelock_acquire (struct rangelock *rl, uint64_t lo, uint64_t hi);
 extern int rangelock_try_acquire (struct rangelock *rl, uint64_t lo,
                                   uint64_t hi);
 
+/* Release [lo, hi], stamping its pages: their data may have changed. */
 extern void rangelock_release (struct rangelock *rl, uint64_t lo, uint64_t hi);
+
+/* Release [lo, hi], whose pages' data the holder did not change (it
+ * only read them, or stored in the cache what the backend has).
+ * Returns the clock: a later change of any of them is stamped after it.
+ */
+extern uint64_t rangelock_release_unchanged (struct rangelock *rl,
+                                             uint64_t lo, uint64_t hi);
+
+/* With [lo, hi] held: was any page of it (or one sharing its bucket)
+ * changed after clock t?
+ */
+extern bool rangelock_changed_since (struct rangelock *rl, uint64_t lo,
+                                     uint64_t hi, uint64_t t);
 
 /* Wait until every range held when it was called has been released.
  * Ranges taken meanwhile neither wait for it nor are waited for: a

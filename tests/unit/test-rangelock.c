@@ -481,6 +481,42 @@ test_fifo (void **state)
   rangelock_destroy (&rl);
 }
 
+/* Stamps: a release stamps its pages after every earlier clock, a
+ * release of an unchanged range does not; a change is seen only for
+ * the pages it covered (and their buckets).
+ */
+static void
+test_stamps (void **state)
+{
+  struct rangelock rl;
+  uint64_t t;
+
+  assert_int_equal (rangelock_init (&rl), 0);
+  assert_int_equal (rangelock_acquire (&rl, 10, 19), 0);
+  t = rangelock_release_unchanged (&rl, 10, 19);
+  assert_int_equal (rangelock_try_acquire (&rl, 0, 99), 0);
+  assert_false (rangelock_changed_since (&rl, 0, 99, t));
+  rangelock_release (&rl, 0, 99);           /* a change of 0..99 */
+  assert_int_equal (rangelock_try_acquire (&rl, 10, 19), 0);
+  assert_true (rangelock_changed_since (&rl, 10, 19, t));
+  t = rangelock_release_unchanged (&rl, 10, 19);
+  assert_int_equal (rangelock_acquire (&rl, 15, 15), 0);
+  rangelock_release (&rl, 15, 15);          /* one page changes */
+  assert_int_equal (rangelock_acquire (&rl, 10, 19), 0);
+  assert_false (rangelock_changed_since (&rl, 10, 14, t));
+  assert_true (rangelock_changed_since (&rl, 10, 19, t));
+  assert_true (rangelock_changed_since (&rl, 15 + RANGELOCK_STAMPS,
+                                        15 + RANGELOCK_STAMPS, t));
+  rangelock_release (&rl, 10, 19);
+  /* A range longer than the buckets: every bucket is stamped. */
+  t = rangelock_release_unchanged (&rl, 0, 0);
+  assert_int_equal (rangelock_acquire (&rl, 5, 5 + 3 * RANGELOCK_STAMPS), 0);
+  rangelock_release (&rl, 5, 5 + 3 * RANGELOCK_STAMPS);
+  for (uint64_t p = 0; p < RANGELOCK_STAMPS; p += 97)
+    assert_true (rangelock_changed_since (&rl, p, p, t));
+  rangelock_destroy (&rl);
+}
+
 int
 main (void)
 {
@@ -495,6 +531,7 @@ main (void)
     cmocka_unit_test (test_stress),
     cmocka_unit_test (test_barrier),
     cmocka_unit_test (test_fifo),
+    cmocka_unit_test (test_stamps),
   };
 
   return cmocka_run_group_tests (tests, NULL, NULL);

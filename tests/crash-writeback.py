@@ -48,7 +48,6 @@ import argparse
 import itertools
 import os
 import random
-import select
 import sys
 import threading
 import time
@@ -408,20 +407,8 @@ class Client:
         return self.h[op.conn].aio_command_completed(op.cookie)
 
     def progress(self, timeout):
-        rl, wl, fds = [], [], {}
-        for h in self.h:
-            d = h.aio_get_direction()
-            fd = h.aio_get_fd()
-            fds[fd] = h
-            if d & nbd.AIO_DIRECTION_READ:
-                rl.append(fd)
-            if d & nbd.AIO_DIRECTION_WRITE:
-                wl.append(fd)
-        r, w, _ = select.select(rl, wl, [], timeout)
-        for fd in r:
-            fds[fd].aio_notify_read()
-        for fd in w:
-            fds[fd].aio_notify_write()
+        """Move I/O forward on every connection, retire what finished."""
+        T.aio_poll(self.h, timeout)
         for op in list(self.inflight):
             try:
                 done = self.cmd_done(op)

@@ -31,7 +31,6 @@
 import argparse
 import os
 import random
-import select
 import sys
 import time
 
@@ -388,21 +387,9 @@ class Runner:
                    % (op, where, where % 65536, exp, got))
 
     def progress(self, timeout):
-        """Move I/O forward on every connection, retire what finished."""
-        rl, wl, fds = [], [], {}
-        for i, h in enumerate(self.handles):
-            d = h.aio_get_direction()
-            fd = h.aio_get_fd()
-            fds[fd] = h
-            if d & nbd.AIO_DIRECTION_READ:
-                rl.append(fd)
-            if d & nbd.AIO_DIRECTION_WRITE:
-                wl.append(fd)
-        r, w, _ = select.select(rl, wl, [], timeout)
-        for fd in r:
-            fds[fd].aio_notify_read()
-        for fd in w:
-            fds[fd].aio_notify_write()
+        """Move I/O forward on every connection, retire what finished;
+        True if a connection was ready."""
+        ready = T.aio_poll(self.handles, timeout)
         for op in list(self.inflight):
             try:
                 done = self.handles[op.conn].aio_command_completed(op.cookie)
@@ -411,7 +398,7 @@ class Runner:
                 continue
             if done:
                 self.complete(op, None)
-        return bool(r or w)
+        return ready
 
     def wait_until(self, cond):
         deadline = time.monotonic() + self.args.timeout

@@ -15,6 +15,7 @@ does not grow its own copy:
                    killed with SIGKILL and reaped; the stacks of all
                    its threads (gdb) and the tail of its log
   read_all         a whole export through a libnbd handle
+  aio_poll         one round of libnbd's aio loop over some handles
   ctl              `ssdcache ctl SOCKET CMD...` with a timeout
   Disk             a model of one export: per 512-byte sector the
                    value(s) a read may return now, what a kill -9 may
@@ -40,12 +41,13 @@ than its bound), StartError, EnvError (the environment lacks
 something; a harness may skip), ReadError (read_all), and the
 harness's own failures.
 
-Needs Python 3.9+; Nbdkit.connect and Nbdkit.wait_serving use the
-libnbd bindings (run with /usr/bin/python3 on Debian).
+Needs Python 3.9+; Nbdkit.connect, Nbdkit.wait_serving and aio_poll
+use the libnbd bindings (run with /usr/bin/python3 on Debian).
 """
 
 import errno
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -377,6 +379,26 @@ def read_all(h, size, chunk=4 * MiB):
         except nbd.Error as e:
             raise ReadError(off, n, e)
     return bytes(out)
+
+
+def aio_poll(handles, timeout):
+    """Wait up to timeout s for the sockets of libnbd handles, let them
+    move I/O on; True if one was ready."""
+    rl, wl, fds = [], [], {}
+    for h in handles:
+        d = h.aio_get_direction()
+        fd = h.aio_get_fd()
+        fds[fd] = h
+        if d & nbd.AIO_DIRECTION_READ:
+            rl.append(fd)
+        if d & nbd.AIO_DIRECTION_WRITE:
+            wl.append(fd)
+    r, w, _ = select.select(rl, wl, [], timeout)
+    for fd in r:
+        fds[fd].aio_notify_read()
+    for fd in w:
+        fds[fd].aio_notify_write()
+    return bool(r or w)
 
 
 def log_tail(path, n=40):

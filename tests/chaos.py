@@ -345,19 +345,8 @@ class Server:
               "ssdcache-control=" + seg.ctlsock,
               "ssdcache-writeback-order=" + c["order"],
               "ssdcache-flush=" + c["flush"],
-              "ssdcache-writeback-high=%d" % c["high"],
-              "ssdcache-writeback-low=%d" % c["low"],
-              "ssdcache-writeback-idle=%d" % c["idle"],
-              "ssdcache-writeback-rate=%d" % c["rate"],
-              "ssdcache-writeback-depth=%d" % c["depth"],
-              "ssdcache-writeback-max-age=%d" % c["max_age"],
-              "ssdcache-writeback-seq-cutoff=%d" % c["seq_cutoff"],
               "ssdcache-readahead=" + c["readahead"]]
-        if c["max_dirty_bytes"]:
-            a.append("ssdcache-writeback-max-dirty=%d" %
-                     c["max_dirty_bytes"])
-        elif c["max_dirty"]:
-            a.append("ssdcache-writeback-max-dirty=%d%%" % c["max_dirty"])
+        a += T.writeback_args(c)
         if verify:
             a.append("ssdcache-verify=lazy")
         if c["warm"]:

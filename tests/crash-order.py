@@ -113,19 +113,13 @@ def server_args(args, cfg):
          "ssdcache-page-size=%d" % c["page_size"],
          "ssdcache-mode=writeback", "ssdcache-flush=cache",
          "ssdcache-writeback-order=" + args.order,
-         "ssdcache-writeback-depth=%d" % c["depth"],
-         "ssdcache-writeback-high=%d" % c["high"],
-         "ssdcache-writeback-low=%d" % c["low"],
-         "ssdcache-writeback-idle=%d" % c["idle"],
-         "ssdcache-writeback-on-exit=false"]
+         "ssdcache-writeback-on-exit=false"] + T.writeback_args(c)
     if c["errors"]:
         # Backend writes fail now and then (writeback's, and those of
         # writes that go around the cache); not reads, so that the
         # recovered export can always be read back, and not flushes:
         # nbdkit 1.32's error filter cannot fail them.
         a += ["error=EIO", "error-pwrite-rate=%d%%" % c["errors"]]
-    if c["max_dirty"]:
-        a.append("ssdcache-writeback-max-dirty=%d%%" % c["max_dirty"])
     return a
 
 

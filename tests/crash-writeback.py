@@ -114,16 +114,7 @@ class Server(T.Nbdkit):
         if args.direct:
             a += ["ssdcache-direct=true"]
         if self.mode == "writeback":
-            a += ["ssdcache-flush=" + c["flush"],
-                  "ssdcache-writeback-high=%d" % c["high"],
-                  "ssdcache-writeback-low=%d" % c["low"],
-                  "ssdcache-writeback-idle=%d" % c["idle"],
-                  "ssdcache-writeback-rate=%d" % c["rate"],
-                  "ssdcache-writeback-depth=%d" % c["depth"],
-                  "ssdcache-writeback-max-age=%d" % c["max_age"],
-                  "ssdcache-writeback-seq-cutoff=%d" % c["seq_cutoff"]]
-            if c["max_dirty"]:
-                a += ["ssdcache-writeback-max-dirty=%d%%" % c["max_dirty"]]
+            a += ["ssdcache-flush=" + c["flush"]] + T.writeback_args(c)
         return a
 
     def describe(self):

@@ -13,7 +13,8 @@ does not grow its own copy:
                    by waiting for a file or sleeping), stopped with
                    SIGTERM and waited for (a bound: a hang otherwise),
                    killed with SIGKILL and reaped; the stacks of all
-                   its threads (gdb) and the tail of its log
+                   its threads (gdb) and the tail of its log;
+                   writeback_args, its ssdcache-writeback-* parameters
   read_all         a whole export through a libnbd handle
   aio_poll         one round of libnbd's aio loop over some handles
   ctl              `ssdcache ctl SOCKET CMD...` with a timeout
@@ -355,6 +356,23 @@ class Nbdkit:
 
     def log_tail(self, n=40):
         return log_tail(self.log, n)
+
+
+_WRITEBACK_KNOBS = ("high", "low", "idle", "rate", "depth", "max_age",
+                    "seq_cutoff")
+
+
+def writeback_args(cfg):
+    """The ssdcache-writeback-* parameters of a harness's configuration
+    (the keys of _WRITEBACK_KNOBS it has, and max_dirty_bytes or
+    max_dirty, % of the cache, when not 0)."""
+    a = ["ssdcache-writeback-%s=%d" % (k.replace("_", "-"), cfg[k])
+         for k in _WRITEBACK_KNOBS if k in cfg]
+    if cfg.get("max_dirty_bytes"):
+        a.append("ssdcache-writeback-max-dirty=%d" % cfg["max_dirty_bytes"])
+    elif cfg.get("max_dirty"):
+        a.append("ssdcache-writeback-max-dirty=%d%%" % cfg["max_dirty"])
+    return a
 
 
 class ReadError(Exception):

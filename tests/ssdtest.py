@@ -1328,17 +1328,46 @@ class RangeTable:
 # -- servers for the network plugins -----------------------------------------
 
 def free_port():
+    """A TCP port on 127.0.0.1 that is free now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 class _Daemon:
+    """A server of the test's own on a free port of 127.0.0.1, its
+    output in workdir/NAME.log."""
+
     def __init__(self, workdir, name):
         self.workdir = workdir
         self.name = name
         self.proc = None
+        self.port = None
         self.log = os.path.join(workdir, name + ".log")
+
+    @staticmethod
+    def _available(binary, plugin):
+        """True if binary can run and nbdkit has plugin."""
+        return os.access(binary, os.X_OK) and \
+            subprocess.run(["nbdkit", plugin, "--version"],
+                           capture_output=True).returncode == 0
+
+    def _start_on_free_port(self, argv_for):
+        """Run the server until it listens, on a free port (5 tries);
+        argv_for(port) writes its configuration, returns its command."""
+        for attempt in range(5):
+            self.port = free_port()
+            argv = argv_for(self.port)
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                             stdout=log, stderr=log)
+            try:
+                self._wait_listening(self.port)
+                return
+            except (EnvError, Hang):
+                self.stop()
+        raise EnvError("%s could not be started: %s" % (
+            self.name, log_tail(self.log)))
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
@@ -1370,15 +1399,14 @@ class Sshd(_Daemon):
     def __init__(self, workdir):
         _Daemon.__init__(self, workdir, "sshd")
         self.dir = os.path.join(workdir, "ssh")
-        self.port = None
 
     @staticmethod
     def available():
-        return os.access("/usr/sbin/sshd", os.X_OK) and \
-            subprocess.run(["nbdkit", "ssh", "--version"],
-                           capture_output=True).returncode == 0
+        """True if sshd and nbdkit's ssh plugin are installed."""
+        return _Daemon._available("/usr/sbin/sshd", "ssh")
 
     def start(self):
+        """Keys, then sshd on a free port, then known_hosts for it."""
         d = self.dir
         os.makedirs(d, mode=0o700, exist_ok=True)
         for k in ("host_key", "user_key"):
@@ -1391,36 +1419,28 @@ class Sshd(_Daemon):
             g.write(f.read())
         if os.getuid() == 0 and not os.path.isdir("/run/sshd"):
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-        for attempt in range(5):
-            self.port = free_port()
-            conf = os.path.join(d, "sshd_config")
-            with open(conf, "w") as f:
-                f.write("Port %d\nListenAddress 127.0.0.1\n"
-                        "HostKey %s/host_key\nPidFile %s/sshd.pid\n"
-                        "AuthorizedKeysFile %s/authorized_keys\n"
-                        "StrictModes no\nUsePAM no\nPubkeyAuthentication yes\n"
-                        "PasswordAuthentication no\n"
-                        "KbdInteractiveAuthentication no\n"
-                        "PermitRootLogin prohibit-password\n"
-                        "AllowTcpForwarding no\nX11Forwarding no\n"
-                        "PrintMotd no\nMaxStartups 64\nMaxSessions 64\n"
-                        "Subsystem sftp internal-sftp\n" % (self.port, d, d, d))
-            log = open(self.log, "ab")
-            self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f",
-                                          conf], stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=log)
-            log.close()
-            try:
-                self._wait_listening(self.port)
-            except (EnvError, Hang):
-                self.stop()
-                continue
-            with open(os.path.join(d, "host_key.pub")) as f:
-                key = " ".join(f.read().split()[:2])
-            with open(os.path.join(d, "known_hosts"), "w") as f:
-                f.write("[127.0.0.1]:%d %s\n" % (self.port, key))
-            return
-        raise EnvError("sshd could not be started: %s" % log_tail(self.log))
+        self._start_on_free_port(self._config)
+        with open(os.path.join(d, "host_key.pub")) as f:
+            key = " ".join(f.read().split()[:2])
+        with open(os.path.join(d, "known_hosts"), "w") as f:
+            f.write("[127.0.0.1]:%d %s\n" % (self.port, key))
+
+    def _config(self, port):
+        """Write sshd_config for port; sshd's command line."""
+        d = self.dir
+        conf = os.path.join(d, "sshd_config")
+        with open(conf, "w") as f:
+            f.write("Port %d\nListenAddress 127.0.0.1\n"
+                    "HostKey %s/host_key\nPidFile %s/sshd.pid\n"
+                    "AuthorizedKeysFile %s/authorized_keys\n"
+                    "StrictModes no\nUsePAM no\nPubkeyAuthentication yes\n"
+                    "PasswordAuthentication no\n"
+                    "KbdInteractiveAuthentication no\n"
+                    "PermitRootLogin prohibit-password\n"
+                    "AllowTcpForwarding no\nX11Forwarding no\n"
+                    "PrintMotd no\nMaxStartups 64\nMaxSessions 64\n"
+                    "Subsystem sftp internal-sftp\n" % (port, d, d, d))
+        return ["/usr/sbin/sshd", "-D", "-e", "-f", conf]
 
     def plugin_args(self, path):
         import pwd
@@ -1439,36 +1459,26 @@ class Httpd(_Daemon):
     def __init__(self, workdir, docroot):
         _Daemon.__init__(self, workdir, "lighttpd")
         self.docroot = docroot
-        self.port = None
 
     @staticmethod
     def available():
-        return os.access("/usr/sbin/lighttpd", os.X_OK) and \
-            subprocess.run(["nbdkit", "curl", "--version"],
-                           capture_output=True).returncode == 0
+        """True if lighttpd and nbdkit's curl plugin are installed."""
+        return _Daemon._available("/usr/sbin/lighttpd", "curl")
 
     def start(self):
-        for attempt in range(5):
-            self.port = free_port()
-            conf = os.path.join(self.workdir, "lighttpd.conf")
-            with open(conf, "w") as f:
-                f.write('server.document-root = "%s"\nserver.port = %d\n'
-                        'server.bind = "127.0.0.1"\n'
-                        'server.errorlog = "%s"\n'
-                        'server.max-connections = 256\n' % (
-                            self.docroot, self.port, self.log))
-            log = open(self.log, "ab")
-            self.proc = subprocess.Popen(["/usr/sbin/lighttpd", "-D", "-f",
-                                          conf], stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=log)
-            log.close()
-            try:
-                self._wait_listening(self.port)
-                return
-            except (EnvError, Hang):
-                self.stop()
-        raise EnvError("lighttpd could not be started: %s" %
-                       log_tail(self.log))
+        """lighttpd on a free port."""
+        self._start_on_free_port(self._config)
+
+    def _config(self, port):
+        """Write lighttpd.conf for port; lighttpd's command line."""
+        conf = os.path.join(self.workdir, "lighttpd.conf")
+        with open(conf, "w") as f:
+            f.write('server.document-root = "%s"\nserver.port = %d\n'
+                    'server.bind = "127.0.0.1"\n'
+                    'server.errorlog = "%s"\n'
+                    'server.max-connections = 256\n' % (
+                        self.docroot, port, self.log))
+        return ["/usr/sbin/lighttpd", "-D", "-f", conf]
 
     def url(self, name):
         return "http://127.0.0.1:%d/%s" % (self.port, name)

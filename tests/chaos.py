@@ -525,10 +525,7 @@ class Worker(threading.Thread):
 
     def close(self):
         if self.h is not None:
-            try:
-                self.h.shutdown()
-            except nbd.Error:
-                pass
+            T.shutdown_quietly(self.h)
             self.h = None       # the last reference closes it
 
     def loop(self):
@@ -936,30 +933,21 @@ class Segment:
     def close_anchors(self):
         for dom in self.domains:
             if dom.anchor is not None:
-                try:
-                    dom.anchor.shutdown()
-                except nbd.Error:
-                    pass
+                T.shutdown_quietly(dom.anchor)
                 dom.anchor = None
 
     def read_export(self, dom):
         """The whole export through the domain's anchor handle."""
-        out = bytearray()
-        step = 4 * MiB
         wid = self.watch_begin("full read of export %r" % dom.names[0])
         try:
-            for off in range(0, dom.disk.size, step):
-                n = min(step, dom.disk.size - off)
-                try:
-                    out += dom.anchor.pread(n, off)
-                except nbd.Error as e:
-                    if self.faults_seen:
-                        raise
-                    raise Failure("error", "reading back export %r at "
-                                  "%d failed: %s" % (dom.names[0], off, e))
+            return T.read_all(dom.anchor, dom.disk.size)
+        except T.ReadError as e:
+            if self.faults_seen:
+                raise e.error
+            raise Failure("error", "reading back export %r at %d failed: "
+                          "%s" % (dom.names[0], e.off, e.error))
         finally:
             self.watch_end(wid)
-        return bytes(out)
 
     def backing(self, dom):
         with open(dom.backing, "rb") as f:

@@ -585,11 +585,9 @@ def check_stats(server, stats):
 
 
 def close_handles(hs):
+    """Disconnect every handle of list hs and empty it."""
     for h in hs:
-        try:
-            h.shutdown()
-        except nbd.Error:
-            pass
+        T.shutdown_quietly(h)
     hs.clear()
 
 

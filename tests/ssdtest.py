@@ -16,6 +16,7 @@ does not grow its own copy:
                    its threads (gdb) and the tail of its log;
                    writeback_args, its ssdcache-writeback-* parameters
   read_all         a whole export through a libnbd handle
+  shutdown_quietly disconnect a handle whose server may be gone
   aio_poll         one round of libnbd's aio loop over some handles
   ctl              `ssdcache ctl SOCKET CMD...` with a timeout
   Disk             a model of one export: per 512-byte sector the
@@ -397,6 +398,15 @@ def read_all(h, size, chunk=4 * MiB):
         except nbd.Error as e:
             raise ReadError(off, n, e)
     return bytes(out)
+
+
+def shutdown_quietly(h):
+    """Disconnect libnbd handle h; an error (a dead server) is no
+    matter."""
+    try:
+        h.shutdown()
+    except nbd.Error:
+        pass
 
 
 def aio_poll(handles, timeout):

@@ -44,6 +44,7 @@ struct config {
   uint64_t readahead_max;             /* ssdcache-readahead-max */
   unsigned exports;            /* ssdcache-exports: enum config_exports */
   unsigned exports_max;        /* ssdcache-exports-max: caches open */
+  bool fill_behind;            /* ssdcache-fill-behind */
   bool warm;                   /* ssdcache-warm=all */
   uint64_t warm_rate;          /* ssdcache-warm-rate, bytes/s (0: none) */
   uint64_t digest[2];          /* backend identity, after config_finish */

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "exports.h"
 #include "metrics.h"
+#include "behind.h"
 #include "prefetch.h"
 #include "readahead.h"
 #include "warm.h"
@@ -812,6 +813,9 @@ start_threads (struct export *e, const struct cache_backend *sync)
     else
       e->readahead_started = true;
   }
+  if (config.fill_behind && !cache_bg_get (c, CACHE_BG_BEHIND) &&
+      behind_start (c) == -1)
+    nbdkit_debug ("ssdcache: export '%s': no fill behind", e->name);
   if (config.warm && !warm_running (c)) {
     be = export_lent_backend (e, false);
     if (warm_start (c, &be, config.warm_rate) == -1)
@@ -941,6 +945,8 @@ last_close (struct export *e, nbdkit_next *next, bool writable)
   warm_stop (c);
   prefetch_stop (c);
   e->readahead_started = false;
+  behind_drain (c);             /* the cache stays warm (the thread runs
+                                   until the cache is closed) */
   writeback_stop (c);
   if (config.writeback_on_exit && cache_dirty_pages (c) > 0) {
     struct export_req req = { .next = next, .cache = c };
@@ -1075,6 +1081,8 @@ exports_cleanup (void)
     if (p->attached) {
       warm_stop (p->cache);
       prefetch_stop (p->cache);
+      behind_drain (p->cache);
+      behind_stop (p->cache);
       writeback_stop (p->cache);
     }
   while (e) {

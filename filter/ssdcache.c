@@ -130,6 +130,8 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "ssdcache-readahead=auto|off|SIZE  Readahead: adaptive (auto, the\n" \
   "                           default), off, or a fixed window.\n" \
   "ssdcache-readahead-max=SIZE  Largest adaptive window (8M).\n" \
+  "ssdcache-fill-behind=BOOL  Answer read misses before storing them\n" \
+  "                           (true).\n" \
   "ssdcache-warm=off|all      Read the whole backend into the cache in\n" \
   "                           the background (off).\n" \
   "ssdcache-warm-rate=SIZE    Warm-up bytes per second (no limit).\n" \

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include "behind.h"
 #include "control.h"
 #include "log.h"
 #include "stats.h"
@@ -79,12 +80,16 @@ cmd_stats (struct cache *c, FILE *out)
 }
 
 /* Write everything back through the writeback thread; wait: until it
- * is done.  Returns 0 or -1 (the message in out).
+ * is done (and the read misses waiting to be stored are stored).
+ * Returns 0 or -1 (the message in out).
  */
 static int
 drain (struct cache *c, bool wait, FILE *out)
 {
   int err = 0;
+
+  if (wait)
+    behind_drain (c);
 
   if (!writeback_running (c)) {
     if (cache_dirty_pages (c) == 0)

@@ -15,6 +15,7 @@
   X (bytes_from_cache) X (bytes_from_backend) X (write_ops) \
   X (bytes_written) X (pages_updated) X (pages_invalidated) X (fills) \
   X (evictions) X (bypassed) X (seq_bypassed) X (promote_skipped) \
+  X (fills_behind) X (fills_behind_dropped) \
   X (prefetch_requests) X (prefetch_pages) X (prefetch_hits) \
   X (prefetch_wasted) \
   X (verify_failures) X (verify_mismatches) X (cache_errors) \

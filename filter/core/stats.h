@@ -30,6 +30,11 @@ struct stats {
                                          sequential cutoff of a stream */
   _Atomic uint64_t promote_skipped;   /* read-miss pages not cached: not
                                          missed ssdcache-promote times yet */
+  _Atomic uint64_t fills_behind;      /* pages of client read misses stored
+                                         after the client's answer */
+  _Atomic uint64_t fills_behind_dropped; /* ... not stored: the queue was
+                                         full, the page was changed or
+                                         busy meanwhile, or had no slot */
   _Atomic uint64_t prefetch_requests; /* backend reads made by readahead */
   _Atomic uint64_t prefetch_pages;    /* pages stored by readahead */
   _Atomic uint64_t prefetch_hits;     /* ... then read by a client */

@@ -257,13 +257,37 @@ extern int cache_warm_fill (struct cache *c, const struct cache_backend *be,
  * state: that thread does not run.
  */
 enum cache_bg {
-  CACHE_BG_WRITEBACK, CACHE_BG_READAHEAD, CACHE_BG_WARM, CACHE_BG_COUNT,
+  CACHE_BG_WRITEBACK, CACHE_BG_READAHEAD, CACHE_BG_WARM, CACHE_BG_BEHIND,
+  CACHE_BG_COUNT,
 };
 extern void *cache_bg_get (const struct cache *c, enum cache_bg which);
 extern void cache_bg_set (struct cache *c, enum cache_bg which, void *state);
 
 struct prefetch_conn;
 /* How the engine wakes the threads (each sets its own hooks). */
+/* Pages read from the backend for a client's read miss and answered
+ * from memory, to be stored in the cache after the answer.
+ */
+struct cache_fill_job {
+  struct cache_fill_job *next;   /* for the queue that holds it */
+  uint64_t first;                /* its first page */
+  uint32_t n;                    /* pages */
+  uint64_t stamp;                /* the range lock's clock when read */
+  uint8_t *data;                 /* n pages */
+  bool store[];                  /* which pages to store */
+};
+/* Store the pages of job that did not change since it read them and
+ * are not cached meanwhile nor range locked now (never waits); the
+ * caller frees job.
+ */
+extern void cache_fill_job_run (struct cache *c, struct cache_fill_job *job);
+extern void cache_fill_job_free (struct cache_fill_job *job);
+/* Free job without storing it, counting its pages as dropped. */
+extern void cache_fill_job_drop (struct cache *c, struct cache_fill_job *job);
+/* Bytes of data a job holds. */
+extern uint64_t cache_fill_job_bytes (const struct cache *c,
+                                      const struct cache_fill_job *job);
+
 struct cache_hooks {
   void (*wb_kick) (struct cache *c);       /* a writer found no slot */
   void (*wb_stop) (struct cache *c);       /* at close, if still running */
@@ -272,6 +296,11 @@ struct cache_hooks {
                         uint64_t fill_limit);
   void (*readahead_stop) (struct cache *c);
   void (*warm_stop) (struct cache *c);
+  /* Fill behind (bg/behind.c): take job, to be run by
+   * cache_fill_job_run; false if it cannot (the pages are not stored).
+   */
+  bool (*fill_behind) (struct cache *c, struct cache_fill_job *job);
+  void (*fill_behind_stop) (struct cache *c);
 };
 extern struct cache_hooks *cache_hooks (struct cache *c);
 

@@ -7,6 +7,8 @@
  * its clean sectors compared with the backend).  A slot that fails is
  * dropped (clean) or marked bad (dirty: reads fail with EIO).  Callers
  * hold the page's range lock; c->lock only around page-table updates.
+ * Also runs the jobs of a fill behind (cache_fill_job_run), which take
+ * the range lock themselves.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -179,6 +181,70 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
     cache_inplace_leave (c);
   fill_fail (c, s, target, dirty != NULL, true);
   return -1;
+}
+
+void
+cache_fill_job_free (struct cache_fill_job *job)
+{
+  if (job) {
+    free (job->data);
+    free (job);
+  }
+}
+
+uint64_t
+cache_fill_job_bytes (const struct cache *c, const struct cache_fill_job *job)
+{
+  return (uint64_t) job->n * c->page_size;
+}
+
+/* Store page i of job unless it is locked now, changed since the job
+ * read it, or cached already.  Takes its range lock (never waits).
+ */
+static void
+job_store_page (struct cache *c, const struct cache_fill_job *job,
+                uint32_t i)
+{
+  const uint64_t page = job->first + i;
+  bool cached, stored = false;
+
+  if (cache_degraded (c) ||
+      rangelock_try_acquire (&c->ranges, page, page) == -1) {
+    STATS_ADD (&c->stats, fills_behind_dropped, 1);
+    return;
+  }
+  if (rangelock_changed_since (&c->ranges, page, page, job->stamp)) {
+    rangelock_release_unchanged (&c->ranges, page, page);
+    STATS_ADD (&c->stats, fills_behind_dropped, 1);
+    return;
+  }
+  pthread_mutex_lock (&c->lock);
+  cached = pagetable_lookup (&c->pt, page) != PT_NONE;
+  pthread_mutex_unlock (&c->lock);
+  if (!cached)
+    stored = cache_fill_slot (c, page, PT_NONE, job->data + (uint64_t) i *
+                              c->page_size, NULL, FILL_CLIENT) == 0;
+  rangelock_release_unchanged (&c->ranges, page, page);
+  if (stored)
+    STATS_ADD (&c->stats, fills_behind, 1);
+  else if (!cached)
+    STATS_ADD (&c->stats, fills_behind_dropped, 1);
+}
+
+void
+cache_fill_job_run (struct cache *c, struct cache_fill_job *job)
+{
+  for (uint32_t i = 0; i < job->n; i++)
+    if (job->store[i])
+      job_store_page (c, job, i);
+}
+
+void
+cache_fill_job_drop (struct cache *c, struct cache_fill_job *job)
+{
+  for (uint32_t i = 0; i < job->n; i++)
+    STATS_ADD (&c->stats, fills_behind_dropped, job->store[i]);
+  cache_fill_job_free (job);
 }
 
 void

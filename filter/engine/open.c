@@ -627,6 +627,8 @@ cache_close (struct cache *c)
     c->hooks.warm_stop (c);
   if (c->hooks.readahead_stop)
     c->hooks.readahead_stop (c);
+  if (c->hooks.fill_behind_stop)
+    c->hooks.fill_behind_stop (c);
   if (c->hooks.wb_stop)
     c->hooks.wb_stop (c);
   defer_stop (&c->defer);       /* writes its queue out */

@@ -4,8 +4,10 @@
  * Owns cache_read and its helpers: a hit is served from the slot under
  * a pin only (try_hit); a miss reads the backend and fills the pages
  * the admission policy lets in (read_slow), under the range lock of the
- * pages it changes.  Also NBD_CMD_CACHE, the readahead thread's fills
- * and the extents query.  See the lock table in docs/design.md.
+ * pages it changes; with a fill-behind thread running, a client's whole
+ * missed pages are stored after its answer instead (struct
+ * cache_fill_job, run by fill.c).  Also NBD_CMD_CACHE, the readahead
+ * workers' fills and the extents query.  See the lock table in docs/design.md.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -177,6 +179,8 @@ struct read_req {
   uint32_t len;
   const struct read_opts *o;
   int *err;
+  struct cache_fill_job **behind; /* client misses: jobs to store after
+                                     the answer (NULL: store now) */
 };
 
 /* A read of bytes [a, b) of a partly valid page (slot s, pinned, whose
@@ -342,6 +346,23 @@ slow_cached (const struct read_req *r, uint64_t page, uint8_t *page_buf)
   return 0;
 }
 
+/* Should page, read from the backend, be stored as o says?  (Not past
+ * the sequential cutoff, nor a miss not promoted yet.)
+ */
+static bool
+slow_admit (struct cache *c, const struct read_opts *o, uint64_t page)
+{
+  if (page * c->page_size >= o->nofill_from) {
+    STATS_ADD (&c->stats, seq_bypassed, 1);   /* a long stream */
+    return false;
+  }
+  if (o->promote && !admit_miss (c, page)) {
+    STATS_ADD (&c->stats, promote_skipped, 1);
+    return false;
+  }
+  return true;
+}
+
 /* Store page, read from the backend: data holds the page, of which
  * [plo, phi) (backend offsets) was read.  As o says: not at all (past
  * the sequential cutoff, not promoted yet), whole, or only the sectors
@@ -354,11 +375,9 @@ slow_store (struct cache *c, const struct cache_backend *be,
 {
   const uint64_t pstart = page * c->page_size;
 
-  if (pstart >= o->nofill_from)
-    STATS_ADD (&c->stats, seq_bypassed, 1);   /* a long stream */
-  else if (o->promote && !admit_miss (c, page))
-    STATS_ADD (&c->stats, promote_skipped, 1);
-  else if (plo == pstart && phi >= pstart + cache_page_bytes (c, page))
+  if (!slow_admit (c, o, page))
+    return;
+  if (plo == pstart && phi >= pstart + cache_page_bytes (c, page))
     cache_fill_slot (c, page, PT_NONE, data, NULL,
                      o->warm ? FILL_WARM
                      : o->readahead ? FILL_PREFETCH : FILL_CLIENT);
@@ -378,6 +397,42 @@ slow_store (struct cache *c, const struct cache_backend *be,
   }
 }
 
+/* A job for the whole pages of the run [pf, pf+n) held in bounce (NULL
+ * if the run is not a client's or memory is short: it is stored now).
+ */
+static struct cache_fill_job *
+behind_job_new (const struct read_req *r, uint64_t pf, uint64_t n,
+                uint8_t *bounce)
+{
+  struct cache_fill_job *job;
+
+  if (r->behind == NULL || r->dst == NULL || n > UINT32_MAX)
+    return NULL;
+  job = calloc (1, sizeof *job + n * sizeof job->store[0]);
+  if (job == NULL)
+    return NULL;
+  job->first = pf;
+  job->n = n;
+  job->data = bounce;
+  return job;
+}
+
+/* Keep job for after the answer if it stores anything (it then owns its
+ * data: true); else free it, but not its data (false).
+ */
+static bool
+behind_job_keep (const struct read_req *r, struct cache_fill_job *job)
+{
+  for (uint32_t i = 0; i < job->n; i++)
+    if (job->store[i]) {
+      job->next = *r->behind;
+      *r->behind = job;
+      return true;
+    }
+  free (job);
+  return false;
+}
+
 /* Pass 2 of read_slow for the run of pages [pf, pl] not served: one
  * backend read, then each page stored and copied out.
  */
@@ -391,6 +446,7 @@ slow_run (const struct read_req *r, uint64_t pf, uint64_t pl)
   uint64_t run_start = pf * ps, run_end = (pl + 1) * ps;
   uint64_t read_lo, read_hi;
   uint8_t *bounce;
+  struct cache_fill_job *job;
 
   if (run_end > c->backend_size)
     run_end = c->backend_size;
@@ -408,11 +464,17 @@ slow_run (const struct read_req *r, uint64_t pf, uint64_t pl)
       read_hi = run_end;
   }
 
-  bounce = calloc (pl - pf + 1, ps);
+  bounce = malloc ((pl - pf + 1) * ps);
   if (bounce == NULL) {
     *r->err = ENOMEM;
     return -1;
   }
+  /* Zeroes where nothing is read (past the backend's end, a page is
+   * stored with zeroes): cheaper than calloc's zeroing of it all.
+   */
+  memset (bounce, 0, read_lo - run_start);
+  memset (bounce + (read_hi - run_start), 0,
+          (pl - pf + 1) * ps - (read_hi - run_start));
   if (r->be->pread (r->be->h, bounce + (read_lo - run_start),
                     read_hi - read_lo, read_lo, r->err) == -1) {
     free (bounce);
@@ -420,6 +482,7 @@ slow_run (const struct read_req *r, uint64_t pf, uint64_t pl)
   }
   STATS_ADD (&c->stats, bytes_from_backend, read_hi - read_lo);
 
+  job = behind_job_new (r, pf, pl - pf + 1, bounce);
   for (uint64_t page = pf; page <= pl; page++) {
     uint64_t pstart = page * ps;
     uint8_t *data = bounce + (page - pf) * ps;
@@ -427,13 +490,32 @@ slow_run (const struct read_req *r, uint64_t pf, uint64_t pl)
     uint64_t phi = read_hi < pstart + ps ? read_hi : pstart + ps;
     uint32_t a, b;
 
-    slow_store (c, r->be, r->o, page, data, plo, phi);
+    if (job && plo == pstart && phi >= pstart + cache_page_bytes (c, page))
+      job->store[page - pf] = slow_admit (c, r->o, page);
+    else
+      slow_store (c, r->be, r->o, page, data, plo, phi);
     cache_page_part (c, page, pos, len, &a, &b);
     if (r->dst)
       memcpy (r->dst + (pstart + a - pos), data + a, b - a);
   }
-  free (bounce);
+  if (job == NULL || !behind_job_keep (r, job))
+    free (bounce);
   return 0;
+}
+
+/* After the answer: hand each job to the fill-behind thread, stamped
+ * with t (the range lock's clock when its pages were released).
+ */
+static void
+behind_hand_over (struct cache *c, struct cache_fill_job *jobs, uint64_t t)
+{
+  while (jobs) {
+    struct cache_fill_job *job = jobs;
+    jobs = job->next;
+    job->stamp = t;
+    if (c->hooks.fill_behind == NULL || !c->hooks.fill_behind (c, job))
+      cache_fill_job_drop (c, job);
+  }
 }
 
 /* Read [pos, pos+len) (dst may be NULL: only store) with the pages
@@ -447,8 +529,11 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
   const uint32_t ps = c->page_size;
   const uint64_t first = pos / ps, last = (pos + len - 1) / ps;
   const uint64_t np = last - first + 1;
+  struct cache_fill_job *jobs = NULL;
   const struct read_req req = { .c = c, .be = be, .dst = dst, .pos = pos,
-                                .len = len, .o = o, .err = err };
+                                .len = len, .o = o, .err = err,
+                                .behind = o->promote && c->hooks.fill_behind
+                                ? &jobs : NULL };
   bool *need = calloc (np, sizeof *need);
   uint8_t *page_buf = malloc (ps);
   int ret = -1;
@@ -487,7 +572,12 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
   ret = 0;
 
  out:
-  rangelock_release (&c->ranges, first, last);
+  {
+    /* A read changes no page's data: a later change is stamped after t. */
+    uint64_t t = rangelock_release_unchanged (&c->ranges, first, last);
+    if (jobs)
+      behind_hand_over (c, jobs, t);
+  }
  out_free:
   free (need);
   free (page_buf);

@@ -615,8 +615,12 @@ ssdcache_pread (nbdkit_next *next, void *handle, void *buf,
                 uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
+  int r;
   REQ (next, handle);
-  return cache_read_conn (req.cache, &be, h->pc, buf, count, offset, err);
+  prefetch_read_begin (h->pc, count);
+  r = cache_read_conn (req.cache, &be, h->pc, buf, count, offset, err);
+  prefetch_read_end (h->pc, count);
+  return r;
 }
 
 static int

@@ -24,6 +24,9 @@
 #define PREFETCH_QUEUE 32                     /* ranges waiting */
 #define PREFETCH_PIECE (1u << 20)             /* bytes a worker reads */
 #define PREFETCH_WORKERS 4                    /* pieces read at once */
+#define PREFETCH_CLIENT_DEEP (1u << 20)       /* a connection with more
+                                                 reads in flight than this
+                                                 hides the latency itself */
 
 struct prefetch_range {
   uint64_t lo, hi;
@@ -49,6 +52,8 @@ struct prefetch_conn {
   pthread_mutex_t lock;
   struct readahead *ra;
   uint64_t wasted_seen;                 /* prefetch_wasted when last looked */
+  _Atomic uint64_t inflight;            /* bytes of client reads under way
+                                           (no lock) */
 };
 
 struct prefetch_worker {
@@ -57,16 +62,19 @@ struct prefetch_worker {
 };
 
 /* Under pf->lock: cut the next piece off the range at the head of the
- * queue (the range leaves the queue with its last piece).
+ * queue, whole pages (the range leaves the queue with its last piece).
  */
 static struct prefetch_range
 next_piece_locked (struct prefetch *pf)
 {
+  const uint64_t ps = cache_page_size (pf->c);
   struct prefetch_range *r = &pf->q[pf->head];
   struct prefetch_range piece = *r;
 
   if (piece.hi - piece.lo > PREFETCH_PIECE)
-    piece.hi = piece.lo + PREFETCH_PIECE;
+    piece.hi = (piece.lo + PREFETCH_PIECE + ps - 1) / ps * ps;
+  if (piece.hi > r->hi)
+    piece.hi = r->hi;
   r->lo = piece.hi;
   if (r->lo >= r->hi) {
     pf->head = (pf->head + 1) % PREFETCH_QUEUE;
@@ -214,6 +222,20 @@ prefetch_drain (struct cache *c)
   pthread_mutex_unlock (&pf->lock);
 }
 
+void
+prefetch_read_begin (struct prefetch_conn *pc, uint32_t count)
+{
+  if (pc)
+    atomic_fetch_add (&pc->inflight, count);
+}
+
+void
+prefetch_read_end (struct prefetch_conn *pc, uint32_t count)
+{
+  if (pc)
+    atomic_fetch_sub (&pc->inflight, count);
+}
+
 struct prefetch_conn *
 prefetch_conn_new (struct cache *c)
 {
@@ -332,9 +354,13 @@ prefetch_note_read (struct cache *c, struct prefetch_conn *pc,
     pc->wasted_seen = wasted;
   }
   go = readahead_access (pc->ra, offset, count, used, &io);
-  if (go && io.offset + io.len > fill_limit) {
+  if (go && (io.offset + io.len > fill_limit ||
+             atomic_load (&pc->inflight) > PREFETCH_CLIENT_DEEP)) {
     /* Past the sequential cutoff nothing of this stream is cached:
-     * prefetching there would defeat it.
+     * prefetching there would defeat it.  A client with more than
+     * PREFETCH_CLIENT_DEEP bytes of reads in flight keeps the backend
+     * busy by itself: a prefetch would only add a copy of each byte
+     * (into the cache file, then out of it).
      */
     readahead_cancel (pc->ra, &io);
     go = false;

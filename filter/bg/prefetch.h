@@ -48,6 +48,12 @@ extern void prefetch_note_read (struct cache *c, struct prefetch_conn *pc,
                                 uint64_t offset, uint32_t count,
                                 uint64_t used, uint64_t fill_limit);
 
+/* Around each client read of pc's connection (pc may be NULL): the
+ * bytes it has in flight.
+ */
+extern void prefetch_read_begin (struct prefetch_conn *pc, uint32_t count);
+extern void prefetch_read_end (struct prefetch_conn *pc, uint32_t count);
+
 /* Wait until nothing is queued or being read (tests). */
 extern void prefetch_drain (struct cache *c);
 

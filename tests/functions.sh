@@ -288,28 +288,32 @@ _wait_gone ()
 # nbdkit does not exit within 30 s or exits with an error.
 stop_nbdkit ()
 {
-    local pid
-    pid="$(cat "$1")"
-    [ -n "${_live_pids[$pid]:-}" ] || fail "stop_nbdkit: $pid is not a server we started"
-    kill -TERM "$pid"
-    _wait_gone "$pid" 30 || fail "nbdkit (pid $pid) did not exit after SIGTERM"
-    unset "_live_pids[$pid]"
-    rm -f "$1"
+    _end_nbdkit stop_nbdkit TERM "$1" "did not exit after SIGTERM"
     if [ -n "$_exit_status" ] && [ "$_exit_status" -ne 0 ]; then
-        fail "nbdkit (pid $pid) exited with status $_exit_status after SIGTERM"
+        fail "nbdkit (pid $_ended_pid) exited with status $_exit_status after SIGTERM"
     fi
 }
 
 # crash_nbdkit PIDFILE: SIGKILL, as a crash would.
 crash_nbdkit ()
 {
+    _end_nbdkit crash_nbdkit KILL "$1" "survived SIGKILL"
+}
+
+# _end_nbdkit CALLER SIGNAL PIDFILE FAILURE: send SIGNAL to the server
+# of PIDFILE (one start_nbdkit started), wait up to 30 s until it is
+# gone (else fail: "nbdkit (pid N) FAILURE") and forget it.  Sets
+# _ended_pid, and _exit_status as _wait_gone does.
+_end_nbdkit ()
+{
     local pid
-    pid="$(cat "$1")"
-    [ -n "${_live_pids[$pid]:-}" ] || fail "crash_nbdkit: $pid is not a server we started"
-    kill -KILL "$pid"
-    _wait_gone "$pid" 30 || fail "nbdkit (pid $pid) survived SIGKILL"
+    pid="$(cat "$3")"
+    [ -n "${_live_pids[$pid]:-}" ] || fail "$1: $pid is not a server we started"
+    kill -"$2" "$pid"
+    _wait_gone "$pid" 30 || fail "nbdkit (pid $pid) $4"
     unset "_live_pids[$pid]"
-    rm -f "$1"
+    rm -f "$3"
+    _ended_pid=$pid
 }
 
 # expect_start_failure PATTERN NBDKIT-ARGS...: "nbdkit -U - NBDKIT-ARGS"

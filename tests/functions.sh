@@ -14,6 +14,9 @@
 #
 # Provides:
 #   requires CMD ARGS...      skip the test (exit 77) unless CMD succeeds
+#   requires_libnbd [TOOL...] skip unless $PYTHON has the libnbd module
+#                             and each libnbd TOOL (nbdsh, nbdcopy...) runs
+#   requires_filter NAME...   skip unless nbdkit has each filter NAME
 #   cleanup_fn CMD ARGS...    run CMD at exit (last registered runs first)
 #   fail MESSAGE...           print "FAIL: MESSAGE" and exit 1
 #   start_nbdkit -P PIDFILE ARGS...
@@ -32,6 +35,14 @@
 #   crash_nbdkit PIDFILE      SIGKILL, wait until it is gone
 #   sock_uri SOCKET           NBD URI of a Unix socket
 #   stat_get FILE NAME        a counter from an ssdcache-stats file
+#   expect_stat FILE NAME OP N [WHY]
+#                             that counter (or backend_read_bytes,
+#                             backend_read_ops) compares to N by OP
+#   expect_warm STATS BSTATS SIZE WHY
+#                             a restart that read SIZE bytes was warm
+#   wait_until SECS CMD...    poll CMD until it succeeds, for SECS at most
+#   expect_export WHERE FILE WHY
+#                             a full read of the export (nbdcopy) is FILE
 #   backend_read_bytes FILE   bytes read, from a stats filter statsfile
 #   backend_read_ops FILE     read requests, from a stats filter statsfile
 #   random_file FILE SIZE     FILE with SIZE random bytes
@@ -43,6 +54,7 @@
 #   $tmpdir                   a private directory, removed at exit
 #   $img $cache $sock $pid    the usual names of a test's files in
 #   $log $ctl $trigger        $tmpdir (see below)
+#   $stats $bstats
 #   $SSDCACHE_FILTER          absolute path of the filter under test
 #   $SSDCACHE_TOOL            absolute path of the ssdcache tool
 #   expect_check STATUS FILE [PATTERN...]
@@ -128,6 +140,26 @@ fi
 requires nbdkit --version
 requires nbdkit file --version
 
+# requires_libnbd [TOOL...]: skip unless $PYTHON has the libnbd Python
+# bindings and each libnbd TOOL (nbdsh, nbdcopy, nbdinfo...) runs.
+requires_libnbd ()
+{
+    local t
+    requires "$PYTHON" -c 'import nbd'
+    for t in "$@"; do
+        requires "$t" --version
+    done
+}
+
+# requires_filter NAME...: skip unless nbdkit has each filter NAME.
+requires_filter ()
+{
+    local f
+    for f in "$@"; do
+        requires nbdkit --filter="$f" null --version
+    done
+}
+
 # -- private temporary directory ----------------------------------------
 
 # /var/tmp rather than /tmp: it is on disk on most systems, and the
@@ -143,8 +175,9 @@ export XDG_CACHE_HOME="$tmpdir/xdg-cache"
 
 # The usual names of a test's files, so that tests need not repeat
 # them (a test may still choose others): the backing image, the cache
-# file, nbdkit's socket, pid file and log, the control socket, and the
-# trigger file of the error filter or the faultio shim.
+# file, nbdkit's socket, pid file and log, the control socket, the
+# trigger file of the error filter or the faultio shim, the filter's
+# ssdcache-stats file and the statsfile of nbdkit's stats filter.
 img="$tmpdir/disk.img"
 cache="$tmpdir/disk.ssdcache"
 sock="$tmpdir/sock"
@@ -152,6 +185,8 @@ pid="$tmpdir/nbdkit.pid"
 log="$tmpdir/nbdkit.log"
 ctl="$tmpdir/ctl.sock"
 trigger="$tmpdir/trigger"
+stats="$tmpdir/stats"
+bstats="$tmpdir/backend.stats"
 
 # nbdsh runs "python3 -mnbd": make sure "python3" is an interpreter
 # that has the libnbd bindings ($PYTHON), whatever comes first on PATH.
@@ -441,6 +476,31 @@ stat_get ()
     echo "$v"
 }
 
+# expect_stat FILE NAME OP N [WHY]: counter NAME of the ssdcache-stats
+# file FILE compares to N by the test(1) operator OP (-eq, -gt, -le...),
+# or the test fails, saying WHY and the value.  NAME backend_read_bytes
+# or backend_read_ops reads that of nbdkit's stats filter file FILE.
+expect_stat ()
+{
+    local file="$1" name="$2" op="$3" want="$4" why="${5:-}" v
+    case "$name" in
+        backend_read_bytes|backend_read_ops) v="$("$name" "$file")" ;;
+        *) v="$(stat_get "$file" "$name")" ;;
+    esac
+    [ "$v" "$op" "$want" ] ||
+        fail "${why:+$why: }$name is $v, expected $op $want"
+}
+
+# expect_warm STATS BSTATS SIZE WHY: a restart that read all SIZE bytes
+# of the export was warm: it read at most SIZE / 64 bytes from the
+# backend (nbdkit's stats filter file BSTATS) and loaded at least 90 %
+# of the 64K pages (ssdcache-stats file STATS).
+expect_warm ()
+{
+    expect_stat "$2" backend_read_bytes -le $(($3 / 64)) "$4"
+    expect_stat "$1" loaded_slots -ge $(($3 / 65536 * 9 / 10)) "$4"
+}
+
 # backend_read_bytes FILE: bytes read through nbdkit's stats filter
 # (from its "read: N ops, T s, X UNIT, ..." line; 0 if no line).
 backend_read_bytes ()
@@ -480,7 +540,36 @@ _stats_filter_field ()
     ' "$1"
 }
 
+# -- waiting -------------------------------------------------------------
+
+# wait_until SECS CMD ARGS...: run CMD every 0.1 s until it succeeds;
+# fails (returns 1) if it has not after SECS seconds.
+wait_until ()
+{
+    local secs="$1" i
+    shift
+    for (( i = 0; i < secs * 10; i++ )); do
+        "$@" && return 0
+        sleep 0.1
+    done
+    "$@"
+}
+
 # -- data ---------------------------------------------------------------
+
+# expect_export WHERE FILE WHY: a full read of the export (nbdcopy
+# --no-extents, to $tmpdir/copy.img) equals FILE, or the test fails
+# saying WHY.  WHERE is an NBD URI or the path of a Unix socket.
+expect_export ()
+{
+    local uri="$1"
+    case "$uri" in
+        nbd*://*) ;;
+        *) uri="$(sock_uri "$1")" ;;
+    esac
+    nbdcopy --no-extents "$uri" "$tmpdir/copy.img" || fail "$3: nbdcopy failed"
+    cmp "$2" "$tmpdir/copy.img" || fail "$3"
+}
 
 # random_file FILE SIZE: FILE filled with SIZE random bytes.
 random_file ()

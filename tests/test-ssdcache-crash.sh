@@ -11,13 +11,9 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires nbdcopy --version
-requires nbdsh --version
-requires "$PYTHON" -c 'import nbd'
-requires nbdkit --filter=stats null --version
+requires_libnbd nbdcopy nbdsh
+requires_filter stats
 
-stats="$tmpdir/ssdcache.stats"
-bstats="$tmpdir/backend.stats"
 size=$((8 * 1024 * 1024))
 random_file "$img" $size
 cp "$img" "$tmpdir/before.img"
@@ -29,8 +25,7 @@ args=( --filter=stats file "$img"
 
 # Run 1: read everything, write some, crash.
 start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
-nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
-cmp "$img" "$tmpdir/copy.img" || fail "run 1 read data that is not the file's"
+expect_export "$sock" "$img" "run 1 read data that is not the file's"
 "$PYTHON" "$random_io" --socket "$sock" --connections 2 --ops 400 \
           --seed "$seed" --mix read=50,write=40,zero=5,trim=5 \
           --trim-reads-zero --model "$tmpdir/before.img" \
@@ -43,26 +38,22 @@ cmp "$img" "$tmpdir/expected.img" ||
 
 # Run 2: restart after the crash, read everything.
 start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
-nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
+expect_export "$sock" "$img" \
+    "after kill -9 the restarted server served data that is not the file's"
 stop_nbdkit "$pid"
 cat "$bstats" "$stats"
-cmp "$img" "$tmpdir/copy.img" ||
-    fail "after kill -9 the restarted server served data that is not the file's"
-loaded="$(stat_get "$stats" loaded_slots)"
-[ "$loaded" -ge $((size / 65536 / 2)) ] ||
-    fail "only $loaded slots loaded after kill -9: the cache is not warm"
-b2="$(backend_read_bytes "$bstats")"
+expect_stat "$stats" loaded_slots -ge $((size / 65536 / 2)) \
+    "after kill -9 the cache is not warm"
 # Pages touched by partial writes, zeroes and trims may be gone; the
 # rest must come from the cache.
-[ "$b2" -le $((size / 2)) ] ||
-    fail "run 2 read $b2 bytes of $size from the backend: the cache is not warm"
+expect_stat "$bstats" backend_read_bytes -le $((size / 2)) \
+    "run 2 read too much of the $size bytes from the backend: the cache is not warm"
 
 # Run 2b: cache everything, change cached pages (writes, zeroes,
 # trims) without reading them again, kill -9, restart: the changed
 # pages must not come back from the cache file.
 start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
-nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
-cmp "$img" "$tmpdir/copy.img"
+expect_export "$sock" "$img" "run 2b: the first full read is not the file"
 nbdsh -u "$(sock_uri "$sock")" -c - <<'PY'
 h.pwrite(b"\x5a" * 200000, 100001)
 h.pwrite(b"\x6b" * 65536, 1024 * 1024)
@@ -73,10 +64,9 @@ h.trim(777, 5 * 1024 * 1024 + 3)
 PY
 crash_nbdkit "$pid"
 start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
-nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
+expect_export "$sock" "$img" \
+    "after kill -9, pages changed before the crash were served stale"
 stop_nbdkit "$pid"
-cmp "$img" "$tmpdir/copy.img" ||
-    fail "after kill -9, pages changed before the crash were served stale"
 
 # Run 3: plain crash right after a cold read, no writes: the restart
 # must read (almost) nothing from the backend.
@@ -85,13 +75,11 @@ start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
 nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
 crash_nbdkit "$pid"
 start_ssdcache -P "$pid" -U "$sock" "${args[@]}"
-nbdcopy --no-extents "$(sock_uri "$sock")" "$tmpdir/copy.img"
+expect_export "$sock" "$img" "run 3 served data that is not the file's"
 stop_nbdkit "$pid"
 cat "$bstats" "$stats"
-cmp "$img" "$tmpdir/copy.img" || fail "run 3 served data that is not the file's"
-b3="$(backend_read_bytes "$bstats")"
-[ "$b3" -le $((size / 64)) ] ||
-    fail "after kill -9 of a read-only run, $b3 bytes came from the backend (limit $((size / 64)))"
+expect_stat "$bstats" backend_read_bytes -le $((size / 64)) \
+    "after kill -9 of a read-only run, too much came from the backend"
 
 # Writethrough under the writeback crash test's client (random
 # unaligned and 1 KiB writes, flushes, FUA, reads checked against the

@@ -17,10 +17,9 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
-requires nbdcopy --version
+requires_libnbd nbdcopy
 requires nbdkit curl --version
-requires nbdkit --filter=stats null --version
+requires_filter stats
 
 # -- a lighttpd of our own ------------------------------------------------
 
@@ -35,8 +34,6 @@ start_httpd "$www" disk.img
 url="http://127.0.0.1:$http_port/disk.img"
 other_url="http://127.0.0.1:$http_port/other.img"
 cache="$tmpdir/http.ssdcache"
-stats="$tmpdir/ssdcache.stats"
-bstats="$tmpdir/backend.stats"
 
 # read_url URL COMMAND [PARAMS...]: nbdkit -r, ssdcache over the stats
 # filter over curl at URL, running COMMAND.
@@ -58,10 +55,9 @@ copy='nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
 
 read_url "$url" "$copy" ssdcache-size=8M ssdcache-page-size=64K
 cmp "$www/disk.img" "$tmpdir/copy.img" || fail "cold read differs from the file"
-[ "$(backend_read_bytes "$bstats")" -ge $size ] ||
-    fail "cold read took only $(backend_read_bytes "$bstats") bytes from HTTP"
-[ "$(stat_get "$stats" read_misses)" -gt 0 ] || fail "cold read had no misses"
-[ "$(stat_get "$stats" cache_errors)" -eq 0 ] || fail "cache_errors is not 0"
+expect_stat "$bstats" backend_read_bytes -ge $size "cold read from HTTP"
+expect_stat "$stats" read_misses -gt 0 "cold read had no misses"
+expect_stat "$stats" cache_errors -eq 0 "cold read"
 
 # -- 2. warm restart ---------------------------------------------------------
 
@@ -74,12 +70,8 @@ read_url "$url" \
         --model "'"$www/disk.img"'" --timeout 30 &&
      '"$copy"
 cmp "$www/disk.img" "$tmpdir/copy.img" || fail "warm read differs from the file"
-b="$(backend_read_bytes "$bstats")"
-[ "$b" -le $((size / 64)) ] ||
-    fail "warm restart read $b bytes over HTTP (limit $((size / 64)))"
-[ "$(stat_get "$stats" loaded_slots)" -ge $((size / 65536 * 9 / 10)) ] ||
-    fail "warm restart loaded only $(stat_get "$stats" loaded_slots) slots"
-[ "$(stat_get "$stats" read_hits)" -gt 0 ] || fail "warm restart had no hits"
+expect_warm "$stats" "$bstats" $size "warm restart over HTTP"
+expect_stat "$stats" read_hits -gt 0 "warm restart had no hits"
 
 # -- 3. identity: another URL -------------------------------------------------
 
@@ -88,20 +80,20 @@ expect_ssdcache_failure "built for another backend" \
 # The refusal left the first URL's cache alone: still warm.
 read_url "$url" "$copy"
 cmp "$www/disk.img" "$tmpdir/copy.img" || fail "read after the refusal differs"
-[ "$(backend_read_bytes "$bstats")" -le $((size / 64)) ] ||
-    fail "the refused start damaged the cache (backend read $(backend_read_bytes "$bstats") bytes)"
+expect_stat "$bstats" backend_read_bytes -le $((size / 64)) \
+    "the refused start damaged the cache"
 
 # With a reset, the other URL's data is served (from HTTP, not the old
 # cache), then warm.
 read_url "$other_url" "$copy" ssdcache-reset=true
 cmp "$www/other.img" "$tmpdir/copy.img" ||
     fail "after ssdcache-reset=true the data is not the other URL's"
-[ "$(backend_read_bytes "$bstats")" -ge $size ] ||
-    fail "after a reset the data did not come from HTTP"
+expect_stat "$bstats" backend_read_bytes -ge $size \
+    "after a reset the data did not come from HTTP"
 read_url "$other_url" "$copy"
 cmp "$www/other.img" "$tmpdir/copy.img" || fail "warm read of the other URL differs"
-[ "$(backend_read_bytes "$bstats")" -le $((size / 64)) ] ||
-    fail "the other URL's cache is not warm after a restart"
+expect_stat "$bstats" backend_read_bytes -le $((size / 64)) \
+    "the other URL's cache is not warm after a restart"
 # And now the first URL is the stranger.
 expect_ssdcache_failure "built for another backend" \
     -r curl url="$url" ssdcache-file="$cache"

@@ -17,10 +17,8 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
-requires nbdcopy --version
+requires_libnbd nbdcopy
 
-stats="$tmpdir/stats"
 size=$((16 * 1024 * 1024))
 seed="${RANDOM_IO_SEED:-$RANDOM}"
 echo "random-io seed: $seed"
@@ -57,10 +55,10 @@ stop_nbdkit "$pid"
 cat "$stats"
 cmp "$img" "$tmpdir/expected.img" ||
     fail "writethrough: the backing file differs from the model"
-[ "$(stat_get "$stats" evictions)" -gt 0 ] || fail "no evictions"
-[ "$(stat_get "$stats" read_hits)" -gt 0 ] || fail "no read hits"
-[ "$(stat_get "$stats" cache_errors)" -eq 0 ] || fail "cache errors"
-[ "$(stat_get "$stats" degraded)" -eq 0 ] || fail "degraded"
+expect_stat "$stats" evictions -gt 0 "writethrough"
+expect_stat "$stats" read_hits -gt 0 "writethrough"
+expect_stat "$stats" cache_errors -eq 0 "writethrough"
+expect_stat "$stats" degraded -eq 0 "writethrough"
 
 # -- 2. warm restart -------------------------------------------------------
 run_ssdcache file "$img" ssdcache-file="$cache" \
@@ -68,9 +66,9 @@ run_ssdcache file "$img" ssdcache-file="$cache" \
              --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'
 cat "$stats"
 cmp "$img" "$tmpdir/copy.img" || fail "the restarted cache served wrong data"
-[ "$(stat_get "$stats" loaded_slots)" -gt 0 ] || fail "not warm after restart"
-[ "$(stat_get "$stats" read_hits)" -gt 0 ] || fail "no hits after restart"
-[ "$(stat_get "$stats" cache_errors)" -eq 0 ] || fail "cache errors"
+expect_stat "$stats" loaded_slots -gt 0 "not warm after restart"
+expect_stat "$stats" read_hits -gt 0 "no hits after restart"
+expect_stat "$stats" cache_errors -eq 0 "warm restart"
 
 # -- 3. writeback, 4K pages, sub-block writes --------------------------------
 rm -f "$cache"
@@ -86,9 +84,9 @@ run_ssdcache file "$img" ssdcache-file="$cache" \
 cat "$stats"
 cmp "$img" "$tmpdir/expected.img" ||
     fail "writeback: the backing file differs from the model after a clean stop"
-[ "$(stat_get "$stats" pages_written_back)" -gt 0 ] || fail "nothing written back"
-[ "$(stat_get "$stats" cache_errors)" -eq 0 ] || fail "cache errors"
-[ "$(stat_get "$stats" degraded)" -eq 0 ] || fail "degraded"
+expect_stat "$stats" pages_written_back -gt 0 "writeback"
+expect_stat "$stats" cache_errors -eq 0 "writeback"
+expect_stat "$stats" degraded -eq 0 "writeback"
 
 # -- 4. writeback crash test -------------------------------------------------
 "$PYTHON" "$testsrcdir/crash-writeback.py" --direct \

@@ -10,10 +10,8 @@ source "$(dirname "$0")/functions.sh"
 set -e -x
 
 requires nbdcopy --version
-requires nbdkit --filter=stats null --version
+requires_filter stats
 
-stats="$tmpdir/ssdcache.stats"
-bstats="$tmpdir/backend.stats"    # same path for both runs
 size=$((8 * 1024 * 1024))
 random_file "$img" $size
 
@@ -30,24 +28,14 @@ run ()
 
 # Pass 1: cold.
 run "pass 1"
-b1="$(backend_read_bytes "$bstats")"
-[ "$b1" -ge $size ] ||
-    fail "pass 1 read only $b1 bytes from the backend, expected >= $size"
-[ "$(stat_get "$stats" read_misses)" -gt 0 ] || fail "pass 1 had no misses"
+expect_stat "$bstats" backend_read_bytes -ge $size "pass 1"
+expect_stat "$stats" read_misses -gt 0 "pass 1"
 
 # Pass 2: warm.
 run "pass 2"
-b2="$(backend_read_bytes "$bstats")"
-[ "$b2" -le $((size / 64)) ] ||
-    fail "pass 2 read $b2 bytes from the backend after a clean restart (limit $((size / 64)))"
-loaded="$(stat_get "$stats" loaded_slots)"
-[ "$loaded" -ge $((size / 65536 * 9 / 10)) ] ||
-    fail "only $loaded slots loaded at restart, expected about $((size / 65536))"
-hits="$(stat_get "$stats" read_hits)"
-[ "$hits" -gt 0 ] || fail "pass 2 had no read hits"
-fromcache="$(stat_get "$stats" bytes_from_cache)"
-[ "$fromcache" -ge $((size - size / 64)) ] ||
-    fail "pass 2 served only $fromcache bytes from the cache"
+expect_warm "$stats" "$bstats" $size "pass 2, after a clean restart"
+expect_stat "$stats" read_hits -gt 0 "pass 2"
+expect_stat "$stats" bytes_from_cache -ge $((size - size / 64)) "pass 2"
 
 # Pass 3: after changing the file behind the cache's back, with the
 # cache told to reset, the data must be the new file's.  (Sanity check

@@ -43,6 +43,8 @@
 #   wait_until SECS CMD...    poll CMD until it succeeds, for SECS at most
 #   expect_export WHERE FILE WHY
 #                             a full read of the export (nbdcopy) is FILE
+#   write_flush WHERE OFFSET LENGTH CHAR
+#                             write LENGTH bytes CHAR at OFFSET, flush
 #   backend_read_bytes FILE   bytes read, from a stats filter statsfile
 #   backend_read_ops FILE     read requests, from a stats filter statsfile
 #   random_file FILE SIZE     FILE with SIZE random bytes
@@ -65,6 +67,9 @@
 #                             are those in ssdcache-stats file STATS
 #   $PYTHON, $random_io       interpreter with libnbd, random-io.py path;
 #                             PYTHONPATH lets its scripts import ssdtest
+#                             (whose last section has helpers for the
+#                             Python of these tests: connect,
+#                             expect_export, expect_file, expect_error)
 
 # -- where things are ---------------------------------------------------
 
@@ -569,6 +574,14 @@ expect_export ()
     esac
     nbdcopy --no-extents "$uri" "$tmpdir/copy.img" || fail "$3: nbdcopy failed"
     cmp "$2" "$tmpdir/copy.img" || fail "$3"
+}
+
+# write_flush WHERE OFFSET LENGTH CHAR: write LENGTH bytes CHAR (one
+# character, e.g. W) at OFFSET of the export (an NBD URI or the path of
+# a Unix socket), then flush (ssdtest.write_flush).
+write_flush ()
+{
+    "$PYTHON" -c 'import sys, ssdtest; ssdtest.write_flush(*sys.argv[1:])' "$@"
 }
 
 # random_file FILE SIZE: FILE filled with SIZE random bytes.

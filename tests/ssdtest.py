@@ -1498,3 +1498,100 @@ def errno_name(e):
     """The errno of an nbd.Error (or OSError) as a name, for reports."""
     n = getattr(e, "errno", None)
     return errno.errorcode.get(n, str(n)) if n else "?"
+
+
+# -- helpers for the shell tests' Python ------------------------------------
+#
+# The steps that the Python of tests/*.sh (heredocs, nbdsh -c, "$PYTHON"
+# -c) would otherwise each write again in its own words.  A failed
+# check raises SystemExit("FAIL: ..."): the script, or nbdsh, exits 1
+# with that message.
+#
+#   connect(where, export)     a connected libnbd handle
+#   expect_export(h, path, what, off, n)
+#                              the export's bytes [off, off + n) are
+#                              those of the file path
+#   expect_file(path, off, want, what)
+#                              the file's bytes at off are want
+#   expect_error(what, fn, *args, errno=None)
+#                              fn(*args) fails with an nbd.Error (with
+#                              that errno name); returns the error
+#   write_flush(where, off, n, char)
+#                              n bytes char at off, then flush
+#                              (functions.sh write_flush)
+
+def connect(where, export=""):
+    """A libnbd handle connected to where: an NBD URI, or the path of a
+    Unix socket (then the export named export)."""
+    h = nbd.NBD()
+    if "://" in where:
+        h.connect_uri(where)
+    else:
+        h.set_export_name(export)
+        h.connect_unix(where)
+    return h
+
+
+def _first_difference(got, want):
+    for i in range(min(len(got), len(want))):
+        if got[i] != want[i]:
+            return i
+    return min(len(got), len(want))
+
+
+def expect_file(path, off, want, what):
+    """The bytes of the file path at off are want, or fail with what and
+    where the first difference is."""
+    with open(path, "rb") as f:
+        f.seek(off)
+        got = f.read(len(want))
+    if got != want:
+        raise SystemExit("FAIL: %s: %s differs from the expected data at "
+                         "offset %d" % (what, path,
+                                        off + _first_difference(got, want)))
+
+
+def expect_export(h, path, what, off=0, n=None, chunk=32 * MiB):
+    """The bytes [off, off + n) of the export of handle h (n: to its
+    end) are those of the file path at the same offsets, or fail with
+    what and where the first difference is.  Read chunk bytes a
+    request."""
+    if n is None:
+        n = h.get_size() - off
+    with open(path, "rb") as f:
+        f.seek(off)
+        want = f.read(n)
+    for o in range(0, n, chunk):
+        got = h.pread(min(chunk, n - o), off + o)
+        part = want[o:o + len(got)]
+        if got != part:
+            raise SystemExit("FAIL: %s: the export differs from %s at "
+                             "offset %d" % (what, path,
+                                            off + o +
+                                            _first_difference(got, part)))
+
+
+def expect_error(what, fn, *args, errno=None):
+    """fn(*args) (a request of a libnbd handle) must fail with an
+    nbd.Error, with the errno named errno ("EIO") if given; the error,
+    printed and returned.  Fails with what otherwise."""
+    try:
+        fn(*args)
+    except nbd.Error as e:
+        print("%s: failed as it must: %s" % (what, e))
+        if errno is not None and errno_name(e) != errno and \
+           errno not in str(e):
+            raise SystemExit("FAIL: %s: expected %s, got %s" %
+                             (what, errno, e))
+        return e
+    raise SystemExit("FAIL: %s: it succeeded" % what)
+
+
+def write_flush(where, off, n, char):
+    """Write n bytes char (a one-character string: "W") at off of the
+    export at where (see connect), then flush; off and n may be strings
+    (from a shell)."""
+    h = connect(where)
+    h.pwrite(char.encode("latin-1") * int(n), int(off))
+    h.flush()
+    h.shutdown()

@@ -101,7 +101,7 @@ wait $load || fail "the random I/O load saw a mismatch or an error"
 
 # Dirty data stays through invalidate; drain --wait puts all of it in
 # the backing file.
-nbdsh -u "$uri" -c 'h.pwrite(b"D" * 8192, 1 << 20); h.flush()'
+write_flush "$uri" $((1 << 20)) 8192 D
 printf 'D%.0s' $(seq 8192) | dd of="$tmpdir/expected.img" bs=1 \
     seek=$((1 << 20)) conv=notrunc 2>/dev/null
 [ "$(ctl status | field dirty_pages)" -gt 0 ] || fail "no dirty pages in writeback"

@@ -15,8 +15,8 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
-requires nbdkit --filter=error null --version
+requires_libnbd
+requires_filter error
 
 cache="$tmpdir/c"
 ctl="$tmpdir/ctl"
@@ -28,13 +28,7 @@ start_ssdcache -P "$pid" -U "$sock" --filter=error file "$img" \
                ssdcache-mode=writeback ssdcache-writeback-idle=0 \
                ssdcache-writeback-high=100 ssdcache-control="$ctl"
 
-"$PYTHON" - "$sock" <<'PY'
-import sys, nbd
-h = nbd.NBD(); h.connect_unix(sys.argv[1])
-h.pwrite(b"W" * 8192, 0)
-h.flush()
-h.shutdown()
-PY
+write_flush "$sock" 0 8192 W
 
 touch "$trigger"                          # the backend refuses writes
 for attempt in 1 2; do

@@ -8,16 +8,12 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires nbdsh --version
-requires nbdcopy --version
-requires "$PYTHON" -c 'import nbd'
-requires nbdkit --filter=stats null --version
+requires_libnbd nbdsh nbdcopy
+requires_filter stats
 
-stats="$tmpdir/stats"
-bstats="$tmpdir/backend.stats"
 size=$((4 * 1024 * 1024))
 random_file "$img" $size
-export img size
+export img
 
 run ()
 {
@@ -29,24 +25,19 @@ run ()
 
 run --run 'nbdsh -u "$uri" -c -' <<'PY'
 import os
+from ssdtest import expect_export, expect_file
 img = os.environ["img"]
-size = int(os.environ["size"])
-
-def file_bytes(off, n):
-    with open(img, "rb") as f:
-        f.seek(off)
-        return f.read(n)
 
 # Fill the cache with the first 2M, read it again (hits).
 old = h.pread(2 * 1024 * 1024, 0)
-assert old == file_bytes(0, len(old))
+expect_file(img, 0, old, "the first 2M read are not the file's")
 assert h.pread(len(old), 0) == old
 
 # Unaligned write over cached pages; the backing file has it at once.
 new = bytes((i * 31 + 7) & 0xff for i in range(300000))
 off = 100001
 h.pwrite(new, off)
-assert file_bytes(off, len(new)) == new, "write did not reach the backing file"
+expect_file(img, off, new, "write did not reach the backing file")
 got = h.pread(len(new) + 2000, off - 1000)
 exp = old[off - 1000:off] + new + old[off + len(new):off + len(new) + 1000]
 assert got == exp, "read after write returned stale data"
@@ -56,18 +47,17 @@ if h.can_fua():
 else:
     h.pwrite(b"\x5a" * 100, 70000)
 assert h.pread(100, 70000) == b"\x5a" * 100
-assert file_bytes(70000, 100) == b"\x5a" * 100
+expect_file(img, 70000, b"\x5a" * 100, "small FUA write")
 # Whole-page write on a cached page.
 h.pwrite(b"\xc3" * 65536, 1024 * 1024)
 assert h.pread(65536, 1024 * 1024) == b"\xc3" * 65536
 # The whole disk reads as the file now.
-assert h.pread(size, 0) == file_bytes(0, size), "disk differs from the file"
+expect_export(h, img, "disk differs from the file")
 h.flush()
 PY
 cat "$stats" "$bstats"
-inval="$(stat_get "$stats" pages_invalidated)"
-[ "$inval" -gt 0 ] || fail "writearound invalidated no page ($inval)"
-[ "$(stat_get "$stats" read_hits)" -gt 0 ] || fail "no read hits"
+expect_stat "$stats" pages_invalidated -gt 0 "writearound invalidated no page"
+expect_stat "$stats" read_hits -gt 0
 
 # Restart: the dropped pages must not come back from the cache file.
 run --run 'nbdcopy --no-extents "$uri" "$tmpdir/copy.img"'

@@ -1554,10 +1554,13 @@ def expect_file(path, off, want, what):
 def expect_export(h, path, what, off=0, n=None, chunk=32 * MiB):
     """The bytes [off, off + n) of the export of handle h (n: to its
     end) are those of the file path at the same offsets, or fail with
-    what and where the first difference is.  Read chunk bytes a
-    request."""
+    what and where the first difference is; n None also wants the
+    file as big as the export.  Reads chunk bytes a request."""
     if n is None:
         n = h.get_size() - off
+        if os.path.getsize(path) != h.get_size():
+            raise SystemExit("FAIL: %s: the export has %d bytes, %s %d" % (
+                what, h.get_size(), path, os.path.getsize(path)))
     with open(path, "rb") as f:
         f.seek(off)
         want = f.read(n)

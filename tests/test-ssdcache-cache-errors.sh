@@ -10,7 +10,7 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
+requires_libnbd
 shim="$(shim_path faultio)"
 
 size=$((8 * 1024 * 1024))
@@ -45,10 +45,9 @@ run_case ()                 # run_case MODE OPS FAILING-MIX EXTRA-ARGS...
               --model "$tmpdir/model.img" --save-model "$tmpdir/model.img"
     stop_nbdkit "$pid"
     cat "$tmpdir/stats"
-    [ "$(stat_get "$tmpdir/stats" degraded)" -eq 1 ] ||
-        fail "$mode/$ops: the filter did not switch to degraded mode"
-    [ "$(stat_get "$tmpdir/stats" cache_errors)" -gt 0 ] ||
-        fail "$mode/$ops: no cache errors counted"
+    expect_stat "$tmpdir/stats" degraded -eq 1 \
+        "$mode/$ops: the filter did not switch to degraded mode"
+    expect_stat "$tmpdir/stats" cache_errors -gt 0 "$mode/$ops"
     cmp "$tmpdir/disk.img" "$tmpdir/model.img" ||
         fail "$mode/$ops: backing file differs from the model"
 }
@@ -83,20 +82,14 @@ start_ssdcache -P "$pid" -U "$sock" \
                ssdcache-stats="$tmpdir/stats"
 unset LD_PRELOAD
 "$PYTHON" - "$sock" "$trigger" <<'PY'
-import errno, os, sys
-import nbd
-h = nbd.NBD(); h.connect_unix(sys.argv[1])
+import sys
+from ssdtest import connect, expect_error
+h = connect(sys.argv[1])
 h.pwrite(b"D" * 65536, 0)          # dirty, only in the cache
 h.flush()
 open(sys.argv[2], "w").close()     # the cache device fails
-try:
-    got = h.pread(65536, 0)
-except nbd.Error as e:
-    print("read of lost dirty data failed as it must:", e)
-    if e.errno != errno.EIO and "EIO" not in str(e):
-        sys.exit("expected EIO, got %s" % e)
-else:
-    sys.exit("read of unreadable dirty data returned data: %r" % got[:8])
+expect_error("read of unreadable dirty data", h.pread, 65536, 0,
+             errno="EIO")
 # Clean pages still read (from the backend): zeroes.
 if h.pread(4096, 1 << 20) != bytes(4096):
     sys.exit("clean page read wrong data")
@@ -104,8 +97,7 @@ PY
 rm -f "$trigger"
 stop_nbdkit "$pid"
 cat "$tmpdir/stats"
-[ "$(stat_get "$tmpdir/stats" dirty_lost)" -gt 0 ] ||
-    fail "lost dirty data was not counted"
+expect_stat "$tmpdir/stats" dirty_lost -gt 0 "lost dirty data was not counted"
 
 # Writethrough's deferred cache update (ssdcache-defer-writes) fails in
 # the background thread: the page's cached copy is stale from then on
@@ -123,8 +115,8 @@ start_ssdcache -P "$pid" -U "$sock" \
 unset LD_PRELOAD
 "$PYTHON" - "$sock" "$trigger" "$tmpdir/disk.img" <<'PY'
 import sys, time
-import nbd
-h = nbd.NBD(); h.connect_unix(sys.argv[1])
+from ssdtest import connect
+h = connect(sys.argv[1])
 off = 65536 + 4096
 h.pread(1 << 20, 0)                # cached
 h.pwrite(b"1" * 1024, off)
@@ -145,7 +137,7 @@ PY
 rm -f "$trigger"
 stop_nbdkit "$pid"
 cat "$tmpdir/stats"
-[ "$(stat_get "$tmpdir/stats" writes_deferred)" -eq 2 ] ||
-    fail "the two writes were not both deferred"
-[ "$(stat_get "$tmpdir/stats" degraded)" -eq 1 ] ||
-    fail "a failed deferred write did not degrade the cache"
+expect_stat "$tmpdir/stats" writes_deferred -eq 2 \
+    "the two writes were not both deferred"
+expect_stat "$tmpdir/stats" degraded -eq 1 \
+    "a failed deferred write did not degrade the cache"

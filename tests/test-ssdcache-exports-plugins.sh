@@ -8,10 +8,9 @@ source "$(dirname "$0")/functions.sh"
 source "$(dirname "$0")/exports.sh-inc"
 set -e -x
 
-requires nbdcopy --version
+requires_libnbd nbdcopy
 requires nbdkit sh --version
 requires nbdkit nbd --version
-requires "$PYTHON" -c 'import nbd'
 
 start_nbdkit -P "$tmpdir/r.pid" -U "$tmpdir/r.sock" file dir="$dir"
 rm -f "$cache" "$cache".*
@@ -43,14 +42,11 @@ rm -f "$cache" "$cache".*
 run_ssdcache --timeout 60 sh "$tmpdir/plugin.sh" \
     ssdcache-file="$cache" ssdcache-size=16M \
     --run '"$PYTHON" - "$unixsocket" <<PY
-import nbd, sys
+import sys
+from ssdtest import connect, expect_export
 for name, path in (("one", "a.img"), ("x/y\tz", "c.img")):
-    h = nbd.NBD()
-    h.set_export_name(name)
-    h.connect_unix(sys.argv[1])
-    want = open("'"$dir"'/" + path, "rb").read()
-    got = b"".join(h.pread(1 << 20, o) for o in range(0, h.get_size(), 1 << 20))
-    assert got == want, name
+    h = connect(sys.argv[1], name)
+    expect_export(h, "'"$dir"'/" + path, name, chunk=1 << 20)
     h.shutdown()
 PY'
 [ "$(ls "$cache".* | wc -l)" -ge 1 ] || fail "sh plugin: no per-export cache"

@@ -11,19 +11,18 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
-requires nbdkit --filter=stats null --version
+requires_libnbd
+requires_filter stats
 
 random_file "$tmpdir/disk.img" $((16 * 1024 * 1024))
 
 # read.py URI OFFSET... : read 64K at each offset, in order.
 cat > "$tmpdir/read.py" <<'PY'
 import sys
-import nbd
-h = nbd.NBD(); h.connect_uri(sys.argv[1])
-data = open(sys.argv[2], "rb").read()
+from ssdtest import connect, expect_export
+h = connect(sys.argv[1])
 for off in (int(x) for x in sys.argv[3:]):
-    assert h.pread(65536, off) == data[off:off + 65536], off
+    expect_export(h, sys.argv[2], "read at %d" % off, off, 65536)
 PY
 
 # run PROMOTE NAME OFFSETS...: one nbdkit, reads in order; counters in
@@ -47,36 +46,27 @@ Q=$((9 * 1024 * 1024))     # a page read once
 
 # promote=2, P read once: not cached.
 run 2 once $P
-[ "$(backend_read_ops "$tmpdir/bs-once")" -eq 1 ] || fail "1 read: backend ops"
-[ "$(stat_get "$tmpdir/ss-once" fills)" -eq 0 ] ||
-    fail "promote=2: a page read once was cached"
-[ "$(stat_get "$tmpdir/ss-once" promote_skipped)" -eq 1 ] ||
-    fail "promote=2: promote_skipped is not 1"
+expect_stat "$tmpdir/bs-once" backend_read_ops -eq 1 "promote=2, 1 read"
+expect_stat "$tmpdir/ss-once" fills -eq 0 "promote=2: a page read once was cached"
+expect_stat "$tmpdir/ss-once" promote_skipped -eq 1 "promote=2, 1 read"
 
 # promote=2, P read twice: the second read also goes to the backend and
 # caches the page; the third read is a hit.  Q, read once in between,
 # stays out.
 run 2 thrice $P $Q $P $P
-[ "$(backend_read_ops "$tmpdir/bs-thrice")" -eq 3 ] ||
-    fail "promote=2: expected 3 backend reads (P, Q, P), got $(backend_read_ops "$tmpdir/bs-thrice")"
-[ "$(stat_get "$tmpdir/ss-thrice" fills)" -eq 1 ] ||
-    fail "promote=2: only P should have been cached"
-[ "$(stat_get "$tmpdir/ss-thrice" read_hits)" -eq 1 ] ||
-    fail "promote=2: the third read of P was not a hit"
-[ "$(stat_get "$tmpdir/ss-thrice" promote_skipped)" -eq 2 ] ||
-    fail "promote=2: promote_skipped is not 2"
+expect_stat "$tmpdir/bs-thrice" backend_read_ops -eq 3 "promote=2: P, Q, P"
+expect_stat "$tmpdir/ss-thrice" fills -eq 1 "promote=2: only P should be cached"
+expect_stat "$tmpdir/ss-thrice" read_hits -eq 1 "promote=2: the third read of P"
+expect_stat "$tmpdir/ss-thrice" promote_skipped -eq 2 "promote=2, P Q P P"
 
 # Default (1): the first read caches, the second is a hit.
 run 1 default $P $P
-[ "$(backend_read_ops "$tmpdir/bs-default")" -eq 1 ] ||
-    fail "promote=1: the second read went to the backend"
-[ "$(stat_get "$tmpdir/ss-default" promote_skipped)" -eq 0 ] ||
-    fail "promote=1: promote_skipped counted"
+expect_stat "$tmpdir/bs-default" backend_read_ops -eq 1 "promote=1, P P"
+expect_stat "$tmpdir/ss-default" promote_skipped -eq 0 "promote=1, P P"
 
 # promote=3: cached on the third miss, hit on the fourth.
 run 3 three $P $P $P $P
-[ "$(backend_read_ops "$tmpdir/bs-three")" -eq 3 ] ||
-    fail "promote=3: expected 3 backend reads"
+expect_stat "$tmpdir/bs-three" backend_read_ops -eq 3 "promote=3, P P P P"
 
 # NBD_CMD_CACHE (a client's explicit prefetch) is not subject to it.
 rm -f "$tmpdir/c-cmd"
@@ -84,8 +74,8 @@ run_ssdcache file "$tmpdir/disk.img" \
              ssdcache-file="$tmpdir/c-cmd" ssdcache-size=4M ssdcache-promote=2 \
              ssdcache-stats="$tmpdir/ss-cmd" \
              --run 'nbdsh -u "$uri" -c "h.cache(65536, '$P')"'
-[ "$(stat_get "$tmpdir/ss-cmd" fills)" -eq 1 ] ||
-    fail "promote=2: NBD_CMD_CACHE did not cache the page"
+expect_stat "$tmpdir/ss-cmd" fills -eq 1 \
+    "promote=2: NBD_CMD_CACHE did not cache the page"
 
 # Bad values.
 expect_ssdcache_failure "ssdcache-promote: " \

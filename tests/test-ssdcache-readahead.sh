@@ -13,9 +13,8 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
-requires nbdkit --filter=stats null --version
-requires nbdkit --filter=delay null --version
+requires_libnbd
+requires_filter stats delay
 
 size=$((32 * 1024 * 1024))
 random_file "$tmpdir/disk.img" $size
@@ -33,14 +32,13 @@ PY
 
 # rand.py URI DISK N: N random 4K reads, checked against DISK.
 cat > "$tmpdir/rand.py" <<'PY'
-import random, sys
-import nbd
-h = nbd.NBD(); h.connect_uri(sys.argv[1])
-data = open(sys.argv[2], "rb").read()
+import os, random, sys
+from ssdtest import connect, expect_export
+h = connect(sys.argv[1])
 random.seed(7)
 for _ in range(int(sys.argv[3])):
-    off = random.randrange(0, len(data) // 4096) * 4096
-    assert h.pread(4096, off) == data[off:off + 4096], off
+    off = random.randrange(0, os.path.getsize(sys.argv[2]) // 4096) * 4096
+    expect_export(h, sys.argv[2], "read at %d" % off, off, 4096)
 PY
 
 # run NAME SCRIPT-ARGS PARAMS...: one nbdkit over the slow backend.
@@ -65,8 +63,8 @@ run off '"$PYTHON" "$tmpdir/seq.py" "$uri" "$tmpdir/out-off"' \
 cmp "$tmpdir/disk.img" "$tmpdir/out-off"
 off_ops=$(backend_read_ops "$tmpdir/bs-off")
 [ "$off_ops" -eq 512 ] || fail "readahead off: $off_ops backend reads, not 512"
-[ "$(stat_get "$tmpdir/ss-off" prefetch_pages)" -eq 0 ] ||
-    fail "readahead off: pages were prefetched"
+expect_stat "$tmpdir/ss-off" prefetch_pages -eq 0 \
+    "readahead off: pages were prefetched"
 
 run auto '"$PYTHON" "$tmpdir/seq.py" "$uri" "$tmpdir/out-auto"'
 cmp "$tmpdir/disk.img" "$tmpdir/out-auto"
@@ -85,8 +83,8 @@ pages=$(stat_get "$tmpdir/ss-auto" prefetch_pages)
 hits=$(stat_get "$tmpdir/ss-auto" prefetch_hits)
 [ "$pages" -ge 480 ] || fail "adaptive readahead: only $pages pages prefetched"
 [ "$hits" -eq "$pages" ] || fail "prefetched $pages pages, $hits read"
-[ "$(stat_get "$tmpdir/ss-auto" prefetch_wasted)" -eq 0 ] ||
-    fail "prefetched pages wasted in a cache that holds everything"
+expect_stat "$tmpdir/ss-auto" prefetch_wasted -eq 0 \
+    "prefetched pages wasted in a cache that holds everything"
 
 run fixed '"$PYTHON" "$tmpdir/seq.py" "$uri" "$tmpdir/out-fixed"' \
     ssdcache-readahead=1M
@@ -115,8 +113,8 @@ cmp "$tmpdir/disk.img" "$tmpdir/out-cut"
 cut_pages=$(stat_get "$tmpdir/ss-cut" prefetch_pages)
 [ "$cut_pages" -le 64 ] ||
     fail "seq-cutoff=1M: $cut_pages pages prefetched past the cutoff"
-[ "$(stat_get "$tmpdir/ss-cut" seq_bypassed)" -ge 400 ] ||
-    fail "seq-cutoff=1M: the stream was not bypassed"
+expect_stat "$tmpdir/ss-cut" seq_bypassed -ge 400 \
+    "seq-cutoff=1M: the stream was not bypassed"
 
 # -- several connections at once (nbdcopy: 4 connections, 16 requests
 # in flight each): the data is right -----------------------------------

@@ -17,8 +17,8 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
-requires nbdkit --filter=error null --version
+requires_libnbd
+requires_filter error
 
 size=$((16 * 1024 * 1024))
 random_file "$img" $size
@@ -44,13 +44,9 @@ start_ssdcache -P "$pid" -U "$sock" "${args[@]}" ssdcache-flush=cache \
           --timeout 30
 cmp -s "$img" "$tmpdir/model1.img" && fail "no write happened"
 # Let writeback try (idle after 100 ms, retries every second).
-for (( i = 0; i < 50; i++ )); do
-    grep -q "writeback.*failed" "$log" && break
-    sleep 0.1
-done
+wait_until 5 grep -q "writeback.*failed" "$log" ||
+    { cat "$log"; fail "no writeback failure was logged while the backend failed writes"; }
 cat "$log"
-grep -q "writeback.*failed" "$log" ||
-    fail "no writeback failure was logged while the backend failed writes"
 cmp "$img" "$tmpdir/model0.img" ||
     fail "the backing file changed although every backend write failed"
 # Reads still right (from the cache), after the failed writebacks.
@@ -59,21 +55,15 @@ cmp "$img" "$tmpdir/model0.img" ||
 
 # The errors stop: the dirty pages are retried and written back.
 rm "$trigger"
-for (( i = 0; i < 100; i++ )); do
-    cmp -s "$img" "$tmpdir/model1.img" && break
-    sleep 0.1
-done
-cmp "$img" "$tmpdir/model1.img" ||
+wait_until 10 cmp -s "$img" "$tmpdir/model1.img" ||
     fail "10 s after the backend recovered, writeback has not written the data"
 stop_nbdkit "$pid"
 cat "$tmpdir/stats1"
 cmp "$img" "$tmpdir/model1.img" ||
     fail "after a clean exit the backing file does not equal the model"
-[ "$(stat_get "$tmpdir/stats1" writeback_errors)" -gt 0 ] ||
-    fail "writeback_errors is 0"
-[ "$(stat_get "$tmpdir/stats1" dirty_lost)" -eq 0 ] || fail "dirty_lost is not 0"
-[ "$(stat_get "$tmpdir/stats1" pages_written_back)" -gt 0 ] ||
-    fail "pages_written_back is 0"
+expect_stat "$tmpdir/stats1" writeback_errors -gt 0 "run 1"
+expect_stat "$tmpdir/stats1" dirty_lost -eq 0 "run 1"
+expect_stat "$tmpdir/stats1" pages_written_back -gt 0 "run 1"
 
 # Same again, but the errors stop only at shutdown: the clean exit
 # (writeback-on-exit=true) must write everything back.
@@ -85,10 +75,7 @@ start_ssdcache -P "$pid" -U "$sock" "${args[@]}" ssdcache-flush=cache \
           --max-len 64K --hot-fraction 0 \
           --model "$tmpdir/model1.img" --save-model "$tmpdir/model2.img" \
           --timeout 30
-for (( i = 0; i < 50; i++ )); do
-    grep -q "writeback.*failed" "$log" && break
-    sleep 0.1
-done
+wait_until 5 grep -q "writeback.*failed" "$log" || :
 cmp "$img" "$tmpdir/model1.img" ||
     fail "run 2: the backing file changed although every backend write failed"
 rm "$trigger"
@@ -96,10 +83,8 @@ stop_nbdkit "$pid"
 cat "$log" "$tmpdir/stats2"
 cmp "$img" "$tmpdir/model2.img" ||
     fail "run 2: after a clean exit the backing file does not equal the model"
-[ "$(stat_get "$tmpdir/stats2" writeback_errors)" -gt 0 ] ||
-    fail "run 2: writeback_errors is 0"
-[ "$(stat_get "$tmpdir/stats2" dirty_lost)" -eq 0 ] ||
-    fail "run 2: dirty_lost is not 0"
+expect_stat "$tmpdir/stats2" writeback_errors -gt 0 "run 2"
+expect_stat "$tmpdir/stats2" dirty_lost -eq 0 "run 2"
 
 # -- flush=backend -------------------------------------------------------
 
@@ -108,24 +93,15 @@ touch "$trigger"
 start_ssdcache -P "$pid" -U "$sock" "${args[@]}" ssdcache-flush=backend \
                ssdcache-stats="$tmpdir/stats3" 2> "$log"
 TRIGGER="$trigger" IMG="$img" nbdsh -u "$(sock_uri "$sock")" -c '
-import os, time
+import os
+from ssdtest import expect_error, expect_export, expect_file
 data = os.urandom(200000)
 h.pwrite(data, 1000000)
-try:
-    h.flush()
-except nbd.Error as e:
-    print("flush failed as it must: %s" % e)
-else:
-    raise SystemExit("FAIL: flush=backend: FLUSH succeeded while the "
-                     "backend fails every write")
-fdata = os.urandom(4096)
-try:
-    h.pwrite(fdata, 3 * 65536 + 512, nbd.CMD_FLAG_FUA)
-except nbd.Error as e:
-    print("FUA write failed as it must: %s" % e)
-else:
-    raise SystemExit("FAIL: flush=backend: a FUA write succeeded while the "
-                     "backend fails every write")
+expect_error("flush=backend: FLUSH while the backend fails every write",
+             h.flush)
+expect_error("flush=backend: a FUA write while the backend fails every "
+             "write", h.pwrite, os.urandom(4096), 3 * 65536 + 512,
+             nbd.CMD_FLAG_FUA)
 # The data is still served (from the cache).
 assert h.pread(200000, 1000000) == data, "wrong data read back"
 with open(os.environ["IMG"], "rb") as f:
@@ -133,21 +109,15 @@ with open(os.environ["IMG"], "rb") as f:
     assert f.read(200000) != data, "the data reached the backing file?"
 os.unlink(os.environ["TRIGGER"])
 h.flush()
-with open(os.environ["IMG"], "rb") as f:
-    f.seek(1000000)
-    if f.read(200000) != data:
-        raise SystemExit("FAIL: flush=backend: after a successful FLUSH the "
-                         "backing file lacks the data")
-    # The failed FUA write may or may not have been applied (its data is
-    # undefined), but the cache and the backend must agree after FLUSH.
-    f.seek(3 * 65536 + 512)
-    on_disk = f.read(4096)
-got = h.pread(4096, 3 * 65536 + 512)
-assert got == on_disk, "after FLUSH the cache and backend disagree"
+expect_file(os.environ["IMG"], 1000000, data,
+            "flush=backend: after a successful FLUSH the backing file")
+# The failed FUA write may or may not have been applied (its data is
+# undefined), but the cache and the backend must agree after FLUSH.
+expect_export(h, os.environ["IMG"],
+              "after FLUSH the cache and backend disagree", 3 * 65536 + 512,
+              4096)
 '
 stop_nbdkit "$pid"
 cat "$log" "$tmpdir/stats3"
-[ "$(stat_get "$tmpdir/stats3" writeback_errors)" -gt 0 ] ||
-    fail "flush=backend: writeback_errors is 0"
-[ "$(stat_get "$tmpdir/stats3" dirty_lost)" -eq 0 ] ||
-    fail "flush=backend: dirty_lost is not 0"
+expect_stat "$tmpdir/stats3" writeback_errors -gt 0 "flush=backend"
+expect_stat "$tmpdir/stats3" dirty_lost -eq 0 "flush=backend"

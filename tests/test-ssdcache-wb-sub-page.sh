@@ -13,8 +13,8 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
-requires nbdkit --filter=stats null --version
+requires_libnbd
+requires_filter stats
 
 size=$((8 * 1024 * 1024))
 random_file "$img" $size
@@ -64,39 +64,43 @@ stop_nbdkit "$pid"
 cat "$tmpdir/b1" "$tmpdir/s1"
 cmp "$img" "$tmpdir/orig.img" ||
     fail "the backing file changed: nothing should have been written back"
-b="$(backend_read_bytes "$tmpdir/b1")"
-[ "$b" -eq 0 ] ||
-    fail "sector-aligned sub-page writes read $b bytes from the backend (expected 0)"
-[ "$(stat_get "$tmpdir/s1" bytes_from_backend)" -eq 0 ] ||
-    fail "ssdcache counted bytes_from_backend for sector-aligned writes"
+expect_stat "$tmpdir/b1" backend_read_bytes -eq 0 \
+    "sector-aligned sub-page writes"
+expect_stat "$tmpdir/s1" bytes_from_backend -eq 0 \
+    "ssdcache counted bytes_from_backend for sector-aligned writes"
+
+# reread BSTATS CODE: a server that does not write back at exit; nbdsh
+# runs CODE with exp (the expected disk) and writes (the (offset,
+# length) pairs of $writes).
+reread ()
+{
+    server "$1" ssdcache-writeback-on-exit=false
+    WRITES="$writes" EXP="$tmpdir/expected.img" nbdsh -u "$uri" -c '
+import os
+from ssdtest import expect_export
+exp = open(os.environ["EXP"], "rb").read()
+writes = [tuple(map(int, l.split())) for l in os.environ["WRITES"].splitlines()]
+' -c "$2"
+    stop_nbdkit "$pid"
+    cat "$1"
+}
 
 # Run 2: read back exactly the written sectors: all from the cache.
-server "$tmpdir/b2" ssdcache-writeback-on-exit=false
-WRITES="$writes" EXP="$tmpdir/expected.img" nbdsh -u "$uri" -c '
-import os
-exp = open(os.environ["EXP"], "rb").read()
-for line in os.environ["WRITES"].splitlines():
-    off, n = map(int, line.split())
+reread "$tmpdir/b2" '
+for off, n in writes:
     got = h.pread(n, off)
     assert got == exp[off:off + n], "written sectors at %d read back wrong" % off
     # and a piece of them
     got = h.pread(100, off + n // 2 - 50)
     assert got == exp[off + n // 2 - 50:off + n // 2 + 50], "piece at %d wrong" % off
 '
-stop_nbdkit "$pid"
-cat "$tmpdir/b2"
-b="$(backend_read_bytes "$tmpdir/b2")"
-[ "$b" -eq 0 ] ||
-    fail "reading only the written sectors read $b bytes from the backend (expected 0)"
+expect_stat "$tmpdir/b2" backend_read_bytes -eq 0 \
+    "reading only the written sectors"
 
 # Run 3: read whole pages and the whole disk: cached sectors merged
 # with the backend's data.
-server "$tmpdir/b3" ssdcache-writeback-on-exit=false
-WRITES="$writes" EXP="$tmpdir/expected.img" nbdsh -u "$uri" -c '
-import os
-exp = open(os.environ["EXP"], "rb").read()
-for line in os.environ["WRITES"].splitlines():
-    off, n = map(int, line.split())
+reread "$tmpdir/b3" '
+for off, n in writes:
     p = off // 65536 * 65536
     got = h.pread(65536, p)
     if got != exp[p:p + 65536]:
@@ -106,13 +110,10 @@ for line in os.environ["WRITES"].splitlines():
     # a read across the edge of the written sectors
     lo = max(0, off - 700)
     assert h.pread(n + 1400, lo) == exp[lo:lo + n + 1400], "edge read at %d" % off
-got = b"".join(h.pread(1 << 20, o) for o in range(0, len(exp), 1 << 20))
-assert got == exp, "whole-disk read wrong"
+expect_export(h, os.environ["EXP"], "whole-disk read", chunk=1 << 20)
 '
-stop_nbdkit "$pid"
-cat "$tmpdir/b3"
-[ "$(backend_read_bytes "$tmpdir/b3")" -gt 0 ] ||
-    fail "whole-page reads read nothing from the backend?"
+expect_stat "$tmpdir/b3" backend_read_bytes -gt 0 \
+    "whole-page reads read nothing from the backend?"
 cmp "$img" "$tmpdir/orig.img" ||
     fail "the backing file changed although nothing was to be written back"
 
@@ -131,10 +132,9 @@ open(os.environ["EXP"], "wb").write(exp)
 '
 stop_nbdkit "$pid"
 cat "$tmpdir/b4"
-b="$(backend_read_bytes "$tmpdir/b4")"
 # 3 writes, at most 2 edge sectors each.
-[ "$b" -le $((3 * 2 * 512)) ] ||
-    fail "3 small unaligned writes read $b bytes from the backend (at most 3072: edge sectors only)"
+expect_stat "$tmpdir/b4" backend_read_bytes -le $((3 * 2 * 512)) \
+    "3 small unaligned writes (edge sectors only)"
 
 # Clean exit with writeback: the backing file gets the merged data.
 server "$tmpdir/b5"
@@ -144,5 +144,4 @@ cat "$tmpdir/b5"
 cmp "$img" "$tmpdir/expected.img" ||
     fail "after writeback the backing file does not hold the merged data"
 # Writeback writes only dirty sectors: it needs no backend read.
-b="$(backend_read_bytes "$tmpdir/b5")"
-[ "$b" -eq 0 ] || fail "writeback read $b bytes from the backend (expected 0)"
+expect_stat "$tmpdir/b5" backend_read_bytes -eq 0 "writeback"

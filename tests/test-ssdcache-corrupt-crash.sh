@@ -25,10 +25,9 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
+requires_libnbd
 
 snap="$tmpdir/snap.ssdcache"
-stats="$tmpdir/stats"
 page=4096
 size=$((1024 * 1024))
 pt=8192
@@ -197,7 +196,7 @@ fresh ()
 fresh
 expect_check 0 "$cache" "^result: clean$" "^dirty_pages: 8$" "^clean_shutdown: no$"
 check intact 0
-[ "$(stat_get "$stats" dirty_pages)" -eq 8 ] || fail "intact: not 8 dirty pages"
+expect_stat "$stats" dirty_pages -eq 8 "intact: not 8 dirty pages"
 
 # -- 1. superblocks --------------------------------------------------------
 for copy in $newest $oldest; do
@@ -241,7 +240,7 @@ expect_check 1 "$cache" \
     "^damaged_entries: 1$" "^dirty_pages: 8$"
 at_risk 0
 check "entry of a clean page, one bit" 0 "entries are damaged"
-[ "$(stat_get "$stats" damaged_entries)" -eq 1 ] || fail "damaged_entries != 1"
+expect_stat "$stats" damaged_entries -eq 1
 fresh
 cache_tool flip $((pt + dirty_slot * 64 + 2)) 1
 expect_check 1 "$cache" \
@@ -250,7 +249,7 @@ expect_check 1 "$cache" \
     "^at risk: DIRTY DATA MAY BE LOST: 1 damaged entry" "^dirty_pages: 7$"
 at_risk 1
 check "entry of a dirty page, one bit" 1 "DIRTY DATA MAY BE LOST"
-[ "$(stat_get "$stats" damaged_entries)" -eq 1 ] || fail "damaged_entries != 1"
+expect_stat "$stats" damaged_entries -eq 1
 fresh
 cache_tool zero $pt 4096
 expect_check 1 "$cache" \
@@ -258,7 +257,7 @@ expect_check 1 "$cache" \
     "^at risk: DIRTY DATA MAY BE LOST: 64 damaged entries" \
     "^loaded_slots: 0$" "^damaged_entries: 64$"
 check "page-table block zeroed" 8 "DIRTY DATA MAY BE LOST: 64 page-table entries"
-[ "$(stat_get "$stats" damaged_entries)" -eq 64 ] || fail "damaged_entries != 64"
+expect_stat "$stats" damaged_entries -eq 64
 fresh
 cache_tool garbage $((pt + dirty_slot * 64)) 64
 cache_tool garbage $((pt + clean_slot * 64)) 64
@@ -268,7 +267,7 @@ expect_check 1 "$cache" \
     "^at risk: DIRTY DATA MAY BE LOST: 2 damaged entries" \
     "^damaged_entries: 2$" "^dirty_pages: 7$"
 check "random garbage in two entries" 1 "DIRTY DATA MAY BE LOST: 2 page-table"
-[ "$(stat_get "$stats" damaged_entries)" -eq 2 ] || fail "damaged_entries != 2"
+expect_stat "$stats" damaged_entries -eq 2
 
 # -- 3. data pages ------------------------------------------------------------
 fresh
@@ -279,7 +278,7 @@ expect_check 1 "$cache" \
     "^result: damage found: 1 problem, 0 with dirty data at risk$"
 at_risk 0
 check "data of a clean page, one bit" 0
-[ "$(stat_get "$stats" verify_failures)" -eq 1 ] || fail "verify_failures != 1"
+expect_stat "$stats" verify_failures -eq 1
 fresh
 cache_tool flip $((pool + dirty_slot2 * page + 4000)) 2
 expect_check 1 "$cache" \
@@ -289,7 +288,7 @@ expect_check 1 "$cache" \
     "^result: damage found: 1 problem, 1 with dirty data at risk$"
 at_risk 1
 check "data of a dirty page, one bit" 1 "DIRTY DATA LOST: dirty page 14 "
-[ "$(stat_get "$stats" dirty_dropped)" -eq 1 ] || fail "dirty_dropped != 1"
+expect_stat "$stats" dirty_dropped -eq 1
 
 # -- 4. truncation ------------------------------------------------------------
 fresh
@@ -305,8 +304,8 @@ expect_check 1 "$cache" \
     "^dirty_dropped: $lost$"
 at_risk $lost
 check "truncated inside the pool" $lost "truncated: .* of .* bytes"
-[ "$(stat_get "$stats" dirty_dropped)" -eq $lost ] || fail "dirty_dropped != $lost"
-[ "$(stat_get "$stats" cache_errors)" -eq 0 ] || fail "cache errors after truncation"
+expect_stat "$stats" dirty_dropped -eq $lost
+expect_stat "$stats" cache_errors -eq 0 "cache errors after truncation"
 [ "$(stat -c %s "$cache")" -eq "$(stat -c %s "$snap")" ] ||
     fail "the truncated file was not extended back"
 fresh

@@ -24,7 +24,6 @@ requires nbdcopy --version
 requires "$PYTHON" --version
 requires nbdinfo --version
 
-stats="$tmpdir/stats"
 page=65536
 size=$((2 * 1024 * 1024))
 nslots=$((size / page))
@@ -76,7 +75,7 @@ PY
 # Fill the cache (cold, then warm).
 run
 run
-[ "$(stat_get "$stats" loaded_slots)" -gt 0 ] || fail "the cache is not warm"
+expect_stat "$stats" loaded_slots -gt 0 "the cache is not warm"
 fsize="$(stat -c %s "$cache")"
 [ "$fsize" -ge $((pool + nslots * page)) ] ||
     fail "cache file is $fsize bytes, expected >= $((pool + nslots * page)) for $nslots slots"
@@ -121,8 +120,8 @@ ls="$(stat_get "$stats" loaded_slots)"
     fail "loaded_slots = $ls, expected $(( ${#used[@]} - 2 )) (all but the two damaged entries)"
 # The damaged slots have been refilled: another run is clean.
 run
-[ "$(stat_get "$stats" verify_failures)" -eq 0 ] ||
-    fail "verify failures on a run after the damaged slots were replaced"
+expect_stat "$stats" verify_failures -eq 0 \
+    "verify failures on a run after the damaged slots were replaced"
 expect_check 0 "$cache" "^result: clean$"
 
 # Damage the entries of every used slot a little: still correct.

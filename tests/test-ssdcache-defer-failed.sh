@@ -21,7 +21,7 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
+requires_libnbd
 shim="$(shim_path faultio)"
 
 truncate -s 1M "$img"

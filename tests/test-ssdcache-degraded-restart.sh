@@ -21,11 +21,10 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
+requires_libnbd
 shim="$(shim_path faultio)"
 
 cache="$tmpdir/c"
-stats="$tmpdir/stats"
 size=$((2 * 1024 * 1024))
 
 args=( file "$img" ssdcache-file="$cache"

@@ -61,6 +61,18 @@ verify_tree ()
         fail "$1/tree does not hold $nfiles files"
 }
 
+# verify_and_stop: mount the attached file system, check the tree,
+# detach it and stop nbdkit.
+verify_and_stop ()
+{
+    fs_mount "$d/fs"
+    verify_tree "$d/fs/mnt" "$sums"
+    fs_umount "$d/fs"
+    fs_detach "$d/fs"
+    stop_nbdkit "$d/pid"
+    cat "$bstats" "$stats"
+}
+
 for mode in writethrough writeback; do
     d="$tmpdir/$mode"
     mkdir -p "$d"
@@ -88,24 +100,14 @@ for mode in writethrough writeback; do
     fs_detach "$d/fs"
     fs_attach "$d/fs" "$d/sock"
     e2fsck -fn "$fs_dev" || fail "e2fsck found errors after writing the tree ($mode)"
-    fs_mount "$d/fs"
-    verify_tree "$d/fs/mnt" "$sums"
-    fs_umount "$d/fs"
-    fs_detach "$d/fs"
-    stop_nbdkit "$d/pid"
-    cat "$bstats" "$stats"
+    verify_and_stop
 
     # Run 2: a new nbdkit on the same cache file, the same mount and
     # full read of the tree.
     rm -f "$bstats" "$stats"
     start_ssdcache -P "$d/pid" "${args[@]}"
     fs_attach "$d/fs" "$d/sock"
-    fs_mount "$d/fs"
-    verify_tree "$d/fs/mnt" "$sums"
-    fs_umount "$d/fs"
-    fs_detach "$d/fs"
-    stop_nbdkit "$d/pid"
-    cat "$bstats" "$stats"
+    verify_and_stop
 
     [ "$(stat_get "$stats" loaded_slots)" -gt 0 ] ||
         fail "run 2 loaded nothing from the cache file ($mode)"

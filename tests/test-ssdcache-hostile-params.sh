@@ -65,9 +65,17 @@ works ()
 # errors must match PATTERN (the parameter or the file).
 refused ()
 {
-    local pattern="$1" f="$2" status=0
+    local pattern="$1" f="$2"
     shift 2
-    run_ssdcache --timeout 30 file "$f" "$@" \
+    refused_plugin "$pattern" file "$f" "$@"
+}
+
+# refused_plugin PATTERN PLUGIN ARGS...: the same over any plugin.
+refused_plugin ()
+{
+    local pattern="$1" status=0
+    shift
+    run_ssdcache --timeout 30 "$@" \
                  --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmpdir/err" ||
         status=$?
     cat "$tmpdir/err"
@@ -101,28 +109,14 @@ refused ssdcache-page-size "$img" ssdcache-file="$c" ssdcache-page-size=42949713
 # more than 2^32 - 1 pages, which the page table cannot number.  Refused
 # before anything is allocated (the cache file stays empty).
 rm -f "$c"
-status=0
-run_ssdcache --timeout 30 null 20T \
-             ssdcache-file="$c" ssdcache-size=20T ssdcache-page-size=4K \
-             --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmpdir/err" || status=$?
-cat "$tmpdir/err"
-status_ok $status "null 20T, ssdcache-size=20T, 4K pages"
-[ $status -ne 0 ] || fail "a backend of more than 2^32 - 1 pages was not refused"
-grep -q 'at most 4294967295 pages.*ssdcache-page-size' "$tmpdir/err" ||
-    fail "more than 2^32 - 1 pages: the error does not name the limit"
+refused_plugin 'at most 4294967295 pages.*ssdcache-page-size' null 20T \
+               ssdcache-file="$c" ssdcache-size=20T ssdcache-page-size=4K
 [ ! -s "$c" ] || fail "the refused 20T cache left a $(stat -c %s "$c") byte file"
 # Just under 16T (fewer than 2^32 - 1 pages of 4K), but a 20T cache
 # would be more than 2^32 slots (the spare quarter): refused too.
 rm -f "$c"
-status=0
-run_ssdcache --timeout 30 null 16383G \
-             ssdcache-file="$c" ssdcache-size=20T ssdcache-page-size=4K \
-             --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmpdir/err" || status=$?
-cat "$tmpdir/err"
-status_ok $status "null 16383G, ssdcache-size=20T, 4K pages"
-[ $status -ne 0 ] || fail "a cache of more than 2^32 slots was not refused"
-grep -q 'ssdcache-size.*too many pages' "$tmpdir/err" ||
-    fail "more than 2^32 slots: the error does not say ssdcache-size: too many pages"
+refused_plugin 'ssdcache-size.*too many pages' null 16383G \
+               ssdcache-file="$c" ssdcache-size=20T ssdcache-page-size=4K
 [ ! -s "$c" ] || fail "the refused 20T cache left a $(stat -c %s "$c") byte file"
 # The same backend with 64K pages and a modest cache works.
 run_ssdcache --timeout 30 null 20T \

@@ -8,10 +8,9 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
+requires_libnbd
 requires nbdkit memory --version
 
-stats="$tmpdir/stats"
 seed="${RANDOM_IO_SEED:-$RANDOM}"
 
 # Big cache (nothing evicted) then small cache (eviction).
@@ -24,8 +23,8 @@ for cs in 10M 1M; do
                           --ops 2000 --seed '"$seed"' --model-zero --trim-reads-zero \
                           --mix read=50,write=35,zero=6,trim=5,flush=2,cache=2'
     cat "$stats"
-    [ "$(stat_get "$stats" write_ops)" -gt 0 ] || fail "no writes counted"
-    [ "$(stat_get "$stats" read_hits)" -gt 0 ] || fail "no read hits with a $cs cache"
+    expect_stat "$stats" write_ops -gt 0 "no writes counted"
+    expect_stat "$stats" read_hits -gt 0 "no read hits with a $cs cache"
 done
-[ "$(stat_get "$stats" evictions)" -gt 0 ] || fail "no evictions with a 1M cache"
+expect_stat "$stats" evictions -gt 0 "no evictions with a 1M cache"
 

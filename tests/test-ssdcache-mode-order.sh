@@ -14,9 +14,8 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
-requires nbdsh --version
-requires nbdkit --filter=delay null --version
+requires_libnbd nbdsh
+requires_filter delay
 
 ready="$tmpdir/ready"
 truncate -s 4M "$img"

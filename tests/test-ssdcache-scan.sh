@@ -12,8 +12,8 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
-requires nbdkit --filter=stats null --version
+requires_libnbd
+requires_filter stats
 
 random_file "$tmpdir/disk.img" $((64 * 1024 * 1024))
 

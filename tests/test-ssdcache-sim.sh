@@ -37,6 +37,17 @@ ge ()
     awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 >= b + 0) }'
 }
 
+ps=4096
+
+# simulate NAME: the simulator's hit counts (3-page cache, $ps-byte
+# pages) for the trace $tmpdir/NAME.trace, in $tmpdir/NAME.out.
+simulate ()
+{
+    "$sim" --cache-pages 3 --page-size $ps --counts \
+           --trace "$tmpdir/$1.trace" > "$tmpdir/$1.out"
+    cat "$tmpdir/$1.out"
+}
+
 # -- 1. A 3-page cache and the trace A B C A D A B E A B ----------------
 #
 # LRU: A B C miss; A hit; D evicts B; A hit; B evicts C; E evicts D;
@@ -53,16 +64,13 @@ ge ()
 #   E evicts D (never used again); A, B hit.  5 hits.  With bypass: 5.
 # No request continues another (pages 10 20 30 ...): the sequential
 # cutoff changes nothing.
-ps=4096
 {
     echo "# tiny trace: A=10 B=20 C=30 D=40 E=50 (pages of $ps bytes)"
     for p in 10 20 30 10 40 10 20 50 10 20; do
         echo "$((p * ps)) $ps r"
     done
 } > "$tmpdir/tiny.trace"
-"$sim" --cache-pages 3 --page-size $ps --counts \
-       --trace "$tmpdir/tiny.trace" > "$tmpdir/tiny.out"
-cat "$tmpdir/tiny.out"
+simulate tiny
 check_eq "tiny clock"       "$(cell "$tmpdir/tiny.out" "clock" 1)" 3
 check_eq "tiny clock +seq"  "$(cell "$tmpdir/tiny.out" "clock +seq" 1)" 3
 check_eq "tiny s3fifo"      "$(cell "$tmpdir/tiny.out" "s3fifo (default)" 1)" 4
@@ -94,9 +102,7 @@ grep -q '^| accesses | 10 |' "$tmpdir/tiny.out" || fail "tiny: accesses"
         done
     done
 } > "$tmpdir/loop.trace"
-"$sim" --cache-pages 3 --page-size $ps --counts \
-       --trace "$tmpdir/loop.trace" > "$tmpdir/loop.out"
-cat "$tmpdir/loop.out"
+simulate loop
 check_eq "loop clock"  "$(cell "$tmpdir/loop.out" "clock" 1)" 0
 check_eq "loop LRU"    "$(cell "$tmpdir/loop.out" "LRU (reference)" 1)" 0
 check_eq "loop MIN"    "$(cell "$tmpdir/loop.out" "MIN (Belady)" 1)" 6
@@ -112,9 +118,7 @@ cat > "$tmpdir/parse.trace" <<EOF
   8192 4096 W
 0 1 r
 EOF
-"$sim" --cache-pages 3 --page-size $ps --counts \
-       --trace "$tmpdir/parse.trace" > "$tmpdir/parse.out"
-cat "$tmpdir/parse.out"
+simulate parse
 for row in "clock" "s3fifo (default)" "LRU (reference)" "MIN (Belady)"; do
     check_eq "parse $row" "$(cell "$tmpdir/parse.out" "$row" 1)" 2
 done

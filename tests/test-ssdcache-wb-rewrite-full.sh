@@ -10,7 +10,7 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
+requires_libnbd
 truncate -s 10M "$tmpdir/disk.img"
 
 cat > "$tmpdir/t.py" <<'PY'

@@ -23,7 +23,7 @@
 source "$(dirname "$0")/functions.sh"
 set -e -x
 
-requires "$PYTHON" -c 'import nbd'
+requires_libnbd
 requires nbdkit eval --version
 
 zeroed="$tmpdir/zeroed"

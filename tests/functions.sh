@@ -995,10 +995,7 @@ start_sshd ()
     cleanup_fn _stop_sshd
     # The free port found may be taken before sshd binds it: retry.
     for (( attempt = 0; attempt < 5; attempt++ )); do
-        ssh_port="$("$PYTHON" -c 'import socket
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])')"
+        ssh_port="$(_free_port)"
         _sshd_config > "$sshdir/sshd_config"
         if ! /usr/sbin/sshd -t -f "$sshdir/sshd_config" 2> "$log"; then
             echo "$0: test skipped: sshd refuses its configuration: $(cat "$log")"
@@ -1048,10 +1045,28 @@ END_OF_CONFIG
 
 _stop_sshd ()
 {
-    if [ -n "${_sshd_pid:-}" ]; then
-        kill -TERM "$_sshd_pid" 2>/dev/null
-        wait "$_sshd_pid" 2>/dev/null
-        _sshd_pid=
+    _stop_daemon _sshd_pid
+}
+
+# _free_port: a TCP port on 127.0.0.1 that was free a moment ago (the
+# caller retries if it is taken before its server binds it).
+_free_port ()
+{
+    "$PYTHON" -c 'import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])'
+}
+
+# _stop_daemon VAR: SIGTERM the server (a child of the test) whose pid
+# is in the variable VAR, if any, wait for it and empty VAR.
+_stop_daemon ()
+{
+    local pid="${!1:-}"
+    if [ -n "$pid" ]; then
+        kill -TERM "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+        printf -v "$1" '%s' ''
     fi
 }
 
@@ -1078,10 +1093,7 @@ start_httpd ()
     _httpd_pid=
     cleanup_fn _stop_httpd
     for (( attempt = 0; attempt < 5; attempt++ )); do
-        http_port="$("$PYTHON" -c 'import socket
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])')"
+        http_port="$(_free_port)"
         cat > "$tmpdir/lighttpd.conf" <<END_OF_CONFIG
 server.document-root = "$www"
 server.port = $http_port
@@ -1132,9 +1144,5 @@ END_OF_PYTHON
 
 _stop_httpd ()
 {
-    if [ -n "${_httpd_pid:-}" ]; then
-        kill -TERM "$_httpd_pid" 2>/dev/null
-        wait "$_httpd_pid" 2>/dev/null
-        _httpd_pid=
-    fi
+    _stop_daemon _httpd_pid
 }

@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <sys/resource.h>
@@ -22,7 +23,8 @@ struct behind {
   pthread_cond_t wake, idle;
   bool stop;
   struct cache_fill_job *head, *tail;   /* FIFO */
-  uint64_t bytes;                       /* of the jobs queued and running */
+  _Atomic uint64_t bytes;               /* of the jobs queued and running
+                                           (written under b->lock) */
   uint64_t queued, done;                /* jobs taken / finished so far */
 };
 
@@ -96,6 +98,18 @@ behind_take (struct cache *c, struct cache_fill_job *job)
   return ok;
 }
 
+/* The hook: is there room for a job of n bytes now?  (No lock: a
+ * hint.)
+ */
+static bool
+behind_room (struct cache *c, uint64_t n)
+{
+  struct behind *b = cache_bg_get (c, CACHE_BG_BEHIND);
+
+  return b && atomic_load_explicit (&b->bytes, memory_order_relaxed) + n
+    <= BEHIND_MAX_BYTES;
+}
+
 int
 behind_start (struct cache *c)
 {
@@ -121,6 +135,7 @@ behind_start (struct cache *c)
     return -1;
   }
   cache_bg_set (c, CACHE_BG_BEHIND, b);
+  cache_hooks (c)->fill_behind_room = behind_room;
   cache_hooks (c)->fill_behind = behind_take;
   cache_hooks (c)->fill_behind_stop = behind_stop;
   return 0;
@@ -134,6 +149,7 @@ behind_stop (struct cache *c)
   if (b == NULL)
     return;
   cache_hooks (c)->fill_behind = NULL;
+  cache_hooks (c)->fill_behind_room = NULL;
   cache_hooks (c)->fill_behind_stop = NULL;
   pthread_mutex_lock (&b->lock);
   b->stop = true;

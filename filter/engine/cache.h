@@ -300,6 +300,8 @@ struct cache_hooks {
    * cache_fill_job_run; false if it cannot (the pages are not stored).
    */
   bool (*fill_behind) (struct cache *c, struct cache_fill_job *job);
+  /* Would a job of bytes find room now?  (A hint: fill_behind decides.) */
+  bool (*fill_behind_room) (struct cache *c, uint64_t bytes);
   void (*fill_behind_stop) (struct cache *c);
 };
 extern struct cache_hooks *cache_hooks (struct cache *c);

@@ -433,6 +433,58 @@ behind_job_keep (const struct read_req *r, struct cache_fill_job *job)
   return false;
 }
 
+/* Count the pages of [pf, pl] that would be stored as dropped: no room
+ * behind (the fill cannot keep up) or no memory.
+ */
+static void
+behind_drop_run (const struct read_req *r, uint64_t pf, uint64_t pl)
+{
+  for (uint64_t page = pf; page <= pl; page++)
+    if (slow_admit (r->c, r->o, page))
+      STATS_ADD (&r->c->stats, fills_behind_dropped, 1);
+}
+
+/* slow_run for a client's miss of pages wholly inside its request,
+ * with fill behind: the backend reads straight into the client's
+ * buffer, and the pages to store are copied from there into a job if
+ * the fill-behind queue has room for them (else they go around the
+ * cache, with no copy at all).
+ */
+static int
+slow_run_direct (const struct read_req *r, uint64_t pf, uint64_t pl,
+                 uint64_t run_start, uint64_t run_end)
+{
+  struct cache *c = r->c;
+  const uint32_t ps = c->page_size;
+  const uint64_t n = pl - pf + 1;
+  const uint8_t *src = r->dst + (run_start - r->pos);
+  struct cache_fill_job *job = NULL;
+  uint8_t *data = NULL;
+
+  if (r->be->pread (r->be->h, r->dst + (run_start - r->pos),
+                    run_end - run_start, run_start, r->err) == -1)
+    return -1;
+  STATS_ADD (&c->stats, bytes_from_backend, run_end - run_start);
+  if (c->hooks.fill_behind_room && c->hooks.fill_behind_room (c, n * ps) &&
+      (data = malloc (n * ps)) != NULL)
+    job = behind_job_new (r, pf, n, data);
+  if (job == NULL) {
+    free (data);
+    behind_drop_run (r, pf, pl);
+    return 0;
+  }
+  for (uint64_t i = 0; i < n; i++) {
+    const uint32_t pb = cache_page_bytes (c, pf + i);
+    if ((job->store[i] = slow_admit (c, r->o, pf + i))) {
+      memcpy (data + i * ps, src + i * ps, pb);
+      memset (data + i * ps + pb, 0, ps - pb);
+    }
+  }
+  if (!behind_job_keep (r, job))
+    free (data);
+  return 0;
+}
+
 /* Pass 2 of read_slow for the run of pages [pf, pl] not served: one
  * backend read, then each page stored and copied out.
  */
@@ -450,6 +502,8 @@ slow_run (const struct read_req *r, uint64_t pf, uint64_t pl)
 
   if (run_end > c->backend_size)
     run_end = c->backend_size;
+  if (r->behind && r->dst && run_start >= pos && run_end <= pos + len)
+    return slow_run_direct (r, pf, pl, run_start, run_end);
   /* A miss reads only the sectors asked for, not the whole page: never
    * more backend traffic than the client's own request needs.  (Pages
    * in the middle of a long request are read whole.)

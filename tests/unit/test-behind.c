@@ -44,6 +44,12 @@ catch_job (struct cache *c, struct cache_fill_job *job)
   return true;
 }
 
+static bool
+catch_room (struct cache *c, uint64_t bytes)
+{
+  return !refuse;
+}
+
 static struct cache *
 open_caught (struct rambackend *rb, unsigned seed)
 {
@@ -53,6 +59,7 @@ open_caught (struct rambackend *rb, unsigned seed)
   caught = NULL;
   refuse = false;
   cache_hooks (c)->fill_behind = catch_job;
+  cache_hooks (c)->fill_behind_room = catch_room;
   return c;
 }
 

@@ -7,7 +7,8 @@
  * pages it changes; with a fill-behind thread running, a client's whole
  * missed pages are stored after its answer instead (struct
  * cache_fill_job, run by fill.c).  Also NBD_CMD_CACHE, the readahead
- * workers' fills and the extents query.  See the lock table in docs/design.md.
+ * workers' fills and the extents query.  See the lock table in
+ * docs/design.md.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -457,12 +458,12 @@ slow_run_direct (const struct read_req *r, uint64_t pf, uint64_t pl,
   struct cache *c = r->c;
   const uint32_t ps = c->page_size;
   const uint64_t n = pl - pf + 1;
-  const uint8_t *src = r->dst + (run_start - r->pos);
+  uint8_t *src = r->dst + (run_start - r->pos);
   struct cache_fill_job *job = NULL;
   uint8_t *data = NULL;
 
-  if (r->be->pread (r->be->h, r->dst + (run_start - r->pos),
-                    run_end - run_start, run_start, r->err) == -1)
+  if (r->be->pread (r->be->h, src, run_end - run_start, run_start,
+                    r->err) == -1)
     return -1;
   STATS_ADD (&c->stats, bytes_from_backend, run_end - run_start);
   if (c->hooks.fill_behind_room && c->hooks.fill_behind_room (c, n * ps) &&

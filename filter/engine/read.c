@@ -573,6 +573,13 @@ behind_hand_over (struct cache *c, struct cache_fill_job *jobs, uint64_t t)
   }
 }
 
+/* Misses of at least this many bytes are stored behind their answer
+ * (with a fill-behind thread running).  A smaller one is bound by the
+ * backend's latency, not by the store, and stays visible to the next
+ * reader as soon as it returns.
+ */
+#define READ_BEHIND_MIN (256u << 10)
+
 /* Read [pos, pos+len) (dst may be NULL: only store) with the pages
  * range locked: serve what is cached, read the rest from the backend in
  * as few requests as possible and store it (as o says).
@@ -588,7 +595,7 @@ read_slow (struct cache *c, const struct cache_backend *be, uint8_t *dst,
   const struct read_req req = { .c = c, .be = be, .dst = dst, .pos = pos,
                                 .len = len, .o = o, .err = err,
                                 .behind = o->promote && c->hooks.fill_behind
-                                ? &jobs : NULL };
+                                && len >= READ_BEHIND_MIN ? &jobs : NULL };
   bool *need = calloc (np, sizeof *need);
   uint8_t *page_buf = malloc (ps);
   int ret = -1;

@@ -25,7 +25,7 @@
 #include "stats.h"
 #include "testfile.h"
 
-#define PS 4096u
+#define PS 65536u               /* 4 pages: the smallest miss stored behind */
 #define NP 64u                  /* pages of the backend */
 
 /* The test's hook: keeps the jobs (LIFO) instead of running them, or
@@ -110,9 +110,12 @@ test_stores (void **state)
   assert_int_equal (atomic_load (&rb.reads), 0);
   assert_int_equal (ST (c, read_hits), 16);
   /* Part of a page: stored before the answer (no job; ASan checks that
-   * its buffer is freed all the same).
+   * its buffer is freed all the same).  A whole page, less than 256 KiB:
+   * stored before the answer too.
    */
   read_check (c, &rb, 20 * PS + 512, 1024);
+  read_check (c, &rb, 30 * PS, 3 * PS);
+  assert_int_equal (ST (c, fills), 16 + 1 + 3);
   behind_drain (c);
   assert_int_equal (ST (c, fills_behind), 16);
   behind_stop (c);

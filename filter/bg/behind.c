@@ -53,9 +53,10 @@ behind_thread (void *arg)
 {
   struct behind *b = arg;
 
-  /* The lowest priority: stores take only CPU time the clients leave
-   * (a machine that has none drops them: the queue fills).  The thread
-   * never waits for a range lock, and holds one page's at a time.
+  /* Nice 19, the lowest priority: stores yield the CPU to the clients'
+   * threads (they still take some; when they fall behind, the queue
+   * fills and misses go around the cache).  The thread never waits for a range
+   * lock, and holds one page's at a time.
    */
   if (setpriority (PRIO_PROCESS, gettid (), BEHIND_NICE) == -1)
     log_debug ("fill behind: setpriority: %m");

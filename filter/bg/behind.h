@@ -3,13 +3,13 @@
  * read misses after the client has its answer.
  *
  * Owns the thread and its queue of jobs (struct cache_fill_job, made by
- * engine/read.c): a read miss of whole pages is answered from memory
- * and its pages queued here; the thread stores them (cache_fill_job_run)
- * unless a page changed meanwhile.  The queue holds at most
- * BEHIND_MAX_BYTES of data: when it is full the cache cannot keep up
- * with the stream, and the pages are not stored at all (counter
- * fills_behind_dropped), so a stream is never slowed by the cache's
- * writes.
+ * engine/read.c): a read miss of at least 256 KiB of whole pages is
+ * answered from memory and its pages queued here; the thread stores
+ * them (cache_fill_job_run) unless a page changed meanwhile.  The queue
+ * holds at most BEHIND_MAX_BYTES of data: when it is full the cache
+ * cannot keep up with the stream, and the pages are not stored at all
+ * (counter fills_behind_dropped).  (The stores still take CPU time a
+ * stream could use: docs/performance.md, "Big cold reads".)
  *
  * Locking: b->lock protects the queue, its byte count and the stop
  * flag; it is never held across I/O nor while taking another lock.

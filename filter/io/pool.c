@@ -361,8 +361,52 @@ check_private (const char *path, const struct stat *st)
   return -1;
 }
 
+/* p->dev_size, for the file of st.  Returns -1 (logged) if it is not
+ * a regular file or a block device.
+ */
 static int
-open_pool (struct pool *p, const char *path, bool direct, bool private)
+file_size (struct pool *p, const struct stat *st)
+{
+  if (S_ISBLK (st->st_mode)) {
+    p->is_blockdev = true;
+    if (ioctl (p->fd, BLKGETSIZE64, &p->dev_size) == -1) {
+      log_error ("ssdcache-file: %s: cannot get device size: %m", p->path);
+      return -1;
+    }
+  }
+  else if (S_ISREG (st->st_mode))
+    p->dev_size = st->st_size;
+  else {
+    log_error ("ssdcache-file: %s is not a regular file or block device",
+               p->path);
+    return -1;
+  }
+  return 0;
+}
+
+/* The rest of open_pool for a file already open and locked. */
+static int
+adopt_fd (struct pool *p, bool direct)
+{
+  struct stat st;
+
+  if (fstat (p->fd, &st) == -1) {
+    log_error ("ssdcache-file: fstat: %s: %m", p->path);
+    goto err;
+  }
+  if ((direct && check_direct (p) == -1) || file_size (p, &st) == -1)
+    goto err;
+  return 0;
+
+ err:
+  pool_close (p);
+  return -1;
+}
+
+/* Open path (fd: the file, already open and locked, or -1). */
+static int
+open_pool (struct pool *p, const char *path, bool direct, bool private,
+           int fd)
 {
   struct stat st;
 
@@ -388,6 +432,10 @@ open_pool (struct pool *p, const char *path, bool direct, bool private)
    * FIFO or a device), and open without following a symbolic link
    * planted after the look.
    */
+  if (fd >= 0) {
+    p->fd = fd;
+    return adopt_fd (p, direct);
+  }
   if (private && lstat (path, &st) == 0 && check_private (path, &st) == -1)
     goto err;
   p->fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0) |
@@ -418,20 +466,8 @@ open_pool (struct pool *p, const char *path, bool direct, bool private)
     goto err;
   if (direct && check_direct (p) == -1)
     goto err;
-  if (S_ISBLK (st.st_mode)) {
-    p->is_blockdev = true;
-    if (ioctl (p->fd, BLKGETSIZE64, &p->dev_size) == -1) {
-      log_error ("ssdcache-file: %s: cannot get device size: %m", path);
-      goto err;
-    }
-  }
-  else if (S_ISREG (st.st_mode))
-    p->dev_size = st.st_size;
-  else {
-    log_error ("ssdcache-file: %s is not a regular file or block device",
-               path);
+  if (file_size (p, &st) == -1)
     goto err;
-  }
 
   /* One owner: the flock lives on this open file description, so it
    * survives nbdkit's fork into the background and is released by the
@@ -455,13 +491,28 @@ open_pool (struct pool *p, const char *path, bool direct, bool private)
 int
 pool_open (struct pool *p, const char *path, bool direct)
 {
-  return open_pool (p, path, direct, false);
+  return open_pool (p, path, direct, false, -1);
 }
 
 int
 pool_open_private (struct pool *p, const char *path, bool direct)
 {
-  return open_pool (p, path, direct, true);
+  return open_pool (p, path, direct, true, -1);
+}
+
+int
+pool_open_fd (struct pool *p, const char *path, int fd, bool direct)
+{
+  return open_pool (p, path, direct, false, fd);
+}
+
+int
+pool_take_fd (struct pool *p)
+{
+  int fd = p->fd;
+
+  p->fd = -1;
+  return fd;
 }
 
 void

@@ -86,6 +86,15 @@ extern int pool_remove_file (const char *path);
 extern int pool_open_private (struct pool *p, const char *path,
                               bool direct);
 extern void pool_close (struct pool *p);
+/* The file's descriptor, still open and locked, taken out of p (which
+ * pool_close then leaves open), and pool_open for such a descriptor:
+ * the lock stays held from one to the other.  A cache resized
+ * (resize.c) is opened again that way: with nbdkit --run, its parent
+ * keeps the first descriptor, and the lock with it.
+ */
+extern int pool_take_fd (struct pool *p);
+extern int pool_open_fd (struct pool *p, const char *path, int fd,
+                         bool direct);
 
 /* Read both superblock copies and keep the valid one with the highest
  * generation in p->sb.  Returns 1 if one was found (p->sb_damaged: the

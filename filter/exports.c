@@ -541,18 +541,21 @@ export_new (const char *name)
   return e;
 }
 
-/* Open e's cache file (locked, its superblock read).  Returns 0 or -1
- * (logged).
+/* Open e's cache file (locked, its superblock read; fd: the file
+ * already open and locked, or -1).  Returns 0 or -1 (logged).
  */
 static int
-export_open (struct export *e)
+export_open (struct export *e, int fd)
 {
   struct cache_config cfg;
 
-  if (e->x.file == NULL && config_export (e->name, &e->x) == -1)
+  if (e->x.file == NULL && config_export (e->name, &e->x) == -1) {
+    if (fd >= 0)
+      close (fd);
     return -1;
+  }
   export_cache_config (e, &cfg);
-  e->cache = cache_open (&cfg);
+  e->cache = cache_open_fd (&cfg, fd);
   if (e->cache == NULL)
     return -1;
   edebug ("export '%s': cache file %s (%s)", e->name, e->x.file,
@@ -672,7 +675,7 @@ exports_get (const char *name)
   pthread_mutex_unlock (&exports_lock);
 
   /* Opening reads the cache file: not under exports_lock. */
-  if (export_open (e) == -1) {
+  if (export_open (e, -1) == -1) {
     pthread_mutex_lock (&exports_lock);
     unlink_locked (e);
     pthread_mutex_unlock (&exports_lock);
@@ -757,9 +760,58 @@ export_put (struct export *e)
     export_put_many (&e, 1);
 }
 
-/* Under e->bg_lock: the first attach of e with the backend size. */
+/* Under e->bg_lock: e's live metrics, if asked for and not running. */
+static void
+start_metrics (struct export *e)
+{
+  if (config.stats_file && e->metrics == NULL)
+    e->metrics = metrics_start (e->cache, e->x.stats_file,
+                                config.stats_format, config.stats_interval);
+}
+
+/* Under e->bg_lock, e's cache attached at the size of its file while
+ * another was asked for, and no request or thread of e running: write
+ * back its dirty data through next (a writable context; NULL: none, the
+ * resize waits), then close it, resize its file (cache_close_resize)
+ * and open and attach it again.  Returns -1 (logged) if e is left with
+ * no cache.
+ */
 static int
-attach (struct export *e, int64_t size)
+resize (struct export *e, int64_t size, nbdkit_next *next)
+{
+  struct cache *c = e->cache;
+  struct export_req req = { .next = next, .cache = c };
+  struct cache_backend be = export_backend (&req);
+  int err = 0, fd = -1;
+
+  if (!cache_resize_pending (c) ||
+      (cache_dirty_pages (c) > 0 && next == NULL))
+    return 0;
+  if (cache_dirty_pages (c) > 0 &&
+      cache_writeback_all (c, &be, &err) == -1) {
+    cache_resize_keep (c, err == EBUSY ? "its dirty data is busy"
+                       : "its dirty data could not be written back");
+    return 0;
+  }
+  edebug ("export '%s': resizing its cache", e->name);
+  if (e->metrics) {
+    metrics_stop (e->metrics);
+    e->metrics = NULL;
+  }
+  cache_close_resize (c, &fd);
+  e->cache = NULL;
+  if (export_open (e, fd) == -1 || cache_attach (e->cache, size) == -1)
+    return -1;
+  cache_resize_keep (e->cache, "the resize failed (see above)");
+  start_metrics (e);
+  return 0;
+}
+
+/* Under e->bg_lock: the first attach of e with the backend size (next:
+ * a writable context for a resize, or NULL).
+ */
+static int
+attach (struct export *e, int64_t size, nbdkit_next *next)
 {
   if (e->attached)
     return 0;
@@ -776,16 +828,14 @@ attach (struct export *e, int64_t size)
                   "size: the connection is refused", e->name);
     return -1;
   }
-  if (cache_attach (e->cache, size) == -1) {
+  if (cache_attach (e->cache, size) == -1 || resize (e, size, next) == -1) {
     /* Half attached: refused until closed and opened again (when no
      * connection is left), unless it is the fixed one.
      */
     e->failed = true;
     return -1;
   }
-  if (config.stats_file)
-    e->metrics = metrics_start (e->cache, e->x.stats_file,
-                                config.stats_format, config.stats_interval);
+  start_metrics (e);
   edebug ("export '%s': attached, %lld bytes, %llu dirty pages", e->name,
           (long long) size,
           (unsigned long long) cache_dirty_pages (e->cache));
@@ -805,6 +855,8 @@ start_threads (struct export *e, const struct cache_backend *sync)
   struct cache_backend be;
   int err = 0;
 
+  cache_resize_keep (c, "it holds dirty data, and no writable connection "
+                     "came first to write it back");
   if (config.readahead_mode != READAHEAD_OFF && !e->no_readahead &&
       !e->readahead_started) {
     be = export_lent_backend (e, false);
@@ -848,7 +900,7 @@ export_attach_fixed (struct export *e, int64_t size)
 
   pthread_mutex_lock (&e->bg_lock);
   e->fixed = true;
-  r = attach (e, size);
+  r = attach (e, size, NULL);
   pthread_mutex_unlock (&e->bg_lock);
   return r;
 }
@@ -865,6 +917,10 @@ export_start_fixed (struct export *e, nbdkit_next *wb, nbdkit_next *ra)
   if ((wb && lend (e, wb, LEND_FIXED_WRITE, true) == NULL) ||
       (ra && lend (e, ra, LEND_FIXED_READ, false) == NULL))
     goto out;
+  if (wb && resize (e, cache_backend_size (e->cache), wb) == -1) {
+    e->failed = true;
+    goto out;
+  }
   r = start_threads (e, wb ? &be : NULL);
  out:
   pthread_mutex_unlock (&e->bg_lock);
@@ -901,8 +957,9 @@ export_connect (struct export *e, nbdkit_next *next, bool readonly)
   bool writable;
   int64_t size = next->get_size (next);
 
+  writable = !readonly && next->can_write (next) == 1;
   pthread_mutex_lock (&e->bg_lock);
-  if (attach (e, size) == -1)
+  if (attach (e, size, writable ? next : NULL) == -1)
     goto out;
   if ((uint64_t) size != cache_backend_size (e->cache)) {
     nbdkit_error ("ssdcache: export '%s' has %lld bytes but its cache is "
@@ -910,7 +967,6 @@ export_connect (struct export *e, nbdkit_next *next, bool readonly)
                   (unsigned long long) cache_backend_size (e->cache));
     goto out;
   }
-  writable = !readonly && next->can_write (next) == 1;
   if (turns != TURNS_NONE)
     prime_context (next);
   l = lend (e, next, LEND_CONN, writable);

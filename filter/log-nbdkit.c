@@ -15,6 +15,7 @@ NBDKIT_DLL_PUBLIC int ssdcache_debug_verify = 0;
 NBDKIT_DLL_PUBLIC int ssdcache_debug_readahead = 0;
 NBDKIT_DLL_PUBLIC int ssdcache_debug_warm = 0;
 NBDKIT_DLL_PUBLIC int ssdcache_debug_order = 0;
+NBDKIT_DLL_PUBLIC int ssdcache_debug_resize_kill = 0;
 
 void
 log_error (const char *fs, ...)

@@ -397,7 +397,7 @@ ssdcache_after_fork (nbdkit_backend *backend)
 static int
 attach_backend (nbdkit_backend *backend)
 {
-  struct cache *cache = export_cache (default_export);
+  struct cache *cache;
   nbdkit_next *next, *ra = NULL, *wb = NULL;
   int64_t size;
 
@@ -410,6 +410,7 @@ attach_backend (nbdkit_backend *backend)
   close_context (next);
   if (export_attach_fixed (default_export, size) == -1)
     return -1;
+  cache = export_cache (default_export);   /* a resize makes another */
 
   /* Without a readahead context the filter works, without readahead. */
   if (config.readahead_mode != READAHEAD_OFF &&

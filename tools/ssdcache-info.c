@@ -207,6 +207,8 @@ info_text (const struct cachefile *cf)
   printf ("may_hold_dirty_data: %s\n", yes_no (sb->flags & LAYOUT_SB_DIRTY));
   printf ("entries_written_at_creation: %s\n",
           yes_no (sb->flags & LAYOUT_SB_PTINIT));
+  printf ("resize_interrupted: %s\n",
+          yes_no (sb->flags & LAYOUT_SB_RESIZING));
   printf ("last_mode: %s\n", cf_mode_name (sb->mode));
   print_in_use (cf);
 }
@@ -266,6 +268,7 @@ info_json (const struct cachefile *cf)
   json_bool (&j, "clean_shutdown", sb->flags & LAYOUT_SB_CLEAN);
   json_bool (&j, "may_hold_dirty_data", sb->flags & LAYOUT_SB_DIRTY);
   json_bool (&j, "entries_written_at_creation", sb->flags & LAYOUT_SB_PTINIT);
+  json_bool (&j, "resize_interrupted", sb->flags & LAYOUT_SB_RESIZING);
   json_string (&j, "last_mode", cf_mode_name (sb->mode));
   json_in_use (&j, cf);
   json_uint (&j, "free_slots", cf->n_free);
@@ -358,7 +361,10 @@ check_text_scan (const struct cachefile *cf)
     printf ("note: unsealed slots have no data checksum, so their data is "
             "not checked; a start after an unclean shutdown drops them "
             "(writes not flushed yet)\n");
-  if (!(cf->sb.flags & LAYOUT_SB_CLEAN))
+  if (cf->sb.flags & LAYOUT_SB_RESIZING)
+    printf ("note: a change of size was interrupted: a start ignores the "
+            "entries and starts an empty cache (it held no dirty data)\n");
+  else if (!(cf->sb.flags & LAYOUT_SB_CLEAN))
     printf ("note: not closed cleanly (in use, or after a crash): a start "
             "recovers as after a crash\n");
 }

@@ -41,8 +41,13 @@
                                             cache was made (a FREE entry
                                             at least): an all-zero entry
                                             is damage, not an unused slot */
+#define LAYOUT_SB_RESIZING      8u       /* a change of size began and has
+                                            not ended: the page table may
+                                            mix both sizes' entries, so it
+                                            is not used (the cache held no
+                                            dirty data when it began) */
 #define LAYOUT_SB_FLAGS         (LAYOUT_SB_CLEAN | LAYOUT_SB_DIRTY | \
-                                 LAYOUT_SB_PTINIT)
+                                 LAYOUT_SB_PTINIT | LAYOUT_SB_RESIZING)
 
 /* Cache modes recorded in the superblock (last mode the cache ran in). */
 enum layout_mode {

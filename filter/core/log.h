@@ -22,5 +22,7 @@ extern int ssdcache_debug_verify;    /* ssdcache-verify: each page that
 extern int ssdcache_debug_readahead; /* streams, windows, prefetches */
 extern int ssdcache_debug_warm;      /* warm-up requests */
 extern int ssdcache_debug_order;     /* flush order: generations */
+extern int ssdcache_debug_resize_kill; /* tests: SIGKILL at this step of
+                                          a resize (resize.c) */
 
 #endif /* SSDCACHE_LOG_H */

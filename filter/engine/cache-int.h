@@ -53,6 +53,7 @@
  *   write.c   the write path, by mode
  *   zero.c    zero and trim
  *   recover.c loading the page table after a start (crash recovery)
+ *   resize.c  giving a closed cache another size, keeping its pages
  *   open.c    open, attach, close
  * The background threads (bg/) call the engine; the engine reaches
  * them only through c->hooks, which they set when they start.
@@ -153,6 +154,9 @@ struct cache {
   uint64_t backend_size;
   bool have_sb;                  /* an accepted superblock was read */
   bool was_clean;                /* ... and it was closed cleanly */
+  uint64_t resize_slots;         /* the size wanted when it differs from
+                                    the file's (cache_resize_pending),
+                                    else 0 */
   /* Slots loaded dirty after an unclean shutdown whose data has not
    * been checked yet (a bit each; NULL if none): a checksum failure
    * there is a write torn by the crash, never flushed (fill.c).  Under
@@ -559,6 +563,14 @@ extern int cache_around (struct cache *c, const struct cache_backend *be,
  * Returns 0 or -1 (logged).
  */
 extern int recover_load_entries (struct cache *c, uint32_t data_end);
+
+/* resize.c */
+/* Give the file of c, just closed cleanly with no dirty data but with
+ * its page table still in RAM, c->resize_slots slots, keeping the
+ * clean pages the new geometry can hold.  Returns 0, or -1 (logged):
+ * then the file holds the old cache, or one that starts empty.
+ */
+extern int resize_file (struct cache *c);
 
 /* stale.c */
 /* The entry of slot s (page) on the cache file could not be rewritten

@@ -138,6 +138,10 @@ extern void cache_config_defaults (struct cache_config *cfg);
  * Returns NULL on error (logged).
  */
 extern struct cache *cache_open (const struct cache_config *cfg);
+/* The same for a file already open and locked (fd, which c owns from
+ * now on, even on error): see cache_close_resize.
+ */
+extern struct cache *cache_open_fd (const struct cache_config *cfg, int fd);
 
 /* Second step, once the backend size is known: check it against the
  * superblock (or format a new cache) and load the page table.
@@ -152,6 +156,22 @@ extern bool cache_file_untouched (const struct cache *c);
 
 /* Clean shutdown: sync, mark the superblock clean, unlock, free. */
 extern void cache_close (struct cache *c);
+
+/* A cache file of another ssdcache-size (same page size and backend)
+ * is opened and attached at its own size; then, with no request or
+ * thread running, the caller writes back its dirty data and calls
+ * cache_close_resize, which closes it and gives the file the wanted
+ * size, keeping the clean pages that fit; it keeps the file open and
+ * locked in *fd, for cache_open_fd and cache_attach to use it next.
+ * Returns 0 if the file was resized, -1 (logged) if not (dirty data
+ * left, a failing device, an I/O error: the file keeps its size, or
+ * starts empty if the resize was cut short).
+ * cache_resize_keep ends the pending resize, keeping the size
+ * (logged with why).
+ */
+extern bool cache_resize_pending (const struct cache *c);
+extern int cache_close_resize (struct cache *c, int *fd);
+extern void cache_resize_keep (struct cache *c, const char *why);
 
 extern int cache_read (struct cache *c, const struct cache_backend *be,
                        void *buf, uint32_t count, uint64_t offset,

@@ -2,10 +2,11 @@
 /* nbdkit-ssdcache-filter: opening, formatting and closing the cache.
  *
  * Owns the life of struct cache: cache_open (lock the file, read the
- * superblock, check the identity), cache_attach (check the backend
- * size, format a new cache or recover the page table: recover.c) and
- * cache_close (seal, save the policy hints, mark the superblock
- * clean).  Runs single-threaded, before the first request and after
+ * superblock, check the identity; a file of another size is accepted,
+ * to be resized), cache_attach (check the backend size, format a new
+ * cache or recover the page table: recover.c), cache_close (seal, save
+ * the policy hints, mark the superblock clean) and cache_close_resize
+ * (the same, then resize.c).  Runs single-threaded, before the first request and after
  * the last; c->lock is still taken where the slot helpers expect it.
  */
 #include <errno.h>
@@ -176,6 +177,29 @@ sb_mismatch (const struct cache *c)
   return NULL;
 }
 
+/* A superblock of another size: accepted, to be resized once
+ * attached (cache_close_resize).  Returns -1 (logged) if the size is
+ * too large.
+ */
+static int
+accept_resize (struct cache *c)
+{
+  const struct layout_sb *sb = &c->pool.sb;
+  uint64_t n = wanted_slots (sb->backend_size, c->cfg_size, sb->page_size);
+
+  if (n > UINT32_MAX - 1) {
+    log_error ("ssdcache-size: too many pages (%llu); use a larger "
+               "ssdcache-page-size", (unsigned long long) n);
+    return -1;
+  }
+  log_debug ("cache file %s: %llu slots, %llu wanted: it is resized once "
+             "attached", c->path, (unsigned long long) sb->nslots,
+             (unsigned long long) n);
+  c->have_sb = true;
+  c->resize_slots = n;
+  return 0;
+}
+
 /* The reset decision, given r, what pool_load_sb returned (-1: the
  * file is unusable, 0: it holds no cache yet, 1: a superblock was
  * read): accept the superblock (c->have_sb), leave the file to be
@@ -204,11 +228,19 @@ accept_or_reset (struct cache *c, int r)
   }
   if (r != 1)
     return 0;
+  if (sb->flags & LAYOUT_SB_RESIZING) {
+    /* Set only while the cache held no dirty data (resize.c). */
+    log_error ("cache file %s: a change of its size was interrupted; "
+               "it held no dirty data, and starts empty", c->path);
+    return 0;
+  }
   mismatch = sb_mismatch (c);
   if (mismatch == NULL) {
     c->have_sb = true;
     return 0;
   }
+  if (strcmp (mismatch, "size") == 0 && !c->reset)
+    return accept_resize (c);
   if (!c->reset) {
     if (strcmp (mismatch, "identity") == 0)
       log_error ("cache file %s was built for another backend (%s), "
@@ -238,14 +270,27 @@ accept_or_reset (struct cache *c, int r)
 struct cache *
 cache_open (const struct cache_config *cfg)
 {
+  return cache_open_fd (cfg, -1);
+}
+
+struct cache *
+cache_open_fd (const struct cache_config *cfg, int fd)
+{
   struct cache *c = cache_new ();
   int r;
 
-  if (c == NULL)
+  if (c == NULL) {
+    if (fd >= 0)
+      close (fd);
     return NULL;
-  if (copy_config (c, cfg) == -1)
+  }
+  if (copy_config (c, cfg) == -1) {
+    if (fd >= 0)
+      close (fd);
     goto err;
-  r = cfg->private_file ? pool_open_private (&c->pool, c->path, cfg->direct)
+  }
+  r = fd >= 0 ? pool_open_fd (&c->pool, c->path, fd, cfg->direct)
+    : cfg->private_file ? pool_open_private (&c->pool, c->path, cfg->direct)
     : pool_open (&c->pool, c->path, cfg->direct);
   if (r == -1)
     goto err;
@@ -618,11 +663,14 @@ cache_file_untouched (const struct cache *c)
     fstat (c->pool.fd, &st) == 0 && S_ISREG (st.st_mode) && st.st_size == 0;
 }
 
-void
-cache_close (struct cache *c)
+/* The on-disk part of cache_close: stop the threads, seal, save the
+ * hints, sync and mark the superblock clean.  Returns true if it is.
+ */
+static bool
+close_file (struct cache *c)
 {
-  if (c == NULL)
-    return;
+  bool clean = false;
+
   if (c->hooks.warm_stop)
     c->hooks.warm_stop (c);
   if (c->hooks.readahead_stop)
@@ -670,9 +718,16 @@ cache_close (struct cache *c)
         log_debug ("cache file %s: %llu dirty pages stay in the cache",
                    c->path, (unsigned long long) c->ndirty);
       }
-      pool_write_sb (&c->pool, &sb);
+      clean = pool_write_sb (&c->pool, &sb) == 0;
     }
   }
+  return clean;
+}
+
+/* The rest of cache_close: unlock the file, free c. */
+static void
+free_cache (struct cache *c)
+{
   if (c->pool.fd >= 0)
     pool_close (&c->pool);
   if (c->ev)
@@ -696,4 +751,48 @@ cache_close (struct cache *c)
   free (c->id_text);
   free (c->export_name);
   free (c);
+}
+
+void
+cache_close (struct cache *c)
+{
+  if (c == NULL)
+    return;
+  close_file (c);
+  free_cache (c);
+}
+
+bool
+cache_resize_pending (const struct cache *c)
+{
+  return c->resize_slots != 0 && c->ev != NULL;
+}
+
+void
+cache_resize_keep (struct cache *c, const char *why)
+{
+  if (c->resize_slots == 0)
+    return;
+  log_error ("cache file %s keeps its size of %u slots (%llu wanted): %s",
+             c->path, c->nslots, (unsigned long long) c->resize_slots, why);
+  c->resize_slots = 0;
+}
+
+int
+cache_close_resize (struct cache *c, int *fd)
+{
+  bool degraded = cache_degraded (c);
+  int r = -1;
+
+  if (!close_file (c) || degraded)
+    log_error ("cache file %s was not closed cleanly: it keeps its size",
+               c->path);
+  else if (c->ndirty > 0 || c->nretained > 0)
+    log_error ("cache file %s holds %llu dirty pages: it keeps its size",
+               c->path, (unsigned long long) c->ndirty);
+  else
+    r = resize_file (c);
+  *fd = pool_take_fd (&c->pool);
+  free_cache (c);
+  return r;
 }

@@ -22,6 +22,7 @@ int ssdcache_debug_verify;
 int ssdcache_debug_readahead;
 int ssdcache_debug_warm;
 int ssdcache_debug_order;
+int ssdcache_debug_resize_kill;
 
 int log_error_count;
 char log_error_last[512];

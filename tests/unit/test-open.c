@@ -391,12 +391,8 @@ test_page_size_or_size_change (void **state)
   cfg.page_size = 2 * PS;
   open_refused (&cfg, rb.size);
 
-  /* Another explicit size. */
-  cfg.page_size = PS;
-  cfg.size = 32 * PS;
-  open_refused (&cfg, rb.size);
-
   /* Size 0 (default) takes the existing cache as it is. */
+  cfg.page_size = PS;
   cfg.size = 0;
   c = testfile_open_attach (&cfg, rb.size);
   assert_int_equal (cache_nslots (c), 16);
@@ -410,6 +406,75 @@ test_page_size_or_size_change (void **state)
   assert_int_equal (cache_nslots (c), 32);
   assert_int_equal (ST (c, loaded_slots), 0);
   read_all_check (c, &rb, 64 * PS);
+  fixture_close (c, &rb);
+}
+
+/* The cache file of cfg, of was slots, opened, resized to cfg's size
+ * (done: whether the resize must succeed) and attached again.
+ */
+static struct cache *
+resized (const struct cache_config *cfg, uint64_t size, uint32_t was,
+         bool done)
+{
+  struct cache *c = testfile_open_attach (cfg, size);
+  int fd = -1;
+
+  assert_int_equal (cache_nslots (c), was);
+  assert_true (cache_resize_pending (c));
+  assert_int_equal (cache_close_resize (c, &fd), done ? 0 : -1);
+  assert_true (fd >= 0);
+  c = cache_open_fd (cfg, fd);
+  assert_non_null (c);
+  assert_int_equal (cache_attach (c, size), 0);
+  assert_int_equal (cache_resize_pending (c), !done);
+  cache_resize_keep (c, "test");
+  return c;
+}
+
+/* A new size keeps the pages that fit (the page pool does not move
+ * here: test-ssdcache-resize.sh moves it), and never dirty data.
+ */
+static void
+test_resize (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = fixture_config (16 * PS, PS);
+  struct cache *c;
+  uint8_t buf[PS], got[PS];
+  int err = 0;
+
+  rambackend_init (&rb, 64 * PS, 18);
+  open_read_all_check (&cfg, &rb, 16 * PS);
+
+  cfg.size = 32 * PS;                   /* grow: all 16 kept */
+  c = resized (&cfg, rb.size, 16, true);
+  assert_int_equal (cache_nslots (c), 32);
+  assert_int_equal (ST (c, loaded_slots), 16);
+  read_all_check (c, &rb, 64 * PS);
+  assert_int_equal (ST (c, verify_failures), 0);
+  cache_close (c);
+
+  cfg.size = 8 * PS;                    /* shrink: slots 0-7 kept */
+  c = resized (&cfg, rb.size, 32, true);
+  assert_int_equal (cache_nslots (c), 8);
+  assert_int_equal (ST (c, loaded_slots), 8);
+  read_all_check (c, &rb, 64 * PS);
+  assert_int_equal (ST (c, verify_failures), 0);
+  cache_close (c);
+
+  /* Dirty data: the engine refuses (exports.c writes it back first). */
+  cfg = fixture_writeback_config (8 * PS, PS);
+  c = testfile_open_attach (&cfg, rb.size);
+  fill_pattern (buf, PS, 5);
+  assert_int_equal (cache_write (c, &rb.be, buf, PS, 3 * PS, false, &err), 0);
+  assert_int_equal (cache_dirty_pages (c), 1);
+  cache_close (c);
+  cfg.size = 16 * PS;
+  c = resized (&cfg, rb.size, 8, false);
+  assert_int_equal (cache_nslots (c), 8);
+  assert_int_equal (cache_dirty_pages (c), 1);
+  assert_int_equal (cache_read (c, &rb.be, got, PS, 3 * PS, &err), 0);
+  assert_memory_equal (buf, got, PS);
   fixture_close (c, &rb);
 }
 
@@ -515,6 +580,7 @@ main (void)
     TESTFILE_TEST (test_wrong_backend_size),
     TESTFILE_TEST (test_too_many_pages),
     TESTFILE_TEST (test_page_size_or_size_change),
+    TESTFILE_TEST (test_resize),
     TESTFILE_TEST (test_lock),
     TESTFILE_TEST (test_garbage_file),
     TESTFILE_TEST (test_one_sb_damaged),

@@ -577,6 +577,41 @@ def describe_cfg(cfg):
                 cfg["seq"]))
 
 
+def resize_cfgs(args, rng, cfg, next_cfg, totals):
+    """With --resize, sometimes: the server after the kill runs with
+    another cache size on the same cache file (it writes back and
+    resizes at start), and so does the next iteration's.  Returns the
+    configurations of the restart and of the next iteration, and whether
+    they resize."""
+    if rng.random() >= args.resize:
+        return cfg, next_cfg, False
+    size = rng.choice([s for s in (2 * MiB, 3 * MiB, 4 * MiB, 6 * MiB)
+                       if s != cfg["cache_size"]])
+    totals["resize"] += 1
+    return (dict(cfg, cache_size=size),
+            dict(next_cfg, page_size=cfg["page_size"], cache_size=size), True)
+
+
+def interrupt_resize(args, rng, cfg, vmode, totals):
+    """Start a server of the new size and kill it during its start-up:
+    at one of the resize's steps (-D ssdcache.resize_kill), or after a
+    random delay (in the writeback before the resize, or elsewhere)."""
+    step = rng.choice([0, 1, 2, 3, 4, 5])
+    s = Server(args, cfg, vmode, on_exit=False)
+    if step:
+        s.debug.append("ssdcache.resize_kill=%d" % step)
+        s.spawn()
+        try:
+            s.wait_serving(60)
+        except T.StartError:
+            pass                  # killed at the step, as asked
+    else:
+        s.spawn()
+        time.sleep(rng.uniform(0, 0.1))
+    s.kill()
+    totals["resize_kill"] += 1
+
+
 def check_stats(server, stats):
     for k in ("dirty_lost", "writeback_errors"):
         if stats.get(k, 0) != 0:
@@ -616,7 +651,8 @@ def run(args):
         os.unlink(args.cache)
     state = Model(make_backing(args, rng))
     totals = {"unsealed": 0, "seq_around": 0, "write": 0, "fua": 0, "flush": 0, "read": 0, "inflight": 0,
-              "restart_wt": 0, "clean_restart": 0, "new_cache": 0}
+              "restart_wt": 0, "clean_restart": 0, "new_cache": 0,
+              "resize": 0, "resize_kill": 0}
 
     cfg = choose_cfg(rng, None, args.sabotage)
     server = Server(args, cfg, args.mode, on_exit=rng.random() < 0.5)
@@ -659,6 +695,8 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
             # notice (flushed data only the cache had is gone).
             os.unlink(args.cache)
         next_cfg = cfg if last else choose_cfg(rng, cfg, args.sabotage)
+        cfg, next_cfg, resized = resize_cfgs(args, rng, cfg, next_cfg,
+                                             totals)
         same_geo = geometry(next_cfg) == geometry(cfg)
         r = rng.random()
         if args.mode == "writethrough":
@@ -675,6 +713,8 @@ def iteration(args, rng, data_rng, state, totals, it, cfg, server):
             vserver = Server(args, cfg, vmode,
                              on_exit=True if not same_geo
                              else rng.random() < 0.5)
+        if resized and rng.random() < 0.7:
+            interrupt_resize(args, rng, cfg, vmode, totals)
         vserver.start()
         h = vserver.handles(1)[0]
         got = read_all(h, args.size)
@@ -761,7 +801,8 @@ def finish(args, server, state, totals, t_start):
     info("PASS: seed %d, %d iterations in %.1fs: %d writes, %d FUA writes, "
          "%d flushes, %d checked reads, %d writes in flight at kills, %d "
          "restarts in writethrough/writearound, %d clean restarts, %d new "
-         "caches, %d unsealed (unflushed) pages dropped after kills, %d "
+         "caches, %d resizes after kills (%d of them killed at first), "
+         "%d unsealed (unflushed) pages dropped after kills, %d "
          "sequential writes around the cache before kills, %d mode "
          "switches at run time; final "
          "stats: pages_written_back=%d evictions=%d cow_copies=%d" % (
@@ -769,6 +810,7 @@ def finish(args, server, state, totals, t_start):
              totals["write"], totals["fua"], totals["flush"], totals["read"],
              totals["inflight"], totals["restart_wt"],
              totals["clean_restart"], totals["new_cache"],
+             totals["resize"], totals["resize_kill"],
              totals["unsealed"],
              totals["seq_around"], totals.get("switch", 0),
              stats.get("pages_written_back", -1),
@@ -823,6 +865,12 @@ def main():
                    "seq_cutoff, seq (%% of writes that continue a "
                    "sequential stream); sizes in bytes): to search one "
                    "configuration hard")
+    p.add_argument("--resize", type=float, default=0.0,
+                   help="per iteration, the chance that the server after "
+                   "the kill (and the next iteration) has another "
+                   "ssdcache-size on the same cache file; most such "
+                   "restarts are killed first during the resize "
+                   "(default 0)")
     p.add_argument("--timeout", type=int, default=90,
                    help="fail if no request completes for this long")
     args = p.parse_args()

@@ -245,6 +245,11 @@ class Nbdkit:
     def start(self, timeout=60):
         """Start nbdkit and return once it serves; StartError if it
         exits first, Hang if it does not serve within timeout s."""
+        self.spawn()
+        self.wait_serving(timeout)
+
+    def spawn(self):
+        """Start nbdkit and return at once (start waits for it)."""
         for f in (self.sock, self.pidfile):
             try:
                 os.unlink(f)        # a killed server leaves them behind
@@ -259,7 +264,6 @@ class Nbdkit:
             self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=log, env=env)
         _LIVE.add(self)
-        self.wait_serving(timeout)
 
     def wait_serving(self, timeout=60):
         """Wait until a client completes the NBD handshake's start on the

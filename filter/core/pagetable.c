@@ -43,6 +43,9 @@ _Static_assert (LAYOUT_MAX_SECTORS == 128, "map_run and code_fill work on two 64
 _Static_assert (sizeof (struct pt_rec) == 26, "struct pt_rec is 26 bytes");
 
 uint32_t pagetable_test_seq_span, pagetable_test_epoch_span;
+unsigned pagetable_test_base_shift;
+
+#define BASE_SHIFT_DEFAULT 12           /* 4,096 slots a group */
 
 #define SPAN_DEFAULT (UINT32_MAX - 2)   /* below PT_REL_UNKNOWN */
 
@@ -70,11 +73,16 @@ pagetable_init (struct pagetable *pt, uint32_t nslots)
   }
   nbuckets = nslots / 2 > 0 ? nslots / 2 : 1;
 
+  pt->base_shift = pagetable_test_base_shift ? pagetable_test_base_shift
+    : BASE_SHIFT_DEFAULT;
   pt->recs = calloc (nslots, sizeof *pt->recs);
   pt->buckets = malloc ((size_t) nbuckets * sizeof *pt->buckets);
-  if (pt->recs == NULL || pt->buckets == NULL) {
+  pt->bases = calloc (((uint64_t) nslots >> pt->base_shift) + 1,
+                      sizeof *pt->bases);
+  if (pt->recs == NULL || pt->buckets == NULL || pt->bases == NULL) {
     free (pt->recs);
     free (pt->buckets);
+    free (pt->bases);
     memset (pt, 0, sizeof *pt);
     errno = ENOMEM;
     return -1;
@@ -109,6 +117,7 @@ pagetable_free (struct pagetable *pt)
   pagetable_set_budget (pt, NULL, 0);
   free (pt->recs);
   free (pt->buckets);
+  free (pt->bases);
   free (pt->side);
   free (pt->gens);
   free (pt->pend);
@@ -285,32 +294,97 @@ pt_unpin_over (struct pagetable *pt, uint32_t s)
  * Sequence numbers and epochs.
  */
 
-void
-pagetable_seq_rebase (struct pagetable *pt, uint64_t base)
+/* The slots [*first, *end) of group g. */
+static void
+group_range (const struct pagetable *pt, uint32_t g, uint32_t *first,
+             uint32_t *end)
 {
+  uint64_t a = (uint64_t) g << pt->base_shift;
+  uint64_t b = a + (UINT64_C (1) << pt->base_shift);
+
+  *first = (uint32_t) a;
+  *end = b < pt->nslots ? (uint32_t) b : pt->nslots;
+}
+
+static void
+count_rebase (struct pagetable *pt)
+{
+  if (pt->rebases)
+    atomic_fetch_add (pt->rebases, 1);
+}
+
+void
+pagetable_group_seq_rebase (struct pagetable *pt, uint32_t g, uint64_t base)
+{
+  struct pt_base *b = &pt->bases[g];
+  uint32_t first, end;
   uint64_t delta;
 
-  if (base <= pt->seq_base)
+  if (base <= b->seq)
     return;
-  delta = base - pt->seq_base;
-  for (uint32_t i = 0; i < pt->nslots; i++) {
+  delta = base - b->seq;
+  group_range (pt, g, &first, &end);
+  for (uint32_t i = first; i < end; i++) {
     struct pt_rec *r = &pt->recs[i];
     r->seq = r->seq <= delta ? 0 : (uint32_t) (r->seq - delta);
   }
-  pt->seq_base = base;
+  b->seq = base;
+  count_rebase (pt);
+}
+
+void
+pagetable_seq_rebase (struct pagetable *pt, uint64_t base)
+{
+  for (uint32_t g = 0; ((uint64_t) g << pt->base_shift) < pt->nslots; g++)
+    pagetable_group_seq_rebase (pt, g, base);
+}
+
+/* Move group g's epoch base up to base: epochs at or below it read as
+ * base.
+ */
+static void
+group_epoch_rebase (struct pagetable *pt, uint32_t g, uint64_t base)
+{
+  struct pt_base *b = &pt->bases[g];
+  uint32_t first, end;
+  uint64_t delta;
+
+  if (base <= b->epoch)
+    return;
+  delta = base - b->epoch;
+  group_range (pt, g, &first, &end);
+  for (uint32_t i = first; i < end; i++) {
+    struct pt_rec *r = &pt->recs[i];
+    if (r->epoch == PT_REL_PENDING || r->epoch == PT_REL_UNKNOWN)
+      continue;
+    r->epoch = r->epoch <= delta ? 0 : (uint32_t) (r->epoch - delta);
+  }
+  b->epoch = base;
+  count_rebase (pt);
+}
+
+void
+pagetable_epoch_floor (struct pagetable *pt, uint64_t floor)
+{
+  if (floor > pt->epoch_floor)
+    pt->epoch_floor = floor;
 }
 
 void
 pt_set_epoch (struct pagetable *pt, uint32_t s, uint64_t epoch)
 {
+  const struct pt_base *b = pt_base_of (pt, s);
   uint32_t rel;
 
+  if (epoch < PT_EPOCH_UNKNOWN && epoch > b->epoch &&
+      epoch - b->epoch >= pt->epoch_span / 2 && pt->epoch_floor > b->epoch)
+    group_epoch_rebase (pt, s >> pt->base_shift, pt->epoch_floor);
   if (epoch == PT_EPOCH_PENDING)
     rel = PT_REL_PENDING;
-  else if (epoch == PT_EPOCH_UNKNOWN || epoch - pt->epoch_base >= pt->epoch_span)
-    rel = epoch <= pt->epoch_base ? 0 : PT_REL_UNKNOWN;
+  else if (epoch == PT_EPOCH_UNKNOWN || epoch - b->epoch >= pt->epoch_span)
+    rel = epoch <= b->epoch ? 0 : PT_REL_UNKNOWN;
   else
-    rel = epoch <= pt->epoch_base ? 0 : (uint32_t) (epoch - pt->epoch_base);
+    rel = epoch <= b->epoch ? 0 : (uint32_t) (epoch - b->epoch);
   pt->recs[s].epoch = rel;
 }
 
@@ -323,50 +397,35 @@ pt_epoch (const struct pagetable *pt, uint32_t s)
     return PT_EPOCH_PENDING;
   if (rel == PT_REL_UNKNOWN)
     return PT_EPOCH_UNKNOWN;
-  return pt->epoch_base + rel;
+  return pt_base_of (pt, s)->epoch + rel;
 }
 
 bool
 pt_epoch_may_be_at_most (const struct pagetable *pt, uint32_t s, uint64_t t)
 {
   uint32_t rel = pt->recs[s].epoch;
+  uint64_t base = pt_base_of (pt, s)->epoch;
 
   if (rel == PT_REL_PENDING)
     return false;
   if (rel == PT_REL_UNKNOWN)
     return true;
-  if (rel == 0 && t < pt->epoch_base)
+  if (rel == 0 && t < base)
     return true;                /* at or below the base: not known */
-  return pt->epoch_base + rel <= t;
+  return base + rel <= t;
 }
 
 bool
 pt_epoch_surely_at_most (const struct pagetable *pt, uint32_t s, uint64_t t)
 {
   uint32_t rel = pt->recs[s].epoch;
+  uint64_t base = pt_base_of (pt, s)->epoch;
 
   if (rel == PT_REL_PENDING || rel == PT_REL_UNKNOWN)
     return false;
-  if (rel == 0 && t < pt->epoch_base)
+  if (rel == 0 && t < base)
     return false;
-  return pt->epoch_base + rel <= t;
-}
-
-void
-pagetable_epoch_rebase (struct pagetable *pt, uint64_t base)
-{
-  uint64_t delta;
-
-  if (base <= pt->epoch_base)
-    return;
-  delta = base - pt->epoch_base;
-  for (uint32_t i = 0; i < pt->nslots; i++) {
-    struct pt_rec *r = &pt->recs[i];
-    if (r->epoch == PT_REL_PENDING || r->epoch == PT_REL_UNKNOWN)
-      continue;
-    r->epoch = r->epoch <= delta ? 0 : (uint32_t) (r->epoch - delta);
-  }
-  pt->epoch_base = base;
+  return base + rel <= t;
 }
 
 /*----------------------------------------------------------------------

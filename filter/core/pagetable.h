@@ -25,6 +25,7 @@
 #ifndef SSDCACHE_PAGETABLE_H
 #define SSDCACHE_PAGETABLE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -77,8 +78,10 @@ struct __attribute__ ((__packed__)) pt_rec {
   uint32_t page;                      /* backend page number */
   uint32_t next;                      /* hash chain, or free list link */
   uint32_t data_crc;
-  uint32_t seq;                       /* seq - seq_base (0: at or before) */
-  uint32_t epoch;                     /* epoch - epoch_base, or PT_REL_* */
+  uint32_t seq;                       /* seq - its group's seq base (0: at
+                                         or before) */
+  uint32_t epoch;                     /* epoch - its group's epoch base,
+                                         or PT_REL_* */
   uint64_t flags : 10;                /* PT_* */
   uint64_t state : 2;                 /* enum layout_state */
   uint64_t pins : 8;                  /* more: in pinx */
@@ -108,11 +111,17 @@ struct pagetable {
   uint32_t free_head;
   uint32_t nfree;
   uint32_t nindexed;
-  /* Sequence numbers and epochs are kept relative to these bases
-   * (pagetable_seq_rebase, pagetable_epoch_rebase).
+  /* Sequence numbers and epochs are kept relative to the bases of the
+   * slot's group of 1 << base_shift slots, which move up one group at a
+   * time (a walk of 4,096 slots by default, so that no rebase holds the
+   * caller's lock for long): see pt_set_seq and pt_set_epoch.
    */
-  uint64_t seq_base, epoch_base;
+  struct pt_base { uint64_t seq, epoch; } *bases;
+  unsigned base_shift;
+  uint64_t epoch_floor;               /* a group's epoch base may move up
+                                         to this (pagetable_epoch_floor) */
   uint32_t seq_span, epoch_span;      /* relative values kept below these */
+  _Atomic uint64_t *rebases;          /* counts group rebases, or NULL */
   /* Side table: maps that are not a run each (a bounded number). */
   struct pt_side *side;
   uint32_t side_cap;                  /* entries allocated */
@@ -169,10 +178,12 @@ extern uint64_t pagetable_scan_oldest_pending (const struct pagetable *pt);
 /* Do the counts match a scan?  (For tests.) */
 extern bool pagetable_pending_consistent (const struct pagetable *pt);
 
-/* Test hooks: when non-zero, pagetable_init uses these spans instead of
- * the defaults (so that tests can force many rebases).
+/* Test hooks: when non-zero, pagetable_init uses these spans and this
+ * group size (log2) instead of the defaults (so that tests can force
+ * many rebases, in many groups).
  */
 extern uint32_t pagetable_test_seq_span, pagetable_test_epoch_span;
+extern unsigned pagetable_test_base_shift;
 
 /* Accessors: the only code that knows how a slot is stored. */
 static inline uint64_t
@@ -262,21 +273,32 @@ pt_unpin (struct pagetable *pt, uint32_t s)
  * change (pt_set_seq), but one older than the last rebase reads as the
  * base.  (Entries on disk always get a fresh c->seq, never this.)
  */
+static inline struct pt_base *
+pt_base_of (const struct pagetable *pt, uint32_t s)
+{
+  return &pt->bases[s >> pt->base_shift];
+}
 static inline uint64_t
 pt_seq (const struct pagetable *pt, uint32_t s)
 {
-  return pt->seq_base + pt->recs[s].seq;
+  return pt_base_of (pt, s)->seq + pt->recs[s].seq;
 }
+/* Every group's sequence base up to base (the loader, once). */
 extern void pagetable_seq_rebase (struct pagetable *pt, uint64_t base);
+extern void pagetable_group_seq_rebase (struct pagetable *pt, uint32_t g,
+                                        uint64_t base);
 /* seq must be >= every earlier value stored (c->seq grows). */
 static inline void
 pt_set_seq (struct pagetable *pt, uint32_t s, uint64_t seq)
 {
-  if (seq < pt->seq_base)
-    seq = pt->seq_base;
-  if (seq - pt->seq_base >= pt->seq_span)
-    pagetable_seq_rebase (pt, seq - pt->seq_span / 2);
-  pt->recs[s].seq = (uint32_t) (seq - pt->seq_base);
+  struct pt_base *b = pt_base_of (pt, s);
+
+  if (seq < b->seq)
+    seq = b->seq;
+  if (seq - b->seq >= pt->seq_span)
+    pagetable_group_seq_rebase (pt, s >> pt->base_shift,
+                                seq - pt->seq_span / 2);
+  pt->recs[s].seq = (uint32_t) (seq - b->seq);
 }
 /* Epochs.  A stored epoch is exact when it lies above the base; at or
  * below it reads as the base, which the cache keeps at or below every
@@ -294,8 +316,11 @@ extern bool pt_epoch_may_be_at_most (const struct pagetable *pt, uint32_t s,
 /* Is it certainly <= t?  (False when unknown.) */
 extern bool pt_epoch_surely_at_most (const struct pagetable *pt, uint32_t s,
                                      uint64_t t);
-/* Move the epoch base up to base: epochs at or below it read as base. */
-extern void pagetable_epoch_rebase (struct pagetable *pt, uint64_t base);
+/* The cache compares slot epochs with none below floor from now on: a
+ * group's base may move up to it, which pt_set_epoch does for the
+ * slot's group when the epoch it stores is far above the base.  O(1).
+ */
+extern void pagetable_epoch_floor (struct pagetable *pt, uint64_t floor);
 /* While the page table is loaded (pagetable_from_entry until the
  * loader's first pt_set_seq or pagetable_seq_rebase on the slot), a
  * slot keeps its entry's exact sequence number in its seq and epoch

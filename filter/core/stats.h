@@ -69,7 +69,7 @@ struct stats {
                                          the page table's side table) */
   _Atomic uint64_t partial_maps_full; /* times such maps did not fit (the
                                          side table was full) */
-  _Atomic uint64_t pt_rebases;        /* page-table epoch rebases */
+  _Atomic uint64_t pt_rebases;        /* page-table group rebases */
   _Atomic uint64_t writes_not_cached; /* writethrough partial writes to
                                           sectors not cached: backend only */
   _Atomic uint64_t writes_deferred;   /* writethrough rewrites of cached

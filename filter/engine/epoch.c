@@ -291,9 +291,10 @@ cache_free_superseded (struct cache *c)
  * closes_gen: a client's own, which ends a flush generation.
  */
 /* Under c->lock: a client sync (epoch node->e) ends.  Slot epochs are
- * kept relative to a base (pagetable.h), which must stay at or below
+ * kept relative to bases (pagetable.h), which must stay at or below
  * c->flushed_epoch and the epoch of every client sync still in flight
- * (they compare slot epochs with these); move it up when it lags far.
+ * (they compare slot epochs with these): tell the page table how far
+ * up they may move now.
  */
 static void
 client_sync_done_locked (struct cache *c, struct cache_sync_node *node)
@@ -312,11 +313,7 @@ client_sync_done_locked (struct cache *c, struct cache_sync_node *node)
   low = c->flushed_epoch;
   if (c->syncs_head && c->syncs_head->e < low)
     low = c->syncs_head->e;    /* in start order: the oldest first */
-  if (c->epoch - c->pt.epoch_base >= c->pt.epoch_span / 2 &&
-      low > c->pt.epoch_base) {
-    pagetable_epoch_rebase (&c->pt, low);
-    STATS_ADD (&c->stats, pt_rebases, 1);
-  }
+  pagetable_epoch_floor (&c->pt, low);
 }
 
 static int

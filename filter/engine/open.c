@@ -595,6 +595,7 @@ set_geometry (struct cache *c)
     log_error ("cannot allocate the page table for %u slots", c->nslots);
     return -1;
   }
+  c->pt.rebases = &c->stats.pt_rebases;
   pagetable_set_side_limit (&c->pt, c->partial_pages < c->nslots
                             ? c->partial_pages : c->nslots);
   pagetable_set_budget (&c->pt, c->budget, c->page_size);

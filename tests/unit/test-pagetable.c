@@ -762,12 +762,17 @@ epoch_model (uint32_t span, unsigned stall, uint64_t seed, int want_unknown)
   struct pagetable pt;
   uint64_t truth[48];
   uint64_t epoch = 1, flushing = 0, flushed = 0, inflight[4];
-  unsigned ninflight = 0, rebases = 0, unknown = 0, exact = 0;
+  unsigned ninflight = 0, unknown = 0, exact = 0;
+
+  _Atomic uint64_t nrebases = 0;
 
   rng_state = seed;
   pagetable_test_epoch_span = span;
+  pagetable_test_base_shift = 3;        /* six groups of 8 slots */
   assert_int_equal (pagetable_init (&pt, n), 0);
   pagetable_test_epoch_span = 0;
+  pagetable_test_base_shift = 0;
+  pt.rebases = &nrebases;
   for (uint32_t s = 0; s < n; s++) {
     truth[s] = 0;
     pt_set_epoch (&pt, s, 0);
@@ -797,10 +802,7 @@ epoch_model (uint32_t span, unsigned stall, uint64_t seed, int want_unknown)
       for (unsigned i = 0; i < ninflight; i++)
         if (inflight[i] < low)
           low = inflight[i];
-      if (epoch - pt.epoch_base >= pt.epoch_span / 2 && low > pt.epoch_base) {
-        pagetable_epoch_rebase (&pt, low);
-        rebases++;
-      }
+      pagetable_epoch_floor (&pt, low);
     }
     else
       epoch++;                          /* a non-client sync */
@@ -830,7 +832,7 @@ epoch_model (uint32_t span, unsigned stall, uint64_t seed, int want_unknown)
       }
     }
   }
-  assert_true (rebases > 20);
+  assert_true (nrebases > 20);
   assert_true (exact > 0);
   if (want_unknown == 0)
     assert_int_equal (unknown, 0);
@@ -851,19 +853,22 @@ test_epoch_rebase (void **state)
 
 /* Sequence numbers as change stamps across many rebases: a slot's stamp
  * never goes down, one that changes always reads differently from
- * before, and a recent one reads exactly.
+ * before, and a recent one reads exactly.  A rebase moves the base of
+ * the changed slot's group of 8 only.
  */
 static void
 test_seq_rebase (void **state)
 {
   const uint32_t n = 32;
   struct pagetable pt;
-  uint64_t seq = 0, last[32], snap[32];
+  uint64_t seq = 0, last[32], snap[32], bases[4];
 
   rng_state = 21;
   pagetable_test_seq_span = 16;
+  pagetable_test_base_shift = 3;
   assert_int_equal (pagetable_init (&pt, n), 0);
   pagetable_test_seq_span = 0;
+  pagetable_test_base_shift = 0;
   for (uint32_t s = 0; s < n; s++) {
     last[s] = snap[s] = pt_seq (&pt, s);
   }
@@ -874,7 +879,12 @@ test_seq_rebase (void **state)
       snap[s] = pt_seq (&pt, s);        /* writeback looks at it */
     else {
       uint64_t before = pt_seq (&pt, s);
+      for (uint32_t g = 0; g < 4; g++)
+        bases[g] = pt.bases[g].seq;
       pt_set_seq (&pt, s, ++seq);
+      for (uint32_t g = 0; g < 4; g++)
+        if (g != s / 8)
+          assert_int_equal (pt.bases[g].seq, bases[g]);
       assert_int_equal (pt_seq (&pt, s), seq);
       assert_true (pt_seq (&pt, s) != before);
       assert_true (pt_seq (&pt, s) != snap[s]);
@@ -886,7 +896,8 @@ test_seq_rebase (void **state)
       last[k] = now;
     }
   }
-  assert_true (pt.seq_base > 1000);
+  for (uint32_t g = 0; g < 4; g++)
+    assert_true (pt.bases[g].seq > 1000);
   pagetable_free (&pt);
 }
 

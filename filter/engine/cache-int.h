@@ -508,6 +508,10 @@ extern bool cache_write_goes_around (struct cache *c, uint64_t first,
                                      uint64_t last, uint64_t *promised);
 
 /* clean.c */
+/* Slots a pass scans for dirty pages per hold of c->lock (16384; a
+ * test hook).
+ */
+extern unsigned cache_collect_chunk;
 /* Write back the dirty sectors of one page now, from the caller's
  * thread: slot s holds page, is pinned (the pin stays), and the page is
  * range locked by the caller.  The backend is flushed, then the slot is

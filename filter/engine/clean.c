@@ -51,44 +51,90 @@ cmp_u64 (const void *a, const void *b)
   return x < y ? -1 : x > y;
 }
 
+/* Slots scanned per hold of c->lock (tests make it small). */
+unsigned cache_collect_chunk = 16384;
+
+/* What collect_dirty gathers. */
+struct collect {
+  uint64_t *pages, n, cap;
+  uint64_t hot_after, gen_max, now, nhot, skipped;
+  bool all;
+};
+
+/* Under c->lock: scan slots [first, first + cache_collect_chunk) into k;
+ * returns false once every dirty page is counted or k is full.
+ */
+static bool
+collect_chunk_locked (struct cache *c, struct collect *k, uint32_t first)
+{
+  uint32_t end = c->nslots - first < cache_collect_chunk ? c->nslots
+    : first + cache_collect_chunk;
+
+  for (uint32_t s = first; s < end; s++) {
+    uint16_t flags = pt_flags (&c->pt, s);
+    if (k->n + k->nhot + k->skipped >= c->ndirty || k->n == k->cap)
+      return false;
+    if (pt_state (&c->pt, s) != LAYOUT_DIRTY || !(flags & PT_INDEXED) ||
+        (flags & PT_BAD))
+      continue;
+    if (pt_gen (&c->pt, s) > k->gen_max)
+      k->skipped++;             /* a later flush generation: not now */
+    else if (pt_seq (&c->pt, s) > k->hot_after ||
+             (!k->all && c->backoff.n > 0 &&
+              backoff_waits (&c->backoff, pt_page (&c->pt, s), k->now)))
+      k->nhot++;
+    else
+      k->pages[k->n++] = pt_page (&c->pt, s);
+  }
+  return end < c->nslots;
+}
+
+/* Sort pages[0, n) and drop repeats (a page that moved to another slot
+ * between two chunks is seen twice); returns the new count.
+ */
+static uint64_t
+sort_unique (uint64_t *pages, uint64_t n)
+{
+  uint64_t m = 0;
+
+  qsort (pages, n, sizeof *pages, cmp_u64);
+  for (uint64_t i = 0; i < n; i++)
+    if (m == 0 || pages[m - 1] != pages[i])
+      pages[m++] = pages[i];
+  return m;
+}
+
 /* Dirty pages now, sorted, but for "hot" ones: changed after sequence
  * number hot_after (UINT64_MAX: none is hot), and, unless all, those
  * whose writeback failed lately (c->backoff); both are counted in
- * *nhot.  Pages of flush generations after gen_max are left out.
+ * *nhot.  Pages of flush generations after gen_max are left out.  The
+ * slots are scanned a chunk per hold of c->lock, so that a scan of a
+ * big cache never holds it long; pages that change meanwhile are
+ * checked again when written back (under their range lock).
  * Returns the count, or -1.
  */
 static int64_t
 collect_dirty (struct cache *c, uint64_t **pages_out, uint64_t hot_after,
                bool all, uint64_t gen_max, uint64_t *nhot)
 {
-  uint64_t *pages, n = 0, now = cache_now_ms (), gen_max_skipped = 0;
+  struct collect k = { .hot_after = hot_after, .gen_max = gen_max,
+                       .now = cache_now_ms (), .all = all };
+  bool more = true;
 
   pthread_mutex_lock (&c->lock);
-  pages = malloc ((c->ndirty ? c->ndirty : 1) * sizeof *pages);
-  if (pages == NULL) {
-    pthread_mutex_unlock (&c->lock);
-    return -1;
-  }
-  *nhot = 0;
-  for (uint32_t s = 0;
-       s < c->nslots && n + *nhot + gen_max_skipped < c->ndirty; s++) {
-    uint16_t flags = pt_flags (&c->pt, s);
-    if (pt_state (&c->pt, s) != LAYOUT_DIRTY || !(flags & PT_INDEXED) ||
-        (flags & PT_BAD))
-      continue;
-    if (pt_gen (&c->pt, s) > gen_max)
-      gen_max_skipped++;        /* a later flush generation: not now */
-    else if (pt_seq (&c->pt, s) > hot_after ||
-             (!all && c->backoff.n > 0 &&
-              backoff_waits (&c->backoff, pt_page (&c->pt, s), now)))
-      (*nhot)++;
-    else
-      pages[n++] = pt_page (&c->pt, s);
-  }
+  k.cap = c->ndirty ? c->ndirty : 1;
   pthread_mutex_unlock (&c->lock);
-  qsort (pages, n, sizeof *pages, cmp_u64);
-  *pages_out = pages;
-  return n;
+  k.pages = malloc (k.cap * sizeof *k.pages);
+  if (k.pages == NULL)
+    return -1;
+  for (uint32_t first = 0; more; first += cache_collect_chunk) {
+    pthread_mutex_lock (&c->lock);
+    more = collect_chunk_locked (c, &k, first);
+    pthread_mutex_unlock (&c->lock);
+  }
+  *nhot = k.nhot;
+  *pages_out = k.pages;
+  return sort_unique (k.pages, k.n);
 }
 
 /* A group being written: its buffer (page k of the group at

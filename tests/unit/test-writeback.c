@@ -1848,6 +1848,26 @@ test_wb_seq_around_quiet (void **state)
   tenv_close (&env, c);
 }
 
+/* A pass looks for dirty pages a few slots per hold of c->lock (the
+ * default is 16384: only a big cache has several chunks), while
+ * writers move pages between slots.
+ */
+static void
+test_wb_collect_chunks_tiny (void **state)
+{
+  cache_collect_chunk = 3;
+  test_wb_threads_tiny_cache (state);
+  cache_collect_chunk = 16384;
+}
+
+static void
+test_wb_collect_chunks_backend (void **state)
+{
+  cache_collect_chunk = 3;
+  test_wb_threads_flush_backend (state);
+  cache_collect_chunk = 16384;
+}
+
 int
 main (void)
 {
@@ -1881,6 +1901,8 @@ main (void)
     TESTFILE_TEST (test_wb_partial_maps_none),
     TESTFILE_TEST (test_wb_partial_maps_tiny),
     TESTFILE_TEST (test_wb_partial_maps_default),
+    TESTFILE_TEST (test_wb_collect_chunks_tiny),
+    TESTFILE_TEST (test_wb_collect_chunks_backend),
   };
 
   testfile_name = "test-writeback";

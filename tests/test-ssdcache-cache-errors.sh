@@ -118,7 +118,8 @@ import sys, time
 from ssdtest import connect
 h = connect(sys.argv[1])
 off = 65536 + 4096
-h.pread(1 << 20, 0)                # cached
+for o in range(0, 1 << 20, 65536):   # cached before each answer (a
+    h.pread(65536, o)                #  bigger miss may be stored after)
 h.pwrite(b"1" * 1024, off)
 time.sleep(0.1)                    # the queued write is in the file
 open(sys.argv[2], "w").close()     # the cache device refuses writes

@@ -105,13 +105,26 @@ refused ssdcache-size "$img" ssdcache-file="$c" ssdcache-size=922337203685477580
 refused ssdcache-page-size "$img" ssdcache-file="$c" ssdcache-page-size=1E
 refused ssdcache-page-size "$img" ssdcache-file="$c" ssdcache-page-size=4294971392
 
-# A 20T backend (nbdkit's null plugin: no file): with 4K pages it has
-# more than 2^32 - 1 pages, which the page table cannot number.  Refused
+# A 5P backend (nbdkit's null plugin: no file): with 4K pages it has
+# more than 2^40 pages, which the page table cannot number.  Refused
 # before anything is allocated (the cache file stays empty).
 rm -f "$c"
-refused_plugin 'at most 4294967295 pages.*ssdcache-page-size' null 20T \
+refused_plugin 'at most 1099511627776 pages.*ssdcache-page-size' null 5P \
                ssdcache-file="$c" ssdcache-size=20T ssdcache-page-size=4K
-[ ! -s "$c" ] || fail "the refused 20T cache left a $(stat -c %s "$c") byte file"
+[ ! -s "$c" ] || fail "the refused 5P cache left a $(stat -c %s "$c") byte file"
+# 20T of 4K pages, beyond 2^32 pages: the last page is cached (its page
+# number needs more than 32 bits), and read again from the cache.
+rm -f "$c"
+run_ssdcache --timeout 30 null 20T \
+             ssdcache-file="$c" ssdcache-size=4M ssdcache-page-size=4K \
+             ssdcache-stats="$tmpdir/st" ssdcache-readahead=off \
+             --run 'nbdsh -u "$uri" -c "
+for i in range(2):
+    assert h.pread(4096, 20 * 2**40 - 4096) == bytes(4096)
+    assert h.pread(4096, 2**44) == bytes(4096)
+"' || fail "a 4M cache of 4K pages over a 20T backend does not work"
+expect_stat "$tmpdir/st" read_hits -eq 2 "20T of 4K pages"
+expect_stat "$tmpdir/st" read_misses -eq 2 "20T of 4K pages"
 # Just under 16T (fewer than 2^32 - 1 pages of 4K), but a 20T cache
 # would be more than 2^32 slots (the spare quarter): refused too.
 rm -f "$c"

@@ -5,14 +5,14 @@
  * list and the side table of partial maps.  The caller holds the cache
  * metadata lock for every call.
  *
- * Memory: 26 bytes per slot (struct pt_rec) plus a 4-byte bucket for
- * every two slots, so 28 bytes per slot in every state, plus the side
+ * Memory: 27 bytes per slot (struct pt_rec) plus a 4-byte bucket for
+ * every two slots, so 29 bytes per slot in every state, plus the side
  * table (32 bytes per entry, at most side_limit entries, allocated as
  * they are needed) and a fixed part.
  *
  * Stored form of a slot:
- *  - page: 32 bits (the cache refuses backends of more than PT_MAX_PAGES
- *    pages).
+ *  - page: 40 bits (the cache refuses backends of more than PT_MAX_PAGES
+ *    pages: 4 PiB of 4 KiB pages).
  *  - seq and epoch: 32 bits relative to a base each (see pagetable.h).
  *  - gen (only if kept): the low 32 bits, in pt->gens (pt->gen_ref
  *    gives the rest).
@@ -40,7 +40,7 @@
 
 _Static_assert (LAYOUT_MAX_SECTORS == 128, "map_run and code_fill work on two 64-bit words");
 
-_Static_assert (sizeof (struct pt_rec) == 26, "struct pt_rec is 26 bytes");
+_Static_assert (sizeof (struct pt_rec) == 27, "struct pt_rec is 27 bytes");
 
 uint32_t pagetable_test_seq_span, pagetable_test_epoch_span;
 unsigned pagetable_test_base_shift;
@@ -161,7 +161,7 @@ pagetable_lookup (const struct pagetable *pt, uint64_t page)
     return PT_NONE;
   i = pt->buckets[hash_page (pt, page)];
   while (i != PT_NONE) {
-    if (pt->recs[i].page == page)
+    if (pt_page (pt, i) == page)
       return i;
     i = pt->recs[i].next;
   }
@@ -174,7 +174,7 @@ pagetable_insert (struct pagetable *pt, uint32_t slot, uint64_t page)
   struct pt_rec *s = &pt->recs[slot];
   uint32_t b = hash_page (pt, page);
 
-  s->page = (uint32_t) page;
+  pt_set_page (pt, slot, page);
   s->next = pt->buckets[b];
   pt_set_flags (pt, slot, (s->flags | PT_INDEXED) & ~PT_ORPHAN);
   pt->buckets[b] = slot;
@@ -185,7 +185,7 @@ void
 pagetable_remove (struct pagetable *pt, uint32_t slot)
 {
   struct pt_rec *s = &pt->recs[slot];
-  uint32_t b = hash_page (pt, s->page);
+  uint32_t b = hash_page (pt, pt_page (pt, slot));
   uint32_t prev = PT_NONE, i;
 
   if (!(s->flags & PT_INDEXED))
@@ -763,7 +763,7 @@ pagetable_get (const struct pagetable *pt, uint32_t s, struct pt_slot *v)
 {
   const struct pt_rec *r = &pt->recs[s];
 
-  v->page = r->page;
+  v->page = pt_page (pt, s);
   v->seq = pt_seq (pt, s);
   v->epoch = pt_epoch (pt, s);
   v->gen = pt_gen (pt, s);
@@ -803,7 +803,7 @@ pagetable_from_entry (struct pagetable *pt, uint32_t s,
     pt_set_state (pt, s, LAYOUT_FREE);
     return false;
   }
-  r->page = (uint32_t) e->page;
+  pt_set_page (pt, s, e->page);
   r->seq = (uint32_t) e->seq;   /* pt_loaded_seq; the loader then sets */
   r->epoch = e->seq >> 32;      /* both anew */
   r->data_crc = e->data_crc;

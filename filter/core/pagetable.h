@@ -6,12 +6,12 @@
  * the cache, never by the backend), plus the free-slot list and the
  * side table of sector maps that are not runs.
  *
- * Slots are stored compactly (struct pt_rec, 26 bytes, plus a 4-byte
- * bucket per two slots: 28 bytes a slot, and 4 more with generations; pagetable.c says how).  The
+ * Slots are stored compactly (struct pt_rec, 27 bytes, plus a 4-byte
+ * bucket per two slots: 29 bytes a slot, and 4 more with generations; pagetable.c says how).  The
  * rest of the filter reads and changes them only through the accessors
  * below, and reads a whole slot as a value (struct pt_slot) with
- * pagetable_get.  Limits that come with the compact form: at most
- * PT_MAX_PAGES backend pages; sequence numbers are change stamps (an
+ * pagetable_get.  Limits that come with the compact form: backend page
+ * numbers up to PT_MAX_PAGES (40 bits); sequence numbers are change stamps (an
  * old one may read higher than it was, never lower); epochs are exact
  * above a base the cache keeps low enough (pt_set_epoch); sector maps
  * that are not runs need one of a bounded number of side entries.
@@ -73,9 +73,10 @@ struct pt_slot {
   uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
 };
 
-/* The stored form of a slot: 26 bytes, see pagetable.c. */
+/* The stored form of a slot: 27 bytes, see pagetable.c. */
 struct __attribute__ ((__packed__)) pt_rec {
-  uint32_t page;                      /* backend page number */
+  uint32_t page;                      /* backend page number, low 32 bits */
+  uint8_t page_hi;                    /* ... and the 8 above them */
   uint32_t next;                      /* hash chain, or free list link */
   uint32_t data_crc;
   uint32_t seq;                       /* seq - its group's seq base (0: at
@@ -89,7 +90,8 @@ struct __attribute__ ((__packed__)) pt_rec {
                                          side-table index (pagetable.c) */
 };
 
-#define PT_MAX_PAGES   (UINT32_MAX - 1) /* backend pages the table can hold */
+#define PT_MAX_PAGES   ((UINT64_C (1) << 40) - 1) /* backend pages the
+                                                     table can number */
 #define PT_REL_PENDING UINT32_MAX       /* stored epoch: write in flight */
 #define PT_REL_UNKNOWN (UINT32_MAX - 1) /* stored epoch: too far past the
                                            base to be kept (see
@@ -189,13 +191,14 @@ extern unsigned pagetable_test_base_shift;
 static inline uint64_t
 pt_page (const struct pagetable *pt, uint32_t s)
 {
-  return pt->recs[s].page;
+  return (uint64_t) pt->recs[s].page_hi << 32 | pt->recs[s].page;
 }
 /* Set the page of a slot that is not indexed. */
 static inline void
 pt_set_page (struct pagetable *pt, uint32_t s, uint64_t page)
 {
   pt->recs[s].page = (uint32_t) page;
+  pt->recs[s].page_hi = (uint8_t) (page >> 32);
 }
 static inline uint8_t
 pt_state (const struct pagetable *pt, uint32_t s)

@@ -493,7 +493,7 @@ defer_error (void *opaque, uint64_t slot, int err)
   cache_io_error (c, "writing deferred data", (uint32_t) slot);
 }
 
-/* The page table numbers pages with 32 bits (pagetable.h): refuse a
+/* The page table numbers pages with 40 bits (pagetable.h): refuse a
  * backend with more pages.  Returns -1 (logged) if refused.
  */
 static int
@@ -503,9 +503,9 @@ check_npages (const struct cache *c, uint64_t backend_size)
     : c->cfg_page_size ? c->cfg_page_size : CACHE_DEFAULT_PAGE;
   uint64_t npages = backend_size / ps + (backend_size % ps != 0);
 
-  if (npages > (uint64_t) PT_MAX_PAGES + 1) {
+  if (npages > PT_MAX_PAGES + 1) {
     log_error ("the backend has %llu pages of %u bytes; the cache handles "
-               "at most %llu pages (16 TiB with 4 KiB pages, 256 TiB with "
+               "at most %llu pages (4 PiB with 4 KiB pages, 64 PiB with "
                "64 KiB pages): use a larger ssdcache-page-size",
                (unsigned long long) npages, ps,
                (unsigned long long) PT_MAX_PAGES + 1);

@@ -351,14 +351,14 @@ test_wrong_backend_size (void **state)
   rambackend_free (&rb2);
 }
 
-/* A backend with more pages than the page table can number (2^32 - 1)
- * is refused, with a message naming the limit; one page less is not.
+/* A backend with more pages than the page table can number (2^40) is
+ * refused, with a message naming the limit; one page less is not.
  */
 static void
 test_too_many_pages (void **state)
 {
   struct cache_config cfg = fixture_config (16 * PS, PS);
-  const uint64_t max = (uint64_t) UINT32_MAX * PS;   /* 2^32 - 1 pages */
+  const uint64_t max = (UINT64_C (1) << 40) * PS;    /* 2^40 pages */
   struct cache *c;
   int errs;
 
@@ -367,7 +367,7 @@ test_too_many_pages (void **state)
   errs = log_error_count;
   assert_int_equal (cache_attach (c, max + 1), -1);
   assert_true (log_error_count > errs);
-  last_error_says ("at most 4294967295 pages");
+  last_error_says ("at most 1099511627776 pages");
   last_error_says ("ssdcache-page-size");
   cache_close (c);
 

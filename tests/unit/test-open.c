@@ -431,6 +431,24 @@ resized (const struct cache_config *cfg, uint64_t size, uint32_t was,
   return c;
 }
 
+/* Resize the cache of cfg from was to now slots: kept pages loaded,
+ * every page read back right, none failing its checksum.
+ */
+static void
+resized_kept (struct cache_config *cfg, struct rambackend *rb, uint32_t was,
+              uint32_t now, uint32_t kept)
+{
+  struct cache *c;
+
+  cfg->size = (uint64_t) now * PS;
+  c = resized (cfg, rb->size, was, true);
+  assert_int_equal (cache_nslots (c), now);
+  assert_int_equal (ST (c, loaded_slots), kept);
+  read_all_check (c, rb, 64 * PS);
+  assert_int_equal (ST (c, verify_failures), 0);
+  cache_close (c);
+}
+
 /* A new size keeps the pages that fit (the page pool does not move
  * here: test-ssdcache-resize.sh moves it), and never dirty data.
  */
@@ -446,21 +464,8 @@ test_resize (void **state)
   rambackend_init (&rb, 64 * PS, 18);
   open_read_all_check (&cfg, &rb, 16 * PS);
 
-  cfg.size = 32 * PS;                   /* grow: all 16 kept */
-  c = resized (&cfg, rb.size, 16, true);
-  assert_int_equal (cache_nslots (c), 32);
-  assert_int_equal (ST (c, loaded_slots), 16);
-  read_all_check (c, &rb, 64 * PS);
-  assert_int_equal (ST (c, verify_failures), 0);
-  cache_close (c);
-
-  cfg.size = 8 * PS;                    /* shrink: slots 0-7 kept */
-  c = resized (&cfg, rb.size, 32, true);
-  assert_int_equal (cache_nslots (c), 8);
-  assert_int_equal (ST (c, loaded_slots), 8);
-  read_all_check (c, &rb, 64 * PS);
-  assert_int_equal (ST (c, verify_failures), 0);
-  cache_close (c);
+  resized_kept (&cfg, &rb, 16, 32, 16);    /* grow: all 16 kept */
+  resized_kept (&cfg, &rb, 32, 8, 8);      /* shrink: slots 0-7 kept */
 
   /* Dirty data: the engine refuses (exports.c writes it back first). */
   cfg = fixture_writeback_config (8 * PS, PS);

@@ -135,15 +135,6 @@ class Server(ssdtest.Nbdkit):
     def start(self, timeout=300):
         ssdtest.Nbdkit.start(self, timeout)
 
-    def spawn(self):
-        """Start nbdkit and return at once, not waiting for it to serve
-        (for a caller that times nbdkit's start-up with its own client)."""
-        self.wait_serving = lambda timeout=None: None
-        try:
-            ssdtest.Nbdkit.start(self)
-        finally:
-            del self.wait_serving
-
     def stop(self, timeout=1800):
         return ssdtest.Nbdkit.stop(self, timeout, stacks=False)
 

@@ -583,7 +583,7 @@ def resize_cfgs(args, rng, cfg, next_cfg, totals):
     resizes at start), and so does the next iteration's.  Returns the
     configurations of the restart and of the next iteration, and whether
     they resize."""
-    if rng.random() >= args.resize:
+    if args.resize == 0 or rng.random() >= args.resize:
         return cfg, next_cfg, False
     size = rng.choice([s for s in (2 * MiB, 3 * MiB, 4 * MiB, 6 * MiB)
                        if s != cfg["cache_size"]])

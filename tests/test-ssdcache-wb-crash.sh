@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-ssdcache-filter: writeback crash test (kill -9 with writes in
-# flight), 20 iterations of crash-writeback.py.  Every byte read back
-# after a restart must be the data it had at the last completed FLUSH
-# (or FUA write) or the data of a write issued after it; a clean exit
-# with ssdcache-writeback-on-exit=true must leave the backing file
-# complete.  `make check-crash` runs 1000 iterations.  Then 6 more with
+# flight), 20 iterations of crash-writeback.py, some restarts with
+# another cache size (resized, often killed mid-way first).  Every byte
+# read back after a restart must be the data it had at the last
+# completed FLUSH (or FUA write) or the data of a write issued after
+# it; a clean exit with ssdcache-writeback-on-exit=true must leave the
+# backing file complete.  `make check-crash` runs 1000 iterations
+# (CRASH_RESIZE=0.5 adds resizes).  Then 6 more with
 # the pressure paths forced (dirty cap, backend errors, depth, age), and
 # 6 with sequential streams going around the cache.
 #
@@ -35,6 +37,7 @@ grep -q "neither the last flushed data" "$tmpdir/sabotage.log" || {
 rm -rf "$tmpdir/sabotage"
 
 "$PYTHON" "$crash" --iterations "${CRASH_WB_ITERATIONS:-20}" --seed "$seed" \
+          --resize 0.3 \
           --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/crash"
 
 # The paths of a cache under pressure, forced: writes sent through at a

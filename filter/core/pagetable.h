@@ -175,6 +175,8 @@ extern void pagetable_pend_note (struct pagetable *pt, uint32_t s,
 extern void pagetable_count_pending (struct pagetable *pt);
 /* The oldest generation of a pending slot, or UINT64_MAX. */
 extern uint64_t pagetable_oldest_pending (struct pagetable *pt);
+/* How many slots of it are counted (0 when not counting). */
+extern uint32_t pagetable_oldest_pending_count (const struct pagetable *pt);
 /* The same by a scan of every slot (what the counts must equal). */
 extern uint64_t pagetable_scan_oldest_pending (const struct pagetable *pt);
 /* Do the counts match a scan?  (For tests.) */

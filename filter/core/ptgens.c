@@ -183,6 +183,14 @@ pagetable_oldest_pending (struct pagetable *pt)
   return pt->pend_len ? pt->pend[pt->pend_lo].gen : UINT64_MAX;
 }
 
+uint32_t
+pagetable_oldest_pending_count (const struct pagetable *pt)
+{
+  if (!pt->pend_on || pt->pend_lost || pt->pend_len == 0)
+    return 0;
+  return pt->pend[pt->pend_lo].n;
+}
+
 bool
 pagetable_pending_consistent (const struct pagetable *pt)
 {

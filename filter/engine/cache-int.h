@@ -198,8 +198,10 @@ struct cache {
   unsigned order_inflight;       /* backend writes of c->gen_done + 1 (or
                                     older) in flight */
   bool order_advancing;          /* c->gen_done is moving: they wait */
-  uint64_t order_checked_ms;     /* last check of the page table's
-                                    counts (order.c: order_counts_ok) */
+  uint64_t order_checked_ms;     /* since when the oldest pending
+                                    generation and its count stand
+                                    still (order.c: order_counts_ok) */
+  uint64_t order_seen_gen, order_seen_n;  /* ... what they were */
   uint64_t nretained;            /* superseded slots whose dirty data
                                     is still to be written back */
   struct genclock gclock;        /* when the flush that closed each

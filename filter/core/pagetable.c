@@ -852,3 +852,29 @@ pagetable_range_any_valid (const struct pagetable *pt, uint32_t s,
       return true;
   return false;
 }
+
+/*----------------------------------------------------------------------
+ * Prefetching for the loader (recover.c), which looks up page after
+ * page at random in a table far larger than the CPU's caches: asking
+ * for the memory some entries ahead lets the misses overlap.  Hints
+ * only: nothing is changed, and a stale head is harmless.
+ */
+
+void
+pagetable_prefetch_bucket (const struct pagetable *pt, uint64_t page)
+{
+  if (page <= PT_MAX_PAGES)
+    __builtin_prefetch (&pt->buckets[hash_page (pt, page)], 1, 1);
+}
+
+void
+pagetable_prefetch_chain (const struct pagetable *pt, uint64_t page)
+{
+  uint32_t i;
+
+  if (page > PT_MAX_PAGES)
+    return;
+  i = pt->buckets[hash_page (pt, page)];
+  if (i != PT_NONE)
+    __builtin_prefetch (&pt->recs[i], 0, 1);
+}

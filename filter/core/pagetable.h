@@ -469,4 +469,13 @@ extern bool pagetable_range_any_valid (const struct pagetable *pt,
 extern bool pt_view_range_valid (const struct pt_slot *v,
                                  unsigned first, unsigned last);
 
+/* Prefetch hints for a lookup of page soon (the loader's): its hash
+ * bucket, and (once the bucket is in cache) the first slot of its
+ * chain.  They change nothing.
+ */
+extern void pagetable_prefetch_bucket (const struct pagetable *pt,
+                                       uint64_t page);
+extern void pagetable_prefetch_chain (const struct pagetable *pt,
+                                      uint64_t page);
+
 #endif /* SSDCACHE_PAGETABLE_H */

@@ -111,6 +111,8 @@ struct recovery {
   bool ptinit;                   /* every entry was written at format */
   bool may_dirty;                /* the cache may have held dirty data */
   uint8_t *raw;                  /* CACHE_LOAD_CHUNK entries */
+  struct layout_entry *ents;     /* raw decoded (decode_chunk) */
+  bool *bad;                     /* ents[k] failed its checks */
   uint8_t *page_buf;             /* one page */
   struct cand *cand;             /* the extra candidates (add_cand) */
   uint64_t ncand, cand_cap;
@@ -187,20 +189,23 @@ parse_damaged (struct recovery *r, uint32_t s, const uint8_t *raw)
   cache_write_free_entry (r->c, s);
 }
 
-/* Decode the entry raw of slot s: it becomes a candidate (its metadata
- * parked in the slot, not indexed yet), or is dropped.  Returns -1
- * (logged) if the cache cannot be opened.
+/* The entry raw of slot s, decoded (decode_chunk) as *ent, or NULL if
+ * it failed its checks: it becomes a candidate (its metadata parked in
+ * the slot, not indexed yet), or is dropped.  Returns -1 (logged) if
+ * the cache cannot be opened.
  */
 static int
-parse_entry (struct recovery *r, uint32_t s, const uint8_t *raw)
+parse_entry (struct recovery *r, uint32_t s, const uint8_t *raw,
+             const struct layout_entry *ent)
 {
   struct cache *c = r->c;
   struct layout_entry e;
 
-  if (layout_entry_decode (raw, c->nsectors, &e) == -1) {
+  if (ent == NULL) {
     parse_damaged (r, s, raw);
     return 0;
   }
+  e = *ent;
   if (e.state == LAYOUT_DIRTY) {
     if (e.gen == 0)
       e.gen = 1;                /* made before generations were kept */
@@ -253,6 +258,51 @@ parse_entry (struct recovery *r, uint32_t s, const uint8_t *raw)
   return add_cand (r, &e, s, e.hint, false);
 }
 
+/* Decode the n entries of r->raw into r->ents (pure: the checks of
+ * layout_entry_decode), r->bad[k] telling those that fail.
+ */
+static void
+decode_chunk (struct recovery *r, uint64_t n)
+{
+  for (uint64_t k = 0; k < n; k++)
+    r->bad[k] = layout_entry_decode (r->raw + k * LAYOUT_ENTRY_SIZE,
+                                     r->c->nsectors, &r->ents[k]) == -1;
+}
+
+/* Lookups (add_cand) go to random places of an index far larger than
+ * the CPU's caches: the bucket of the entry RECOVER_AHEAD2 ahead and
+ * the first slot of the chain of the one RECOVER_AHEAD ahead are
+ * prefetched, so that several misses are in flight at once.
+ */
+#define RECOVER_AHEAD 16
+#define RECOVER_AHEAD2 32
+
+static inline void
+prefetch_ahead (struct recovery *r, uint64_t k, uint64_t n)
+{
+  struct pagetable *pt = &r->c->pt;
+
+  if (k + RECOVER_AHEAD2 < n && !r->bad[k + RECOVER_AHEAD2])
+    pagetable_prefetch_bucket (pt, r->ents[k + RECOVER_AHEAD2].page);
+  if (k + RECOVER_AHEAD < n && !r->bad[k + RECOVER_AHEAD])
+    pagetable_prefetch_chain (pt, r->ents[k + RECOVER_AHEAD].page);
+}
+
+/* The n decoded entries of the chunk from slot base, in slot order.
+ * Returns -1 (logged) if the cache cannot be opened.
+ */
+static int
+parse_chunk (struct recovery *r, uint64_t base, uint64_t n)
+{
+  for (uint64_t k = 0; k < n; k++) {
+    prefetch_ahead (r, k, n);
+    if (parse_entry (r, base + k, r->raw + k * LAYOUT_ENTRY_SIZE,
+                     r->bad[k] ? NULL : &r->ents[k]) == -1)
+      return -1;
+  }
+  return 0;
+}
+
 /* Step 1, parse: read the entries a chunk at a time and decode them,
  * collecting the candidates.  Returns -1 (logged) on failure.
  */
@@ -269,9 +319,9 @@ parse_entries (struct recovery *r)
       log_error ("cache file %s: reading page table: %m", c->path);
       return -1;
     }
-    for (uint64_t k = 0; k < n; k++)
-      if (parse_entry (r, base + k, r->raw + k * LAYOUT_ENTRY_SIZE) == -1)
-        return -1;
+    decode_chunk (r, n);
+    if (parse_chunk (r, base, n) == -1)
+      return -1;
   }
   return 0;
 }
@@ -634,7 +684,10 @@ recover_load_entries (struct cache *c, uint32_t data_end)
 
   r.raw = malloc ((size_t) CACHE_LOAD_CHUNK * LAYOUT_ENTRY_SIZE);
   r.page_buf = malloc (c->page_size);
-  if (r.raw == NULL || r.page_buf == NULL) {
+  r.ents = malloc (CACHE_LOAD_CHUNK * sizeof *r.ents);
+  r.bad = malloc (CACHE_LOAD_CHUNK * sizeof *r.bad);
+  if (r.raw == NULL || r.page_buf == NULL || r.ents == NULL ||
+      r.bad == NULL) {
     log_error ("malloc: %m");
     goto out;
   }
@@ -658,6 +711,8 @@ recover_load_entries (struct cache *c, uint32_t data_end)
  out:
   free (r.raw);
   free (r.page_buf);
+  free (r.ents);
+  free (r.bad);
   free (r.cand);
   return ret;
 }

@@ -16,6 +16,7 @@
  *   keeps knowing its hot pages)  54 flags (LAYOUT_ENT_*)
  *   55 gen[5] (dirty: flush generation)  60 crc32c(0..59)
  */
+#include <endian.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -311,6 +312,47 @@ layout_entry_encode (const struct layout_entry *e, void *buf)
   put32 (p + ENT_CRC_OFF, layout_crc32c (p, ENT_CRC_OFF));
 }
 
+/* A map as two little-endian words: bit i is bit i % 64 of word
+ * i / 64.
+ */
+static inline void
+map_words (const uint8_t *map, uint64_t w[2])
+{
+  memcpy (w, map, 16);
+  w[0] = le64toh (w[0]);
+  w[1] = le64toh (w[1]);
+}
+
+/* Do the maps of an entry of a page of nsectors hold together?  No bit
+ * names a sector past the page, dirty implies valid, and the state
+ * says which may be empty.  (A word at a time: start-up decodes every
+ * entry.)
+ */
+static bool
+entry_maps_ok (const uint8_t *valid, const uint8_t *dirty,
+               uint32_t nsectors, uint8_t state)
+{
+  uint64_t v[2], d[2], past[2];
+  bool v_empty, d_empty;
+
+  map_words (valid, v);
+  map_words (dirty, d);
+  past[0] = nsectors >= 64 ? 0 : UINT64_MAX << nsectors;
+  past[1] = nsectors >= 128 ? 0
+    : nsectors <= 64 ? UINT64_MAX : UINT64_MAX << (nsectors - 64);
+  if ((((v[0] | d[0]) & past[0]) | ((v[1] | d[1]) & past[1])) ||
+      ((d[0] & ~v[0]) | (d[1] & ~v[1])))
+    return false;
+  v_empty = (v[0] | v[1]) == 0;
+  d_empty = (d[0] | d[1]) == 0;
+  switch (state) {
+  case LAYOUT_FREE: return v_empty && d_empty;
+  case LAYOUT_CLEAN: return !v_empty && d_empty;
+  case LAYOUT_DIRTY: return !d_empty;
+  default: return false;
+  }
+}
+
 int
 layout_entry_decode (const void *buf, uint32_t nsectors,
                      struct layout_entry *e)
@@ -340,34 +382,8 @@ layout_entry_decode (const void *buf, uint32_t nsectors,
     e->gen |= (uint64_t) p[55 + i] << (8 * i);
   if (e->gen != 0 && e->state != LAYOUT_DIRTY)
     return -1;                  /* only dirty data has a generation */
-
-  /* No bit may name a sector past the page; dirty implies valid.  (A
-   * byte at a time: start-up decodes every entry.)
-   */
-  for (unsigned b = 0; b < LAYOUT_MAX_SECTORS / 8; b++) {
-    uint8_t past = 8 * b >= nsectors ? 0xff
-      : 8 * b + 8 > nsectors ? (uint8_t) (0xff << (nsectors - 8 * b)) : 0;
-
-    if (((e->valid[b] | e->dirty[b]) & past) || (e->dirty[b] & ~e->valid[b]))
-      return -1;
-  }
-
-  switch (e->state) {
-  case LAYOUT_FREE:
-    if (!layout_map_empty (e->valid) || !layout_map_empty (e->dirty))
-      return -1;
-    break;
-  case LAYOUT_CLEAN:
-    if (layout_map_empty (e->valid) || !layout_map_empty (e->dirty))
-      return -1;
-    break;
-  case LAYOUT_DIRTY:
-    if (layout_map_empty (e->dirty))
-      return -1;
-    break;
-  default:
+  if (!entry_maps_ok (e->valid, e->dirty, nsectors, e->state))
     return -1;
-  }
   /* Only cached data is ever rewritten without its checksum. */
   if ((e->flags & LAYOUT_ENT_UNSEALED) && e->state == LAYOUT_FREE)
     return -1;

@@ -52,6 +52,7 @@
  *   write-back.c     may the cache take a writeback write?
  *   write.c   the write path, by mode
  *   zero.c    zero and trim
+ *   ptread.c  reading and decoding the page table ahead of recover.c
  *   recover.c loading the page table after a start (crash recovery)
  *   resize.c  giving a closed cache another size, keeping its pages
  *   open.c    open, attach, close

@@ -9,18 +9,20 @@
  * a page of several candidates, and on first use for a page of one
  * (c->suspect, fill.c), so that no data is read at start-up; the losers
  * get FREE entries so that they can never come back.  Each step is a
- * function, and they share a struct recovery: parse_entries (1) indexes
- * the first candidate of each page at once and keeps the others (and
- * unsealed ones) aside in r->cand, so that start-up takes O(n) time and
- * no array the size of the cache; pick_singles (2) settles the pages of
+ * function, and they share a struct recovery: parse_entries (1), given
+ * the entries read and decoded ahead by another thread (ptread.c), in
+ * slot order, indexes the first candidate of each page at once and
+ * keeps the others (and unsealed ones) aside in r->cand, so that
+ * start-up takes O(n) time and no array the size of the cache;
+ * pick_singles (2) settles the pages of
  * one candidate; pick_extras (3) sorts the few pages of several and
  * picks their winners, with torn_by_crash and free_loser for each
  * candidate; then free_the_rest and report.  With
  * ssdcache-writeback-order=flush, the older dirty versions of a dirty
  * winner from earlier flush generations are kept (retain_older) so that
- * writeback can go on in order.  Runs single-threaded at start-up,
- * before any request; c->lock is still taken where the slot helpers
- * expect it.
+ * writeback can go on in order.  Runs at start-up, before any request,
+ * on one thread (the reader of ptread.c only reads the file and
+ * decodes); c->lock is still taken where the slot helpers expect it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -29,6 +31,7 @@
 
 #include "cache-int.h"
 #include "log.h"
+#include "ptread.h"
 
 struct cand {
   uint64_t page, seq;
@@ -110,9 +113,6 @@ struct recovery {
   uint64_t npages;               /* the backend's */
   bool ptinit;                   /* every entry was written at format */
   bool may_dirty;                /* the cache may have held dirty data */
-  uint8_t *raw;                  /* CACHE_LOAD_CHUNK entries */
-  struct layout_entry *ents;     /* raw decoded (decode_chunk) */
-  bool *bad;                     /* ents[k] failed its checks */
   uint8_t *page_buf;             /* one page */
   struct cand *cand;             /* the extra candidates (add_cand) */
   uint64_t ncand, cand_cap;
@@ -189,7 +189,7 @@ parse_damaged (struct recovery *r, uint32_t s, const uint8_t *raw)
   cache_write_free_entry (r->c, s);
 }
 
-/* The entry raw of slot s, decoded (decode_chunk) as *ent, or NULL if
+/* The entry raw of slot s, decoded (ptread.c) as *ent, or NULL if
  * it failed its checks: it becomes a candidate (its metadata parked in
  * the slot, not indexed yet), or is dropped.  Returns -1 (logged) if
  * the cache cannot be opened.
@@ -258,17 +258,6 @@ parse_entry (struct recovery *r, uint32_t s, const uint8_t *raw,
   return add_cand (r, &e, s, e.hint, false);
 }
 
-/* Decode the n entries of r->raw into r->ents (pure: the checks of
- * layout_entry_decode), r->bad[k] telling those that fail.
- */
-static void
-decode_chunk (struct recovery *r, uint64_t n)
-{
-  for (uint64_t k = 0; k < n; k++)
-    r->bad[k] = layout_entry_decode (r->raw + k * LAYOUT_ENTRY_SIZE,
-                                     r->c->nsectors, &r->ents[k]) == -1;
-}
-
 /* Lookups (add_cand) go to random places of an index far larger than
  * the CPU's caches: the bucket of the entry RECOVER_AHEAD2 ahead and
  * the first slot of the chain of the one RECOVER_AHEAD ahead are
@@ -278,52 +267,49 @@ decode_chunk (struct recovery *r, uint64_t n)
 #define RECOVER_AHEAD2 32
 
 static inline void
-prefetch_ahead (struct recovery *r, uint64_t k, uint64_t n)
+prefetch_ahead (struct recovery *r, const struct ptread_chunk *k,
+                uint64_t j)
 {
   struct pagetable *pt = &r->c->pt;
 
-  if (k + RECOVER_AHEAD2 < n && !r->bad[k + RECOVER_AHEAD2])
-    pagetable_prefetch_bucket (pt, r->ents[k + RECOVER_AHEAD2].page);
-  if (k + RECOVER_AHEAD < n && !r->bad[k + RECOVER_AHEAD])
-    pagetable_prefetch_chain (pt, r->ents[k + RECOVER_AHEAD].page);
+  if (j + RECOVER_AHEAD2 < k->n && !k->bad[j + RECOVER_AHEAD2])
+    pagetable_prefetch_bucket (pt, k->ents[j + RECOVER_AHEAD2].page);
+  if (j + RECOVER_AHEAD < k->n && !k->bad[j + RECOVER_AHEAD])
+    pagetable_prefetch_chain (pt, k->ents[j + RECOVER_AHEAD].page);
 }
 
-/* The n decoded entries of the chunk from slot base, in slot order.
- * Returns -1 (logged) if the cache cannot be opened.
+/* The entries of chunk k, decoded, in slot order.  Returns -1 (logged)
+ * if the cache cannot be opened.
  */
 static int
-parse_chunk (struct recovery *r, uint64_t base, uint64_t n)
+parse_chunk (struct recovery *r, const struct ptread_chunk *k)
 {
-  for (uint64_t k = 0; k < n; k++) {
-    prefetch_ahead (r, k, n);
-    if (parse_entry (r, base + k, r->raw + k * LAYOUT_ENTRY_SIZE,
-                     r->bad[k] ? NULL : &r->ents[k]) == -1)
+  for (uint64_t j = 0; j < k->n; j++) {
+    prefetch_ahead (r, k, j);
+    if (parse_entry (r, k->base + j, k->raw + j * LAYOUT_ENTRY_SIZE,
+                     k->bad[j] ? NULL : &k->ents[j]) == -1)
       return -1;
   }
   return 0;
 }
 
-/* Step 1, parse: read the entries a chunk at a time and decode them,
- * collecting the candidates.  Returns -1 (logged) on failure.
+/* Step 1, parse: the entries a chunk at a time, read and decoded
+ * ahead on another thread (ptread.c), collecting the candidates.
+ * Returns -1 (logged) on failure.
  */
 static int
 parse_entries (struct recovery *r)
 {
-  struct cache *c = r->c;
+  struct ptread *t = ptread_start (r->c);
+  const struct ptread_chunk *k;
+  int err = 0;
 
-  for (uint64_t base = 0; base < c->nslots; base += CACHE_LOAD_CHUNK) {
-    uint64_t n = c->nslots - base < CACHE_LOAD_CHUNK
-      ? c->nslots - base : CACHE_LOAD_CHUNK;
-
-    if (pool_read_entries (&c->pool, base, n, r->raw) == -1) {
-      log_error ("cache file %s: reading page table: %m", c->path);
-      return -1;
-    }
-    decode_chunk (r, n);
-    if (parse_chunk (r, base, n) == -1)
-      return -1;
-  }
-  return 0;
+  if (t == NULL)
+    return -1;
+  while (err == 0 && (k = ptread_next (t, &err)) != NULL)
+    err = parse_chunk (r, k);
+  ptread_stop (t);
+  return err;
 }
 
 /* Dirty data checked: after an unclean shutdown, a dirty
@@ -682,12 +668,8 @@ recover_load_entries (struct cache *c, uint32_t data_end)
   };
   int ret = -1;
 
-  r.raw = malloc ((size_t) CACHE_LOAD_CHUNK * LAYOUT_ENTRY_SIZE);
   r.page_buf = malloc (c->page_size);
-  r.ents = malloc (CACHE_LOAD_CHUNK * sizeof *r.ents);
-  r.bad = malloc (CACHE_LOAD_CHUNK * sizeof *r.bad);
-  if (r.raw == NULL || r.page_buf == NULL || r.ents == NULL ||
-      r.bad == NULL) {
+  if (r.page_buf == NULL) {
     log_error ("malloc: %m");
     goto out;
   }
@@ -709,10 +691,7 @@ recover_load_entries (struct cache *c, uint32_t data_end)
   report (&r);
   ret = 0;
  out:
-  free (r.raw);
   free (r.page_buf);
-  free (r.ents);
-  free (r.bad);
   free (r.cand);
   return ret;
 }

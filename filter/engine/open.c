@@ -725,12 +725,13 @@ close_file (struct cache *c)
   return clean;
 }
 
-/* The rest of cache_close: unlock the file, free c. */
+/* The rest of cache_close: unlock the file (unless cache_close_resize
+ * took it), free c.
+ */
 static void
 free_cache (struct cache *c)
 {
-  if (c->pool.fd >= 0)
-    pool_close (&c->pool);
+  pool_close (&c->pool);
   if (c->ev)
     evict_free (c->ev);
   if (c->pt.recs)

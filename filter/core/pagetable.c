@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "pagetable.h"
 
@@ -61,6 +62,54 @@ hash_page (const struct pagetable *pt, uint64_t page)
   return (uint32_t) (((h >> 32) * (uint64_t) pt->nbuckets) >> 32);
 }
 
+/* The slot records and the buckets are read at random places, on
+ * every lookup and all through a start: arrays this big come from
+ * their own mapping, in huge pages where the kernel allows (madvise
+ * mode of transparent huge pages), which takes most TLB misses and
+ * page faults out of a start.  Zeroed, like calloc.
+ */
+#define PT_BIG_ARRAY (4u << 20)
+
+static void *
+pt_array_alloc (size_t size)
+{
+  void *p;
+
+  if (size < PT_BIG_ARRAY)
+    return calloc (1, size);
+  p = mmap (NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+            -1, 0);
+  if (p == MAP_FAILED)
+    return NULL;
+#ifdef MADV_HUGEPAGE
+  madvise (p, size, MADV_HUGEPAGE); /* (only a hint) */
+#endif
+  return p;
+}
+
+static void
+pt_array_free (void *p, size_t size)
+{
+  if (p == NULL)
+    return;
+  if (size < PT_BIG_ARRAY)
+    free (p);
+  else
+    munmap (p, size);
+}
+
+static size_t
+pt_recs_size (uint32_t nslots)
+{
+  return (size_t) nslots * sizeof (struct pt_rec);
+}
+
+static size_t
+pt_buckets_size (uint32_t nbuckets)
+{
+  return (size_t) nbuckets * sizeof (uint32_t);
+}
+
 int
 pagetable_init (struct pagetable *pt, uint32_t nslots)
 {
@@ -75,13 +124,13 @@ pagetable_init (struct pagetable *pt, uint32_t nslots)
 
   pt->base_shift = pagetable_test_base_shift ? pagetable_test_base_shift
     : BASE_SHIFT_DEFAULT;
-  pt->recs = calloc (nslots, sizeof *pt->recs);
-  pt->buckets = malloc ((size_t) nbuckets * sizeof *pt->buckets);
+  pt->recs = pt_array_alloc (pt_recs_size (nslots));
+  pt->buckets = pt_array_alloc (pt_buckets_size (nbuckets));
   pt->bases = calloc (((uint64_t) nslots >> pt->base_shift) + 1,
                       sizeof *pt->bases);
   if (pt->recs == NULL || pt->buckets == NULL || pt->bases == NULL) {
-    free (pt->recs);
-    free (pt->buckets);
+    pt_array_free (pt->recs, pt_recs_size (nslots));
+    pt_array_free (pt->buckets, pt_buckets_size (nbuckets));
     free (pt->bases);
     memset (pt, 0, sizeof *pt);
     errno = ENOMEM;
@@ -115,8 +164,8 @@ void
 pagetable_free (struct pagetable *pt)
 {
   pagetable_set_budget (pt, NULL, 0);
-  free (pt->recs);
-  free (pt->buckets);
+  pt_array_free (pt->recs, pt_recs_size (pt->nslots));
+  pt_array_free (pt->buckets, pt_buckets_size (pt->nbuckets));
   free (pt->bases);
   free (pt->side);
   free (pt->gens);
@@ -792,23 +841,67 @@ pagetable_to_entry (const struct pt_slot *s, struct layout_entry *e)
   }
 }
 
+/* Entry e's stored form with map (pagetable_rec_encode). */
+static void
+rec_image (const struct layout_entry *e, uint32_t map, struct pt_rec *img)
+{
+  memset (img, 0, sizeof *img);
+  img->page = (uint32_t) e->page;
+  img->page_hi = (uint8_t) (e->page >> 32);
+  img->seq = (uint32_t) e->seq; /* pt_loaded_seq; the loader then sets */
+  img->epoch = e->seq >> 32;    /* both anew */
+  img->data_crc = e->data_crc;
+  img->state = e->state;
+  img->map = map;
+}
+
+bool
+pagetable_rec_encode (const struct layout_entry *e, struct pt_rec *img)
+{
+  uint32_t vc, dc;
+
+  if (e->page > PT_MAX_PAGES || !map_code (e->valid, &vc) ||
+      !map_code (e->dirty, &dc))
+    return false;
+  rec_image (e, (vc << 14) | dc, img);
+  return true;
+}
+
+void
+pagetable_load_rec (struct pagetable *pt, uint32_t s,
+                    const struct pt_rec *img, uint64_t gen)
+{
+  struct pt_rec *r = &pt->recs[s];
+
+  if (code_is_side (r->map >> 14) && r->map != img->map)
+    side_release (pt, side_index (r->map));
+  r->page = img->page;
+  r->page_hi = img->page_hi;
+  r->seq = img->seq;
+  r->epoch = img->epoch;
+  r->data_crc = img->data_crc;
+  r->map = img->map;
+  pt_set_state (pt, s, img->state);
+  pt_set_gen (pt, s, gen);      /* the loader sets gen_ref above them all */
+}
+
 bool
 pagetable_from_entry (struct pagetable *pt, uint32_t s,
                       const struct layout_entry *e)
 {
-  struct pt_rec *r = &pt->recs[s];
+  struct pt_rec img;
 
+  if (pagetable_rec_encode (e, &img)) {
+    pagetable_load_rec (pt, s, &img, e->gen);
+    return true;
+  }
   if (e->page > PT_MAX_PAGES ||
       !pt_maps_set_force (pt, s, e->valid, e->dirty)) {
     pt_set_state (pt, s, LAYOUT_FREE);
     return false;
   }
-  pt_set_page (pt, s, e->page);
-  r->seq = (uint32_t) e->seq;   /* pt_loaded_seq; the loader then sets */
-  r->epoch = e->seq >> 32;      /* both anew */
-  r->data_crc = e->data_crc;
-  pt_set_state (pt, s, e->state);
-  pt_set_gen (pt, s, e->gen);   /* the loader sets gen_ref above them all */
+  rec_image (e, pt->recs[s].map, &img);
+  pagetable_load_rec (pt, s, &img, e->gen);
   return true;
 }
 

@@ -457,6 +457,18 @@ extern void pagetable_to_entry (const struct pt_slot *s,
  */
 extern bool pagetable_from_entry (struct pagetable *pt, uint32_t s,
                                   const struct layout_entry *e);
+/* pagetable_from_entry in two halves, so that a loader can do the
+ * first on another thread: pagetable_rec_encode makes the stored form
+ * of entry e in *img (touching no table), or returns false if it needs
+ * more than a record (maps that are not runs, a page past
+ * PT_MAX_PAGES: pagetable_from_entry then); pagetable_load_rec puts
+ * such an image in slot s with generation gen, as pagetable_from_entry
+ * would have.  The image's next, flags and pins are not used.
+ */
+extern bool pagetable_rec_encode (const struct layout_entry *e,
+                                  struct pt_rec *img);
+extern void pagetable_load_rec (struct pagetable *pt, uint32_t s,
+                                const struct pt_rec *img, uint64_t gen);
 
 /* True if every sector of [first, last] is valid in slot s. */
 extern bool pagetable_range_valid (const struct pagetable *pt, uint32_t s,

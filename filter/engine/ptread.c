@@ -4,9 +4,11 @@
  *
  * Owns struct ptread: a thread that reads the entries a chunk of
  * CACHE_LOAD_CHUNK at a time, in slot order, and decodes them
- * (layout_entry_decode: pure) into a ring of PTREAD_NBUF chunks, while
- * recover.c indexes the chunk before; so the copy from the kernel, the
- * checksums and the decoding of the entries take the other CPU.  The
+ * (layout_entry_decode: pure), each with the form it takes in the page
+ * table if that is a record alone (pagetable_rec_encode: pure), into a
+ * ring of PTREAD_NBUF chunks, while recover.c indexes the chunk before;
+ * so the copy from the kernel, the checksums, the decoding and the
+ * encoding of the entries take the other CPU.  The
  * loader takes the chunks in slot order and does everything else
  * (every change to the cache and its file) itself, as before.  What the
  * loader writes while the thread reads (FREE entries) is always for a
@@ -60,9 +62,12 @@ fill_chunk (struct ptread *t, uint64_t i)
     ? c->nslots - k->base : CACHE_LOAD_CHUNK;
   if (pool_read_entries (&c->pool, k->base, k->n, k->raw) == -1)
     return errno ? errno : EIO;
-  for (uint64_t j = 0; j < k->n; j++)
+  for (uint64_t j = 0; j < k->n; j++) {
     k->bad[j] = layout_entry_decode (k->raw + j * LAYOUT_ENTRY_SIZE,
                                      c->nsectors, &k->ents[j]) == -1;
+    k->has_img[j] = !k->bad[j] &&
+      pagetable_rec_encode (&k->ents[j], &k->imgs[j]);
+  }
   return 0;
 }
 
@@ -104,6 +109,8 @@ free_ring (struct ptread *t)
     free (t->ring[i].raw);
     free (t->ring[i].ents);
     free (t->ring[i].bad);
+    free (t->ring[i].imgs);
+    free (t->ring[i].has_img);
   }
 }
 
@@ -121,7 +128,10 @@ alloc_ring (struct ptread *t)
     k->raw = raw;
     k->ents = malloc (CACHE_LOAD_CHUNK * sizeof *k->ents);
     k->bad = malloc (CACHE_LOAD_CHUNK * sizeof *k->bad);
-    if (k->ents == NULL || k->bad == NULL)
+    k->imgs = malloc (CACHE_LOAD_CHUNK * sizeof *k->imgs);
+    k->has_img = malloc (CACHE_LOAD_CHUNK * sizeof *k->has_img);
+    if (k->ents == NULL || k->bad == NULL || k->imgs == NULL ||
+        k->has_img == NULL)
       return false;
   }
   return true;

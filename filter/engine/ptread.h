@@ -9,19 +9,23 @@
 #include <stdint.h>
 
 #include "layout.h"
+#include "pagetable.h"
 
 struct cache;
 struct ptread;
 
 /* A chunk of entries, read and decoded: slots [base, base + n).
  * ents[k] is raw's entry k decoded (layout_entry_decode), unless
- * bad[k]: it then failed its checks (raw tells why).
+ * bad[k]: it then failed its checks (raw tells why).  If has_img[k],
+ * imgs[k] is its stored form in the page table (pagetable_rec_encode).
  */
 struct ptread_chunk {
   uint64_t base, n;
   uint8_t *raw;
   struct layout_entry *ents;
   bool *bad;
+  struct pt_rec *imgs;
+  bool *has_img;
 };
 
 /* Start reading c's page table from slot 0.  Returns NULL (logged) on

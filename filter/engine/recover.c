@@ -14,10 +14,10 @@
  * slot order, indexes the first candidate of each page at once and
  * keeps the others (and unsealed ones) aside in r->cand, so that
  * start-up takes O(n) time and no array the size of the cache;
- * pick_singles (2) settles the pages of
- * one candidate; pick_extras (3) sorts the few pages of several and
- * picks their winners, with torn_by_crash and free_loser for each
- * candidate; then free_the_rest and report.  With
+ * pick_extras (2) sorts the few pages of several and picks their
+ * winners, with torn_by_crash and free_loser for each candidate;
+ * settle_slots (3), one walk over the slots, settles the pages of one
+ * candidate and frees the rest; then trim_side and report.  With
  * ssdcache-writeback-order=flush, the older dirty versions of a dirty
  * winner from earlier flush generations are kept (retain_older) so that
  * writeback can go on in order.  Runs at start-up, before any request,
@@ -25,6 +25,7 @@
  * decodes); c->lock is still taken where the slot helpers expect it.
  */
 #include <errno.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +107,16 @@ older_after_drop (struct cache *c, uint32_t s, uint8_t hint, uint8_t *buf)
   return true;
 }
 
+/* Seconds on the monotonic clock (the steps' times in the log). */
+static double
+recover_now (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 /* What the steps of recover_load_entries share. */
 struct recovery {
   struct cache *c;
@@ -120,6 +131,7 @@ struct recovery {
   uint64_t loaded, dropped, lost, ndirty, unsealed, damaged, cut, retained;
   uint64_t gen_max;              /* newest flush generation of dirty data */
   uint32_t first_damaged;
+  double t[4];                   /* times of the steps (report) */
 };
 
 /* Keep a candidate aside in r->cand.  Returns -1 (logged) on ENOMEM. */
@@ -150,7 +162,7 @@ push_cand (struct recovery *r, uint64_t page, uint64_t seq, uint32_t s,
 }
 
 /* A candidate for a page that has none yet goes into the index (and
- * the policy, with its hint) at once: pick_singles settles it if it
+ * the policy, with its hint) at once: settle_slots settles it if it
  * stays its page's only one.  Others go aside for pick_extras.
  * Returns -1 (logged) on ENOMEM.
  */
@@ -189,34 +201,79 @@ parse_damaged (struct recovery *r, uint32_t s, const uint8_t *raw)
   cache_write_free_entry (r->c, s);
 }
 
-/* The entry raw of slot s, decoded (ptread.c) as *ent, or NULL if
- * it failed its checks: it becomes a candidate (its metadata parked in
- * the slot, not indexed yet), or is dropped.  Returns -1 (logged) if
- * the cache cannot be opened.
+/* Slot s's metadata from its entry e (generation gen), in the stored
+ * form img the reader made if there is one.  Returns false if its maps
+ * cannot be stored (the slot is then left FREE).
+ */
+static bool
+load_slot (struct pagetable *pt, uint32_t s, const struct layout_entry *e,
+           uint64_t gen, const struct pt_rec *img)
+{
+  struct layout_entry copy;
+
+  if (img) {
+    pagetable_load_rec (pt, s, img, gen);
+    return true;
+  }
+  copy = *e;
+  copy.gen = gen;
+  return pagetable_from_entry (pt, s, &copy);
+}
+
+/* Entry e of slot s is past what the cache can hold now: dropped.
+ * Returns true if it was (the caller is done with it).
+ */
+static bool
+drop_outside (struct recovery *r, uint32_t s, const struct layout_entry *e)
+{
+  struct cache *c = r->c;
+
+  if (e->page >= r->npages) {
+    r->dropped++;
+    return true;
+  }
+  if (s < r->data_end)
+    return false;
+  /* Its data was cut off with the end of the file. */
+  r->cut++;
+  r->dropped++;
+  if (e->state == LAYOUT_DIRTY) {
+    r->lost++;
+    cache_log_dirty_lost (c, s, e->page, "lay past the end of the "
+                          "truncated cache file");
+  }
+  cache_write_free_entry (c, s);
+  return true;
+}
+
+/* The entry raw of slot s, decoded (ptread.c) as *e, or NULL if it
+ * failed its checks, with its stored form img (or NULL): it becomes a
+ * candidate (its metadata parked in the slot, not indexed yet), or is
+ * dropped.  Returns -1 (logged) if the cache cannot be opened.
  */
 static int
 parse_entry (struct recovery *r, uint32_t s, const uint8_t *raw,
-             const struct layout_entry *ent)
+             const struct layout_entry *e, const struct pt_rec *img)
 {
   struct cache *c = r->c;
-  struct layout_entry e;
+  uint64_t gen;
 
-  if (ent == NULL) {
+  if (e == NULL) {
     parse_damaged (r, s, raw);
     return 0;
   }
-  e = *ent;
-  if (e.state == LAYOUT_DIRTY) {
-    if (e.gen == 0)
-      e.gen = 1;                /* made before generations were kept */
-    if (e.gen > r->gen_max)
-      r->gen_max = e.gen;
+  gen = e->gen;
+  if (e->state == LAYOUT_DIRTY) {
+    if (gen == 0)
+      gen = 1;                  /* made before generations were kept */
+    if (gen > r->gen_max)
+      r->gen_max = gen;
   }
-  if (e.seq > c->seq)
-    c->seq = e.seq;
-  if (e.state == LAYOUT_FREE)
+  if (e->seq > c->seq)
+    c->seq = e->seq;
+  if (e->state == LAYOUT_FREE)
     return 0;
-  if (e.flags & LAYOUT_ENT_UNSEALED) {
+  if (e->flags & LAYOUT_ENT_UNSEALED) {
     /* Dirty data rewritten in place after the last flush: it cannot be
      * verified, and need not survive a crash.  It stays a candidate
      * only to tell that a newer version existed.
@@ -224,38 +281,24 @@ parse_entry (struct recovery *r, uint32_t s, const uint8_t *raw,
     r->unsealed++;
     if (ssdcache_debug_recovery)
       log_debug ("slot %u: page %llu unsealed (not flushed): dropped",
-                 s, (unsigned long long) e.page);
-    return e.page < r->npages ? add_cand (r, &e, s, 0, true) : 0;
+                 s, (unsigned long long) e->page);
+    return e->page < r->npages ? add_cand (r, e, s, 0, true) : 0;
   }
-  if (e.page >= r->npages) {
-    r->dropped++;
+  if (drop_outside (r, s, e))
     return 0;
-  }
-  if (s >= r->data_end) {
-    /* Its data was cut off with the end of the file. */
-    r->cut++;
-    r->dropped++;
-    if (e.state == LAYOUT_DIRTY) {
-      r->lost++;
-      cache_log_dirty_lost (c, s, e.page, "lay past the end of the "
-                      "truncated cache file");
-    }
-    cache_write_free_entry (c, s);
-    return 0;
-  }
-  if (!pagetable_from_entry (&c->pt, s, &e)) {
+  if (!load_slot (&c->pt, s, e, gen, img)) {
     /* Maps beyond the side table, and no memory to grow it. */
-    if (e.state == LAYOUT_DIRTY) {
+    if (e->state == LAYOUT_DIRTY) {
       log_error ("cache file %s: slot %u: no memory for the sector "
                  "maps of dirty page %llu: not opening the cache",
-                 c->path, s, (unsigned long long) e.page);
+                 c->path, s, (unsigned long long) e->page);
       return -1;
     }
     r->dropped++;
     cache_write_free_entry (c, s);
     return 0;
   }
-  return add_cand (r, &e, s, e.hint, false);
+  return add_cand (r, e, s, e->hint, false);
 }
 
 /* Lookups (add_cand) go to random places of an index far larger than
@@ -287,7 +330,8 @@ parse_chunk (struct recovery *r, const struct ptread_chunk *k)
   for (uint64_t j = 0; j < k->n; j++) {
     prefetch_ahead (r, k, j);
     if (parse_entry (r, k->base + j, k->raw + j * LAYOUT_ENTRY_SIZE,
-                     k->bad[j] ? NULL : &k->ents[j]) == -1)
+                     k->bad[j] ? NULL : &k->ents[j],
+                     k->has_img[j] ? &k->imgs[j] : NULL) == -1)
       return -1;
   }
   return 0;
@@ -514,30 +558,7 @@ suspect (struct recovery *r, uint32_t s)
   return 0;
 }
 
-/* Step 2: a page whose only candidate parse_entries indexed wins with
- * it.  After an unclean shutdown its dirty data may have been torn by
- * the crash: that is checked on first use (suspect), as torn_by_crash
- * does for the pages of several candidates.  Returns -1 (logged) on
- * ENOMEM.
- */
-static int
-pick_singles (struct recovery *r)
-{
-  struct cache *c = r->c;
-
-  for (uint32_t s = 0; s < c->nslots; s++) {
-    if (!(pt_flags (&c->pt, s) & PT_INDEXED) ||
-        (r->ncand && has_extras (r, pt_page (&c->pt, s))))
-      continue;
-    if (pt_state (&c->pt, s) == LAYOUT_DIRTY && !c->was_clean &&
-        suspect (r, s) == -1)
-      return -1;
-    finish_winner (r, s, false);
-  }
-  return 0;
-}
-
-/* Step 3: the pages with several candidates (r->cand sorted).  The
+/* Step 2: the pages with several candidates (r->cand sorted).  The
  * one parse_entries indexed joins the others, then each page's
  * candidates, newest first, go to pick_page.  Returns -1 (logged) on
  * ENOMEM.
@@ -574,25 +595,46 @@ pick_extras (struct recovery *r)
   return 0;
 }
 
-/* Every slot not indexed is free.  Loading may take more side-table
- * entries than its limit (a smaller ssdcache-partial-pages than
- * before, or entries behind RAM): clean pages holding them go until it
- * is back under it.  Dirty ones stay; they leave the table as
- * writeback cleans them.
+/* Step 3, one walk over the slots.  A page whose only candidate
+ * parse_entries indexed wins with it (pick_extras settled the others).
+ * After an unclean shutdown its dirty data may have been torn by the
+ * crash: that is checked on first use (suspect), as torn_by_crash does
+ * for the pages of several candidates.  Every slot not indexed (nor
+ * retained) is free.  Returns -1 (logged) on ENOMEM.
  */
-static void
-free_the_rest (struct recovery *r)
+static int
+settle_slots (struct recovery *r)
 {
   struct cache *c = r->c;
 
   for (uint32_t s = c->nslots; s-- > 0;) {
     pt_set_seq (&c->pt, s, 0);  /* (no pt_loaded_seq any more) */
-    if (!(pt_flags (&c->pt, s) & PT_INDEXED) &&
-        !cache_retained_locked (c, s)) {
+    if (pt_flags (&c->pt, s) & PT_INDEXED) {
+      if (r->ncand && has_extras (r, pt_page (&c->pt, s)))
+        continue;
+      if (pt_state (&c->pt, s) == LAYOUT_DIRTY && !c->was_clean &&
+          suspect (r, s) == -1)
+        return -1;
+      finish_winner (r, s, false);
+    }
+    else if (!cache_retained_locked (c, s)) {
       pt_set_state (&c->pt, s, LAYOUT_FREE);
       pagetable_put_free (&c->pt, s);
     }
   }
+  return 0;
+}
+
+/* Loading may take more side-table entries than its limit (a smaller
+ * ssdcache-partial-pages than before, or entries behind RAM): clean
+ * pages holding them go until it is back under it.  Dirty ones stay;
+ * they leave the table as writeback cleans them.
+ */
+static void
+trim_side (struct recovery *r)
+{
+  struct cache *c = r->c;
+
   for (uint32_t s = 0;
        s < c->nslots && c->pt.side_used > c->pt.side_limit; s++)
     if ((pt_flags (&c->pt, s) & PT_INDEXED) &&
@@ -645,12 +687,14 @@ report (struct recovery *r)
                (unsigned long long) r->cut);
   log_debug ("cache file %s: %s start, %llu pages loaded (%llu dirty), "
              "%llu dropped, %llu unflushed rewrites dropped, %llu older "
-             "versions kept for the flush order", c->path,
+             "versions kept for the flush order; in %.3f s (read and "
+             "index %.3f, several versions %.3f, the rest %.3f)", c->path,
              c->was_clean ? "clean" : "unclean (recovered)",
              (unsigned long long) r->loaded, (unsigned long long) r->ndirty,
              (unsigned long long) r->dropped,
              (unsigned long long) r->unsealed,
-             (unsigned long long) r->retained);
+             (unsigned long long) r->retained, r->t[3] - r->t[0],
+             r->t[1] - r->t[0], r->t[2] - r->t[1], r->t[3] - r->t[2]);
 }
 
 /* Load the page table.  Slots at or past data_end have no data any
@@ -673,21 +717,27 @@ recover_load_entries (struct cache *c, uint32_t data_end)
     log_error ("malloc: %m");
     goto out;
   }
+  r.t[0] = recover_now ();
   pagetable_clear_free (&c->pt);
   if (parse_entries (&r) == -1)
     goto out;
+  r.t[1] = recover_now ();
   /* Generations read back relative to the newest (pagetable.h). */
   if (r.gen_max + 1 > c->gen)
     c->gen = r.gen_max + 1;
   c->pt.gen_ref = c->gen;
   sort_cands (&r);
-  if (pick_singles (&r) == -1 || pick_extras (&r) == -1)
+  if (pick_extras (&r) == -1)
     goto out;
-  free_the_rest (&r);
+  r.t[2] = recover_now ();
+  if (settle_slots (&r) == -1)
+    goto out;
+  trim_side (&r);
   /* RAM keeps sequence numbers as change stamps from here on. */
   pagetable_seq_rebase (&c->pt, c->seq);
   /* Every indexed slot's hint is its entry's (save_hints). */
   evict_hints_saved (c->ev, 0, c->nslots);
+  r.t[3] = recover_now ();
   report (&r);
   ret = 0;
  out:

@@ -435,6 +435,59 @@ test_entry_roundtrip (void **state)
   }
 }
 
+/* The loader's two halves (pagetable_rec_encode on the reader thread,
+ * pagetable_load_rec on the loader) leave a slot as
+ * pagetable_from_entry does, and refuse what needs more than a record.
+ */
+static void
+test_entry_rec_encode (void **state)
+{
+  struct pagetable pt;
+  struct layout_entry e = {
+    .page = ((uint64_t) 0x7a << 32) | 0x12345678, .seq = (5ull << 32) | 9,
+    .data_crc = 0xdeadbeef, .state = LAYOUT_DIRTY, .gen = 77,
+  };
+  struct pt_rec img;
+  struct pt_slot a, b;
+
+  for (unsigned i = 8; i < 40; i++)
+    layout_bit_set (e.valid, i);
+  for (unsigned i = 10; i < 20; i++)
+    layout_bit_set (e.dirty, i);
+  assert_int_equal (pagetable_init (&pt, 4), 0);
+  assert_int_equal (pagetable_keep_gens (&pt), 0);
+  pt.gen_ref = 100;
+  assert_true (pagetable_from_entry (&pt, 1, &e));
+  assert_true (pagetable_rec_encode (&e, &img));
+  pagetable_load_rec (&pt, 2, &img, e.gen);
+  assert_int_equal (pt_loaded_seq (&pt, 2), e.seq);
+  pagetable_get (&pt, 1, &a);
+  pagetable_get (&pt, 2, &b);
+  assert_int_equal (b.page, e.page);
+  assert_int_equal (b.page, a.page);
+  assert_int_equal (b.seq, a.seq);
+  assert_int_equal (b.epoch, a.epoch);
+  assert_int_equal (b.data_crc, e.data_crc);
+  assert_int_equal (b.data_crc, a.data_crc);
+  assert_int_equal (b.state, LAYOUT_DIRTY);
+  assert_int_equal (b.state, a.state);
+  assert_memory_equal (b.valid, e.valid, sizeof e.valid);
+  assert_memory_equal (b.dirty, e.dirty, sizeof e.dirty);
+  assert_int_equal (b.gen, 77);
+  assert_int_equal (b.gen, a.gen);
+  assert_memory_equal (b.valid, a.valid, sizeof a.valid);
+  assert_memory_equal (b.dirty, a.dirty, sizeof a.dirty);
+  assert_int_equal (pt.side_used, 0);
+
+  /* Maps that are not runs, and pages past the limit, need more. */
+  layout_bit_set (e.valid, 60);
+  assert_false (pagetable_rec_encode (&e, &img));
+  layout_bit_clear (e.valid, 60);
+  e.page = (uint64_t) PT_MAX_PAGES + 1;
+  assert_false (pagetable_rec_encode (&e, &img));
+  pagetable_free (&pt);
+}
+
 /* Both range checks, on a value and on the stored slot 1. */
 static struct pagetable rv_pt;
 
@@ -1084,6 +1137,7 @@ main (void)
     cmocka_unit_test (test_churn_small),
     cmocka_unit_test (test_churn_large),
     cmocka_unit_test (test_entry_roundtrip),
+    cmocka_unit_test (test_entry_rec_encode),
     cmocka_unit_test (test_range_valid),
     cmocka_unit_test (test_pending_counts),
   };

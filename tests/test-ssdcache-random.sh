@@ -17,6 +17,7 @@ cp "$img" "$tmpdir/before.img"
 
 seed="${RANDOM_IO_SEED:-$RANDOM}"
 echo "random-io seed: $seed"
+debug=()
 
 # random_pass PASS MODEL RANDOM-IO-ARGS CACHE-ARGS...: random I/O
 # (reads checked against MODEL) through the cache; the backing file
@@ -25,7 +26,7 @@ random_pass ()
 {
     local pass="$1" model="$2" io="$3"
     shift 3
-    run_ssdcache file "$img" ssdcache-stats="$stats" "$@" \
+    run_ssdcache "${debug[@]}" file "$img" ssdcache-stats="$stats" "$@" \
                  --run '"$PYTHON" "$random_io" --uri "$uri" '"$io"' \
                           --model "'"$model"'" \
                           --save-model "$tmpdir/expected.img" --trim-reads-zero'
@@ -63,3 +64,17 @@ random_pass 3 "$tmpdir/copy.img" \
             ssdcache-file="$tmpdir/small.ssdcache" ssdcache-size=512K \
             ssdcache-page-size=4K
 expect_stat "$stats" evictions -gt 0 "no evictions in pass 3"
+
+# Pass 4: as pass 1, with the replacement policy held to one step per
+# call, so that every eviction is spread over many calls that let go
+# of the cache's lock in between (evict_set_step_limit), while three
+# connections read, write and evict.
+cp "$img" "$tmpdir/copy.img"
+debug=(-D ssdcache.evict_steps=1)
+random_pass 4 "$tmpdir/copy.img" \
+            "--connections 3 --ops 2000 --seed $((seed + 3)) --max-len 300K" \
+            ssdcache-file="$tmpdir/steps.ssdcache" ssdcache-size=2M \
+            ssdcache-page-size=64K
+expect_stat "$stats" evictions -gt 0 "no evictions in pass 4"
+expect_stat "$stats" eviction_pauses -gt 0 "no eviction paused in pass 4"
+expect_stat "$stats" cache_errors -eq 0 "cache errors in pass 4"

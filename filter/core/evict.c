@@ -59,6 +59,11 @@
  *            for 2^20 slots, 3,476 for 1000.
  *   Only the chosen policy's arrays are allocated.
  *
+ * A search for a victim may be spread over calls (evict_set_step_limit):
+ * ev->srch keeps the sweep it is in and that sweep's counters, and the
+ * next call, from any thread, goes on with it; others' changes in
+ * between only make it end sooner or later, never unbounded.
+ *
  * Locking: none inside; the cache metadata lock is held by callers.
  */
 #include <stdlib.h>
@@ -111,6 +116,36 @@ struct evict {
    * since evict_hints_saved (mark).
    */
   uint64_t *hint_marks;
+
+  /* Steps a call may take (evict_set_step_limit; 0: no limit), and
+   * what is left of them in this call.
+   */
+  uint32_t step_limit;
+  uint32_t steps_left;
+  /* The search a call that ran out of steps left for the next one
+   * (whichever thread makes it): the sweep it was in and its counters.
+   * Between calls the policy may change under it (inserts, touches,
+   * removals); the counters only bound the search, so it still ends.
+   */
+  struct {
+    bool on;                     /* a search is under way */
+    uint8_t phase;               /* enum s3_phase (CLOCK: unused) */
+    bool promoted;               /* sweep_small moved a slot to M */
+    uint64_t left;               /* steps the sweep may still take */
+    uint32_t idle;               /* sweep_main: steps since the last
+                                    change; sweep_small: refusals in a
+                                    row */
+  } srch;
+};
+
+/* The sweeps of an S3-FIFO search, in the orders evict_victim and
+ * evict_victim_fill take them.
+ */
+enum s3_phase {
+  PH_FILL_SMALL,                 /* fill, S at its target: S alone */
+  PH_A_SMALL, PH_A_MAIN,         /* S at its target (or M empty) */
+  PH_B_MAIN, PH_B_SMALL, PH_B_MAIN2,  /* else M first; M again if S
+                                          promoted */
 };
 
 /*----------------------------------------------------------------------
@@ -340,15 +375,40 @@ clock_remove (struct evict *ev, uint32_t slot)
   set (ev->ref, slot, false);
 }
 
+/* May the search take one more step in this call? */
+static inline bool
+step_ok (struct evict *ev)
+{
+  if (ev->step_limit == 0)
+    return true;
+  if (ev->steps_left == 0)
+    return false;
+  ev->steps_left--;
+  return true;
+}
+
+/* The search is over, with victim v (or EVICT_NONE). */
+static uint32_t
+search_done (struct evict *ev, uint32_t v)
+{
+  ev->srch.on = false;
+  return v;
+}
+
 static uint32_t
 clock_victim (struct evict *ev, evict_can_take_fn can_take, void *opaque)
 {
-  /* Two full turns: the first may only clear reference bits. */
-  uint64_t steps = 2 * (uint64_t) ev->nslots + 1;
-
-  while (steps-- > 0) {
+  if (!ev->srch.on) {
+    /* Two full turns: the first may only clear reference bits. */
+    ev->srch.on = true;
+    ev->srch.left = 2 * (uint64_t) ev->nslots + 1;
+  }
+  while (ev->srch.left > 0) {
     uint32_t s = ev->hand;
 
+    if (!step_ok (ev))
+      return EVICT_AGAIN;
+    ev->srch.left--;
     ev->hand = (ev->hand + 1) % ev->nslots;
     if (!bit (ev->resident, s))
       continue;
@@ -359,10 +419,10 @@ clock_victim (struct evict *ev, evict_can_take_fn can_take, void *opaque)
     }
     if (can_take (opaque, s)) {
       clock_remove (ev, s);
-      return s;
+      return search_done (ev, s);
     }
   }
-  return EVICT_NONE;
+  return search_done (ev, EVICT_NONE);
 }
 
 /*----------------------------------------------------------------------
@@ -547,36 +607,46 @@ take (struct evict *ev, uint32_t s, bool ghost)
   return s;
 }
 
-/* Pop at most one turn of the ring and process the entries (see the
- * top of the file).  Returns the victim, or EVICT_NONE.  *promoted is
- * set when a slot moved to M.
+/* Start a sweep of S: at most one turn of the ring. */
+static void
+small_begin (struct evict *ev)
+{
+  ev->srch.left = ev->ring_len;
+  ev->srch.idle = 0;
+}
+
+/* Pop the ring's entries and process them (see the top of the file),
+ * for the sweep small_begin started.  Returns the victim, EVICT_NONE,
+ * or EVICT_AGAIN (out of steps).  ev->srch.promoted is set when a slot
+ * moved to M.
  */
 static uint32_t
-sweep_small (struct evict *ev, evict_can_take_fn can_take, void *opaque,
-             bool *promoted)
+sweep_small (struct evict *ev, evict_can_take_fn can_take, void *opaque)
 {
-  /* Refused entries in a row: once a whole turn of the ring has been
-   * refused, another turn would only ask again.
+  /* Refusals in a row (srch.idle): once a whole turn of the ring has
+   * been refused, another turn would only ask again.
    */
-  uint32_t refused = 0;
-  uint32_t max = ev->ring_len;
+  while (ev->srch.left > 0 && ev->ring_len > 0 &&
+         ev->srch.idle < ev->ring_len) {
+    uint32_t s;
 
-  while (max-- > 0 && ev->ring_len > 0 && refused < ev->ring_len) {
-    uint32_t s = ring_pop (ev);
-
+    if (!step_ok (ev))
+      return EVICT_AGAIN;
+    ev->srch.left--;
+    s = ring_pop (ev);
     if ((ev->st[s] & (ST_RES | ST_M)) != ST_RES) {
-      refused = 0;
+      ev->srch.idle = 0;
       continue;                 /* zombie, or back for M: dropped */
     }
     if (freq (ev, s) > 0) {     /* re-used on probation: promote */
       to_main (ev, s, false);
-      *promoted = true;
-      refused = 0;
+      ev->srch.promoted = true;
+      ev->srch.idle = 0;
       continue;
     }
     if (!can_take (opaque, s)) {
       ring_push (ev, s);        /* refused: back to the head, as it is */
-      refused++;
+      ev->srch.idle++;
       continue;
     }
     return take (ev, s, true);
@@ -584,30 +654,38 @@ sweep_small (struct evict *ev, evict_can_take_fn can_take, void *opaque,
   return EVICT_NONE;
 }
 
+/* Start a sweep of M.  A slot's frequency is 0 after FREQ_MAX passes
+ * (a probation slot's after one), so FREQ_MAX + 1 turns ask about
+ * every slot of M that was there at the start; a turn without any
+ * change since the last one ends it sooner.
+ */
+static void
+main_begin (struct evict *ev)
+{
+  ev->srch.left = (uint64_t) ev->nslots * (FREQ_MAX + 2);
+  ev->srch.idle = 0;
+}
+
 /* Move M's hand until it takes a slot, at most until every slot of M
- * has frequency 0 and has been refused.  Returns the victim, or
- * EVICT_NONE.
+ * has frequency 0 and has been refused.  Returns the victim,
+ * EVICT_NONE, or EVICT_AGAIN (out of steps).
  */
 static uint32_t
 sweep_main (struct evict *ev, evict_can_take_fn can_take, void *opaque)
 {
-  /* A slot's frequency is 0 after FREQ_MAX passes (a probation slot's
-   * after one), so FREQ_MAX + 1 turns ask about every slot of M that
-   * was there at the start; a turn without any change since the last
-   * one ends it sooner.
-   */
-  uint64_t max = (uint64_t) ev->nslots * (FREQ_MAX + 2);
-  uint32_t idle = 0;            /* steps since the last change */
-
-  while (max-- > 0 && idle < ev->nslots && ev->m_count > 0) {
+  while (ev->srch.left > 0 && ev->srch.idle < ev->nslots &&
+         ev->m_count > 0) {
     uint32_t s = ev->hand;
     uint8_t st = ev->st[s];
     unsigned f;
 
+    if (!step_ok (ev))
+      return EVICT_AGAIN;
+    ev->srch.left--;
     if (++ev->hand == ev->nslots)
       ev->hand = 0;
     if ((st & (ST_RES | ST_M)) != (ST_RES | ST_M)) {
-      idle++;
+      ev->srch.idle++;
       continue;
     }
     f = freq (ev, s);
@@ -618,11 +696,11 @@ sweep_main (struct evict *ev, evict_can_take_fn can_take, void *opaque)
       }
       else
         set_freq (ev, s, f - 1);
-      idle = 0;
+      ev->srch.idle = 0;
       continue;
     }
     if (!can_take (opaque, s)) {
-      idle++;
+      ev->srch.idle++;
       continue;
     }
     return take (ev, s, st & ST_PROB);
@@ -630,43 +708,78 @@ sweep_main (struct evict *ev, evict_can_take_fn can_take, void *opaque)
   return EVICT_NONE;
 }
 
-static uint32_t
-s3_victim (struct evict *ev, evict_can_take_fn can_take, void *opaque)
+/* Go to sweep phase ph. */
+static void
+s3_enter (struct evict *ev, enum s3_phase ph)
 {
-  bool promoted = false;
-  uint32_t v;
-
-  /* Sweeps only move slots from S to M, so S then M visits every
-   * resident slot; M first needs M again only if S promoted a slot.
-   */
-  if (ev->s_count >= ev->s_target || ev->m_count == 0) {
-    v = sweep_small (ev, can_take, opaque, &promoted);
-    if (v == EVICT_NONE)
-      v = sweep_main (ev, can_take, opaque);
-  }
-  else {
-    v = sweep_main (ev, can_take, opaque);
-    if (v == EVICT_NONE)
-      v = sweep_small (ev, can_take, opaque, &promoted);
-    if (v == EVICT_NONE && promoted)
-      v = sweep_main (ev, can_take, opaque);
-  }
-  return v;
+  ev->srch.phase = ph;
+  if (ph == PH_A_MAIN || ph == PH_B_MAIN || ph == PH_B_MAIN2)
+    main_begin (ev);
+  else
+    small_begin (ev);
 }
 
-/* A fill does not take M's pages while S is full but busy. */
-static uint32_t
-s3_victim_fill (struct evict *ev, evict_can_take_fn can_take, void *opaque)
+/* The first sweep of evict_victim.  Sweeps only move slots from S to M,
+ * so S then M visits every resident slot; M first needs M again only
+ * if S promoted a slot.
+ */
+static enum s3_phase
+s3_first (const struct evict *ev)
 {
-  bool promoted = false;
-  uint32_t v;
+  return ev->s_count >= ev->s_target || ev->m_count == 0
+    ? PH_A_SMALL : PH_B_MAIN;
+}
 
-  if (ev->s_count >= ev->s_target && ev->m_count > 0) {
-    v = sweep_small (ev, can_take, opaque, &promoted);
-    if (v != EVICT_NONE || ev->s_count >= ev->s_target)
-      return v;
+/* After the sweep of the current phase found no victim: the next
+ * phase, or false if the search is over.
+ */
+static bool
+s3_next (struct evict *ev)
+{
+  switch ((enum s3_phase) ev->srch.phase) {
+  case PH_FILL_SMALL:
+    /* A fill does not take M's pages while S is full but busy. */
+    if (ev->s_count >= ev->s_target)
+      return false;
+    ev->srch.promoted = false;
+    s3_enter (ev, s3_first (ev));
+    return true;
+  case PH_A_SMALL: s3_enter (ev, PH_A_MAIN); return true;
+  case PH_B_MAIN: s3_enter (ev, PH_B_SMALL); return true;
+  case PH_B_SMALL:
+    if (!ev->srch.promoted)
+      return false;
+    s3_enter (ev, PH_B_MAIN2);
+    return true;
+  default:
+    return false;
   }
-  return s3_victim (ev, can_take, opaque);
+}
+
+/* Go on with the search (or start one: fill says which), sweep after
+ * sweep, until a victim, the end, or the end of this call's steps.
+ */
+static uint32_t
+s3_search (struct evict *ev, evict_can_take_fn can_take, void *opaque,
+           bool fill)
+{
+  if (!ev->srch.on) {
+    ev->srch.on = true;
+    ev->srch.promoted = false;
+    s3_enter (ev, fill && ev->s_count >= ev->s_target && ev->m_count > 0
+              ? PH_FILL_SMALL : s3_first (ev));
+  }
+  for (;;) {
+    enum s3_phase ph = ev->srch.phase;
+    uint32_t v = ph == PH_A_MAIN || ph == PH_B_MAIN || ph == PH_B_MAIN2
+      ? sweep_main (ev, can_take, opaque)
+      : sweep_small (ev, can_take, opaque);
+
+    if (v == EVICT_AGAIN)
+      return v;
+    if (v != EVICT_NONE || !s3_next (ev))
+      return search_done (ev, v);
+  }
 }
 
 /*----------------------------------------------------------------------
@@ -726,24 +839,35 @@ evict_remove (struct evict *ev, uint32_t slot)
     s3_remove (ev, slot);
 }
 
+void
+evict_set_step_limit (struct evict *ev, uint32_t steps)
+{
+  ev->step_limit = steps;
+}
+
+/* A victim, EVICT_NONE or EVICT_AGAIN; fill: evict_victim_fill's. */
+static uint32_t
+victim (struct evict *ev, evict_can_take_fn can_take, void *opaque,
+        bool fill)
+{
+  if (ev->resident_count == 0)
+    return search_done (ev, EVICT_NONE);
+  ev->steps_left = ev->step_limit;
+  if (ev->policy == EVICT_CLOCK)
+    return clock_victim (ev, can_take, opaque);
+  return s3_search (ev, can_take, opaque, fill);
+}
+
 uint32_t
 evict_victim (struct evict *ev, evict_can_take_fn can_take, void *opaque)
 {
-  if (ev->resident_count == 0)
-    return EVICT_NONE;
-  if (ev->policy == EVICT_CLOCK)
-    return clock_victim (ev, can_take, opaque);
-  return s3_victim (ev, can_take, opaque);
+  return victim (ev, can_take, opaque, false);
 }
 
 uint32_t
 evict_victim_fill (struct evict *ev, evict_can_take_fn can_take, void *opaque)
 {
-  if (ev->resident_count == 0)
-    return EVICT_NONE;
-  if (ev->policy == EVICT_CLOCK)
-    return clock_victim (ev, can_take, opaque);
-  return s3_victim_fill (ev, can_take, opaque);
+  return victim (ev, can_take, opaque, true);
 }
 
 uint8_t

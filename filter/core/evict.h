@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #define EVICT_NONE UINT32_MAX
+#define EVICT_AGAIN (UINT32_MAX - 1)   /* (never a slot: nslots <= this) */
 
 enum evict_policy {
   EVICT_CLOCK = 0,
@@ -106,11 +107,14 @@ extern void evict_remove (struct evict *ev, uint32_t slot);
 /* Choose a resident slot for which can_take returns true and remove it
  * from the policy.  EVICT_NONE if no resident slot may be taken (and
  * only then).  can_take is only asked about resident slots.  Work is
- * amortised O(1) and at most a small constant times nslots per call
+ * amortised O(1) and at most a small constant times nslots per search
  * (for S3-FIFO at most 6 * nslots steps of the main queue's hand and
  * two turns of the small queue's ring, about nslots / 4; 2 * nslots
  * for CLOCK)
- * even when can_take refuses every slot.
+ * even when can_take refuses every slot.  With a step limit
+ * (evict_set_step_limit) a call that reaches it returns EVICT_AGAIN:
+ * the caller may let go of its lock and call again, and the next call
+ * (from any thread) goes on with the same search where it stopped.
  */
 extern uint32_t evict_victim (struct evict *ev, evict_can_take_fn can_take,
                               void *opaque);
@@ -125,6 +129,13 @@ extern uint32_t evict_victim (struct evict *ev, evict_can_take_fn can_take,
  */
 extern uint32_t evict_victim_fill (struct evict *ev,
                                    evict_can_take_fn can_take, void *opaque);
+
+/* At most steps steps of the hands and the ring per call of
+ * evict_victim and evict_victim_fill (0, the default: no limit), so
+ * that no call holds the caller's lock for long, even at the first
+ * eviction after a start, which may age every slot of a hot cache.
+ */
+extern void evict_set_step_limit (struct evict *ev, uint32_t steps);
 
 /* Number of resident slots the policy tracks. */
 extern uint32_t evict_resident (const struct evict *ev);

@@ -24,5 +24,7 @@ extern int ssdcache_debug_warm;      /* warm-up requests */
 extern int ssdcache_debug_order;     /* flush order: generations */
 extern int ssdcache_debug_resize_kill; /* tests: SIGKILL at this step of
                                           a resize (resize.c) */
+extern int ssdcache_debug_evict_steps; /* tests: the policy's step limit
+                                          (CACHE_EVICT_STEPS) */
 
 #endif /* SSDCACHE_LOG_H */

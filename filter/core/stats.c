@@ -14,7 +14,7 @@
   X (read_ops) X (read_hits) X (read_misses) X (read_partial) \
   X (bytes_from_cache) X (bytes_from_backend) X (write_ops) \
   X (bytes_written) X (pages_updated) X (pages_invalidated) X (fills) \
-  X (evictions) X (bypassed) X (seq_bypassed) X (promote_skipped) \
+  X (evictions) X (eviction_pauses) X (bypassed) X (seq_bypassed) X (promote_skipped) \
   X (fills_behind) X (fills_behind_dropped) \
   X (prefetch_requests) X (prefetch_pages) X (prefetch_hits) \
   X (prefetch_wasted) \

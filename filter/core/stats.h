@@ -25,6 +25,8 @@ struct stats {
   _Atomic uint64_t pages_invalidated; /* by writearound, zero, trim, errors */
   _Atomic uint64_t fills;             /* slots filled from the backend */
   _Atomic uint64_t evictions;
+  _Atomic uint64_t eviction_pauses;   /* times an eviction let go of
+                                         c->lock to go on later */
   _Atomic uint64_t bypassed;          /* pages not cached: no free slot */
   _Atomic uint64_t seq_bypassed;      /* pages not cached: beyond the
                                          sequential cutoff of a stream */

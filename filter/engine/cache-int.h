@@ -81,6 +81,8 @@ struct admit_seq;
 struct admit_nhit;
 
 #define CACHE_LOAD_CHUNK 4096    /* entries read at a time */
+#define CACHE_EVICT_STEPS 32768  /* the policy's steps per call under
+                                    c->lock (evict_set_step_limit) */
 
 struct cache_sup {               /* a superseded slot waiting to be freed */
   uint32_t slot;

@@ -596,6 +596,8 @@ set_geometry (struct cache *c)
     return -1;
   }
   c->pt.rebases = &c->stats.pt_rebases;
+  evict_set_step_limit (c->ev, ssdcache_debug_evict_steps > 0
+                        ? ssdcache_debug_evict_steps : CACHE_EVICT_STEPS);
   pagetable_set_side_limit (&c->pt, c->partial_pages < c->nslots
                             ? c->partial_pages : c->nslots);
   pagetable_set_budget (&c->pt, c->budget, c->page_size);

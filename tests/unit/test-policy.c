@@ -918,6 +918,182 @@ test_s3fifo_random_invariants (void **state)
 }
 
 /*----------------------------------------------------------------------
+ * The step limit: a search spread over calls (EVICT_AGAIN).
+ */
+
+/* A model whose can_take counts the questions of one call. */
+struct smodel {
+  bool resident[300], dirty[300];
+  unsigned asked;
+};
+
+static bool
+take_smodel (void *opaque, uint32_t slot)
+{
+  struct smodel *m = opaque;
+
+  m->asked++;
+  return m->resident[slot] && !m->dirty[slot];
+}
+
+/* A search to its end, call after call; each call asks at most limit
+ * questions.  *calls counts the calls.
+ */
+static uint32_t
+victim_limited (struct evict *ev, struct smodel *m, bool fill,
+                unsigned limit, unsigned *calls)
+{
+  uint32_t v;
+
+  do {
+    m->asked = 0;
+    v = fill ? evict_victim_fill (ev, take_smodel, m)
+      : evict_victim (ev, take_smodel, m);
+    assert_true (m->asked <= limit);
+    ++*calls;
+  } while (v == EVICT_AGAIN);
+  return v;
+}
+
+/* With nothing else happening between its calls, a limited search
+ * picks the victims an unlimited one picks, for either policy, a fill
+ * or not, whatever the limit.
+ */
+static void
+test_step_limit_same_victims (void **state)
+{
+  const uint32_t n = 300;
+  const unsigned limits[] = { 1, 3, 17, 200 };
+
+  for (unsigned pol = 0; pol < EVICT_NR_POLICIES; ++pol)
+    for (size_t l = 0; l < sizeof limits / sizeof limits[0]; ++l) {
+      struct evict *a = evict_new_policy (pol, n);
+      struct evict *b = evict_new_policy (pol, n);
+      struct smodel m = { { false }, { false }, 0 };
+      unsigned calls = 0, searches = 0;
+
+      evict_set_page_fn (a, model_page, NULL);
+      evict_set_page_fn (b, model_page, NULL);
+      evict_set_step_limit (b, limits[l]);
+      srandom (77 + pol * 10 + l);
+      for (int op = 0; op < 40000; ++op) {
+        uint32_t s = random () % n, va, vb;
+        bool fill;
+
+        switch (random () % 8) {
+        case 0: case 1: case 2:
+          if (!m.resident[s]) {
+            unsigned h = random () % 4;
+            evict_insert_hint (a, s, h);
+            evict_insert_hint (b, s, h);
+            m.resident[s] = true;
+            break;
+          }
+          /* fall through: a touch */
+        case 3:
+          evict_touch (a, s);
+          evict_touch (b, s);
+          break;
+        case 4:
+          m.dirty[s] = random () % 3 == 0;
+          break;
+        default:
+          fill = random () % 2;
+          va = fill ? evict_victim_fill (a, take_smodel, &m)
+            : evict_victim (a, take_smodel, &m);
+          vb = victim_limited (b, &m, fill, limits[l], &calls);
+          searches++;
+          assert_int_equal (va, vb);
+          if (va != EVICT_NONE)
+            m.resident[va] = false;
+        }
+        assert_int_equal (evict_resident (a), evict_resident (b));
+      }
+      assert_int_equal (evict_check (b), 0);
+      print_message ("%s, limit %u: %u searches in %u calls\n",
+                     evict_policy_name (pol), limits[l], searches, calls);
+      if (limits[l] < 10)
+        assert_true (calls > searches);     /* some were spread */
+      evict_free (a);
+      evict_free (b);
+    }
+}
+
+/* Others' changes between the calls of a search (other threads, while
+ * the caller lets go of its lock): every search still ends, within
+ * a bounded number of steps, with a resident slot the caller
+ * allows, or EVICT_NONE; the policy stays consistent.
+ */
+static void
+test_step_limit_interleaved (void **state)
+{
+  const uint32_t n = 300;
+  const unsigned limit = 5;
+
+  for (unsigned pol = 0; pol < EVICT_NR_POLICIES; ++pol) {
+    struct evict *ev = evict_new_policy (pol, n);
+    struct smodel m = { { false }, { false }, 0 };
+    unsigned nres = 0;
+    /* Calls a search may take: its steps over the limit.  Each sweep
+     * of M takes at most 5 * n steps and there are two at most; each
+     * of S at most a turn of the ring (n / 8 + 16), two at most.
+     */
+    const unsigned bound = (10 * n + n / 4 + 32) / limit + 2;
+
+    evict_set_page_fn (ev, model_page, NULL);
+    evict_set_step_limit (ev, limit);
+    srandom (99 + pol);
+    for (int search = 0; search < 3000; ++search) {
+      unsigned calls = 0;
+      uint32_t v;
+      bool fill = random () % 2;
+
+      do {
+        uint32_t s = random () % n;
+
+        /* Someone else's change. */
+        switch (random () % 4) {
+        case 0:
+          if (!m.resident[s]) {
+            evict_insert_hint (ev, s, random () % 4);
+            m.resident[s] = true;
+            nres++;
+          }
+          break;
+        case 1:
+          evict_touch (ev, s);
+          break;
+        case 2:
+          if (m.resident[s]) {
+            evict_remove (ev, s);
+            m.resident[s] = false;
+            nres--;
+          }
+          break;
+        default:
+          m.dirty[s] = random () % 4 == 0;
+        }
+        m.asked = 0;
+        v = fill ? evict_victim_fill (ev, take_smodel, &m)
+          : evict_victim (ev, take_smodel, &m);
+        assert_true (m.asked <= limit);
+        assert_true (++calls <= bound);
+      } while (v == EVICT_AGAIN);
+      if (v != EVICT_NONE) {
+        assert_true (v < n);
+        assert_true (m.resident[v]);
+        assert_false (m.dirty[v]);
+        m.resident[v] = false;
+        nres--;
+      }
+      assert_int_equal (evict_resident (ev), nres);
+      assert_int_equal (evict_check (ev), 0);
+    }
+    evict_free (ev);
+  }
+}
+
+/*----------------------------------------------------------------------
  * Hints.
  */
 
@@ -1244,6 +1420,8 @@ main (void)
     cmocka_unit_test (test_ghost),
     cmocka_unit_test (test_ghost_bounded),
     cmocka_unit_test (test_bounded_victim),
+    cmocka_unit_test (test_step_limit_same_victims),
+    cmocka_unit_test (test_step_limit_interleaved),
     cmocka_unit_test (test_random_model),
     cmocka_unit_test (test_hints),
     cmocka_unit_test (test_zombies),

@@ -382,10 +382,10 @@ pagetable_group_seq_rebase (struct pagetable *pt, uint32_t g, uint64_t base)
 }
 
 void
-pagetable_seq_rebase (struct pagetable *pt, uint64_t base)
+pagetable_seq_restart (struct pagetable *pt, uint64_t base)
 {
   for (uint32_t g = 0; ((uint64_t) g << pt->base_shift) < pt->nslots; g++)
-    pagetable_group_seq_rebase (pt, g, base);
+    pt->bases[g].seq = base;
 }
 
 /* Move group g's epoch base up to base: epochs at or below it read as

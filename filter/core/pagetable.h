@@ -288,8 +288,12 @@ pt_seq (const struct pagetable *pt, uint32_t s)
 {
   return pt_base_of (pt, s)->seq + pt->recs[s].seq;
 }
-/* Every group's sequence base up to base (the loader, once). */
-extern void pagetable_seq_rebase (struct pagetable *pt, uint64_t base);
+/* For a loader about to set every slot's sequence number (pt_set_seq)
+ * to base or below: move every group's base to base, in O(groups),
+ * without a walk over the slots; a slot reads as base once it is set,
+ * and is meaningless until then.
+ */
+extern void pagetable_seq_restart (struct pagetable *pt, uint64_t base);
 extern void pagetable_group_seq_rebase (struct pagetable *pt, uint32_t g,
                                         uint64_t base);
 /* seq must be >= every earlier value stored (c->seq grows). */
@@ -327,7 +331,7 @@ extern bool pt_epoch_surely_at_most (const struct pagetable *pt, uint32_t s,
  */
 extern void pagetable_epoch_floor (struct pagetable *pt, uint64_t floor);
 /* While the page table is loaded (pagetable_from_entry until the
- * loader's first pt_set_seq or pagetable_seq_rebase on the slot), a
+ * loader's first pt_set_seq on the slot), a
  * slot keeps its entry's exact sequence number in its seq and epoch
  * fields, so that the loader can order two versions of a page without
  * an array of its own.

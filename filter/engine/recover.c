@@ -608,7 +608,7 @@ settle_slots (struct recovery *r)
   struct cache *c = r->c;
 
   for (uint32_t s = c->nslots; s-- > 0;) {
-    pt_set_seq (&c->pt, s, 0);  /* (no pt_loaded_seq any more) */
+    pt_set_seq (&c->pt, s, 0);  /* the base (no pt_loaded_seq any more) */
     if (pt_flags (&c->pt, s) & PT_INDEXED) {
       if (r->ncand && has_extras (r, pt_page (&c->pt, s)))
         continue;
@@ -730,11 +730,13 @@ recover_load_entries (struct cache *c, uint32_t data_end)
   if (pick_extras (&r) == -1)
     goto out;
   r.t[2] = recover_now ();
+  /* RAM keeps sequence numbers as change stamps from here on: every
+   * slot's becomes c->seq (settle_slots sets each).
+   */
+  pagetable_seq_restart (&c->pt, c->seq);
   if (settle_slots (&r) == -1)
     goto out;
   trim_side (&r);
-  /* RAM keeps sequence numbers as change stamps from here on. */
-  pagetable_seq_rebase (&c->pt, c->seq);
   /* Every indexed slot's hint is its entry's (save_hints). */
   evict_hints_saved (c->ev, 0, c->nslots);
   r.t[3] = recover_now ();

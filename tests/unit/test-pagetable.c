@@ -488,6 +488,29 @@ test_entry_rec_encode (void **state)
   pagetable_free (&pt);
 }
 
+/* The loader's restart of sequence numbers: every group's base moves
+ * to the new one without a walk, and each slot set again reads as it.
+ */
+static void
+test_seq_restart (void **state)
+{
+  struct pagetable pt;
+  const uint32_t n = 3 * 4096 + 17;     /* several groups, one partial */
+
+  assert_int_equal (pagetable_init (&pt, n), 0);
+  for (uint32_t s = 0; s < n; s++)
+    pt.recs[s].seq = 12345 + s;         /* as pt_loaded_seq leaves it */
+  pagetable_seq_restart (&pt, (UINT64_C (7) << 40) + 3);
+  for (uint32_t s = 0; s < n; s++) {
+    pt_set_seq (&pt, s, 0);
+    assert_int_equal (pt_seq (&pt, s), (UINT64_C (7) << 40) + 3);
+  }
+  pt_set_seq (&pt, n - 1, (UINT64_C (7) << 40) + 9);
+  assert_int_equal (pt_seq (&pt, n - 1), (UINT64_C (7) << 40) + 9);
+  assert_int_equal (pt_seq (&pt, 0), (UINT64_C (7) << 40) + 3);
+  pagetable_free (&pt);
+}
+
 /* Both range checks, on a value and on the stored slot 1. */
 static struct pagetable rv_pt;
 
@@ -1138,6 +1161,7 @@ main (void)
     cmocka_unit_test (test_churn_large),
     cmocka_unit_test (test_entry_roundtrip),
     cmocka_unit_test (test_entry_rec_encode),
+    cmocka_unit_test (test_seq_restart),
     cmocka_unit_test (test_range_valid),
     cmocka_unit_test (test_pending_counts),
   };

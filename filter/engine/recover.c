@@ -25,7 +25,6 @@
  * decodes); c->lock is still taken where the slot helpers expect it.
  */
 #include <errno.h>
-#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,16 +106,6 @@ older_after_drop (struct cache *c, uint32_t s, uint8_t hint, uint8_t *buf)
   return true;
 }
 
-/* Seconds on the monotonic clock (the steps' times in the log). */
-static double
-recover_now (void)
-{
-  struct timespec ts;
-
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* What the steps of recover_load_entries share. */
 struct recovery {
   struct cache *c;
@@ -131,7 +120,7 @@ struct recovery {
   uint64_t loaded, dropped, lost, ndirty, unsealed, damaged, cut, retained;
   uint64_t gen_max;              /* newest flush generation of dirty data */
   uint32_t first_damaged;
-  double t[4];                   /* times of the steps (report) */
+  uint64_t t[4];                 /* times of the steps, ms (report) */
 };
 
 /* Keep a candidate aside in r->cand.  Returns -1 (logged) on ENOMEM. */
@@ -687,14 +676,17 @@ report (struct recovery *r)
                (unsigned long long) r->cut);
   log_debug ("cache file %s: %s start, %llu pages loaded (%llu dirty), "
              "%llu dropped, %llu unflushed rewrites dropped, %llu older "
-             "versions kept for the flush order; in %.3f s (read and "
-             "index %.3f, several versions %.3f, the rest %.3f)", c->path,
+             "versions kept for the flush order; in %llu ms (read and "
+             "index %llu, several versions %llu, the rest %llu)", c->path,
              c->was_clean ? "clean" : "unclean (recovered)",
              (unsigned long long) r->loaded, (unsigned long long) r->ndirty,
              (unsigned long long) r->dropped,
              (unsigned long long) r->unsealed,
-             (unsigned long long) r->retained, r->t[3] - r->t[0],
-             r->t[1] - r->t[0], r->t[2] - r->t[1], r->t[3] - r->t[2]);
+             (unsigned long long) r->retained,
+             (unsigned long long) (r->t[3] - r->t[0]),
+             (unsigned long long) (r->t[1] - r->t[0]),
+             (unsigned long long) (r->t[2] - r->t[1]),
+             (unsigned long long) (r->t[3] - r->t[2]));
 }
 
 /* Load the page table.  Slots at or past data_end have no data any
@@ -717,11 +709,11 @@ recover_load_entries (struct cache *c, uint32_t data_end)
     log_error ("malloc: %m");
     goto out;
   }
-  r.t[0] = recover_now ();
+  r.t[0] = cache_now_ms ();
   pagetable_clear_free (&c->pt);
   if (parse_entries (&r) == -1)
     goto out;
-  r.t[1] = recover_now ();
+  r.t[1] = cache_now_ms ();
   /* Generations read back relative to the newest (pagetable.h). */
   if (r.gen_max + 1 > c->gen)
     c->gen = r.gen_max + 1;
@@ -729,7 +721,7 @@ recover_load_entries (struct cache *c, uint32_t data_end)
   sort_cands (&r);
   if (pick_extras (&r) == -1)
     goto out;
-  r.t[2] = recover_now ();
+  r.t[2] = cache_now_ms ();
   /* RAM keeps sequence numbers as change stamps from here on: every
    * slot's becomes c->seq (settle_slots sets each).
    */
@@ -739,7 +731,7 @@ recover_load_entries (struct cache *c, uint32_t data_end)
   trim_side (&r);
   /* Every indexed slot's hint is its entry's (save_hints). */
   evict_hints_saved (c->ev, 0, c->nslots);
-  r.t[3] = recover_now ();
+  r.t[3] = cache_now_ms ();
   report (&r);
   ret = 0;
  out:

@@ -119,36 +119,40 @@ layout_crc32c_patch (uint32_t crc, uint64_t len, uint64_t off,
   return crc ^ raw;
 }
 
+/* Little-endian fields at any alignment: one load or store each (a
+ * loop over bytes is not turned into one, and a start decodes every
+ * entry of the page table).
+ */
 static void
 put32 (uint8_t *p, uint32_t v)
 {
-  for (int i = 0; i < 4; i++)
-    p[i] = v >> (8 * i);
+  v = htole32 (v);
+  memcpy (p, &v, sizeof v);
 }
 
 static void
 put64 (uint8_t *p, uint64_t v)
 {
-  for (int i = 0; i < 8; i++)
-    p[i] = v >> (8 * i);
+  v = htole64 (v);
+  memcpy (p, &v, sizeof v);
 }
 
 static uint32_t
 get32 (const uint8_t *p)
 {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
+  uint32_t v;
+
+  memcpy (&v, p, sizeof v);
+  return le32toh (v);
 }
 
 static uint64_t
 get64 (const uint8_t *p)
 {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
+  uint64_t v;
+
+  memcpy (&v, p, sizeof v);
+  return le64toh (v);
 }
 
 static bool

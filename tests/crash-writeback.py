@@ -577,6 +577,17 @@ def describe_cfg(cfg):
                 cfg["seq"]))
 
 
+def pool_offset(args, page_size, cache_size):
+    """Where the page pool of a cache of that geometry starts: after
+    the two superblocks and 64 bytes an entry, at the next MiB.  The
+    filter gives a cache at most a quarter more slots than the backend
+    has pages (open.c: wanted_slots)."""
+    npages = (args.size + page_size - 1) // page_size
+    slots = min(cache_size // page_size, npages + max(npages // 4, 16))
+    end = 2 * 4096 + slots * 64
+    return (end + MiB - 1) // MiB * MiB
+
+
 def resize_cfgs(args, rng, cfg, next_cfg, totals):
     """With --resize, sometimes: the server after the kill runs with
     another cache size on the same cache file (it writes back and
@@ -585,9 +596,18 @@ def resize_cfgs(args, rng, cfg, next_cfg, totals):
     they resize."""
     if args.resize == 0 or rng.random() >= args.resize:
         return cfg, next_cfg, False
-    size = rng.choice([s for s in (2 * MiB, 3 * MiB, 4 * MiB, 6 * MiB)
-                       if s != cfg["cache_size"]])
+    sizes = [2 * MiB, 3 * MiB, 4 * MiB, 6 * MiB]
+    if pool_offset(args, cfg["page_size"], 72 * MiB) != \
+       pool_offset(args, cfg["page_size"], 6 * MiB):
+        # A page table of more than 1 MiB (over 16,384 slots: a backend
+        # of 52 MiB or more with 4 KiB pages): the page pool starts 1 MiB
+        # further, and a resize to or from this size moves every kept
+        # page to another slot (resize.c).
+        sizes += [72 * MiB] * 4     # (half of the resizes)
+    size = rng.choice([s for s in sizes if s != cfg["cache_size"]])
     totals["resize"] += 1
+    totals["resize_move"] += pool_offset(args, cfg["page_size"], size) != \
+        pool_offset(args, cfg["page_size"], cfg["cache_size"])
     return (dict(cfg, cache_size=size),
             dict(next_cfg, page_size=cfg["page_size"], cache_size=size), True)
 
@@ -652,7 +672,7 @@ def run(args):
     state = Model(make_backing(args, rng))
     totals = {"unsealed": 0, "seq_around": 0, "write": 0, "fua": 0, "flush": 0, "read": 0, "inflight": 0,
               "restart_wt": 0, "clean_restart": 0, "new_cache": 0,
-              "resize": 0, "resize_kill": 0}
+              "resize": 0, "resize_kill": 0, "resize_move": 0}
 
     cfg = choose_cfg(rng, None, args.sabotage)
     server = Server(args, cfg, args.mode, on_exit=rng.random() < 0.5)
@@ -801,7 +821,8 @@ def finish(args, server, state, totals, t_start):
     info("PASS: seed %d, %d iterations in %.1fs: %d writes, %d FUA writes, "
          "%d flushes, %d checked reads, %d writes in flight at kills, %d "
          "restarts in writethrough/writearound, %d clean restarts, %d new "
-         "caches, %d resizes after kills (%d of them killed at first), "
+         "caches, %d resizes after kills (%d of them killed at first, %d "
+         "moving the page pool), "
          "%d unsealed (unflushed) pages dropped after kills, %d "
          "sequential writes around the cache before kills, %d mode "
          "switches at run time; final "
@@ -810,7 +831,7 @@ def finish(args, server, state, totals, t_start):
              totals["write"], totals["fua"], totals["flush"], totals["read"],
              totals["inflight"], totals["restart_wt"],
              totals["clean_restart"], totals["new_cache"],
-             totals["resize"], totals["resize_kill"],
+             totals["resize"], totals["resize_kill"], totals["resize_move"],
              totals["unsealed"],
              totals["seq_around"], totals.get("switch", 0),
              stats.get("pages_written_back", -1),

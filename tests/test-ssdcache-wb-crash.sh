@@ -7,9 +7,10 @@
 # completed FLUSH (or FUA write) or the data of a write issued after
 # it; a clean exit with ssdcache-writeback-on-exit=true must leave the
 # backing file complete.  `make check-crash` runs 1000 iterations
-# (CRASH_RESIZE=0.5 adds resizes).  Then 6 more with
-# the pressure paths forced (dirty cap, backend errors, depth, age), and
-# 6 with sequential streams going around the cache.
+# (CRASH_RESIZE=0.5 adds resizes).  Then 8 with resizes that move the
+# page pool, 6 with the pressure paths forced (dirty cap, backend
+# errors, depth, age), and 6 with sequential streams going around the
+# cache.
 #
 # First a short self-test: crash-writeback.py --sabotage deletes the
 # cache file at each crash, so flushed data is lost, and the checker
@@ -39,6 +40,14 @@ rm -rf "$tmpdir/sabotage"
 "$PYTHON" "$crash" --iterations "${CRASH_WB_ITERATIONS:-20}" --seed "$seed" \
           --resize 0.3 \
           --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/crash"
+
+# Resizes that move the page pool: with a 64 MiB backend and 4 KiB
+# pages, a cache of 72 MiB has a page table of more than 1 MiB, so that
+# a resize to or from it moves every kept page to another slot.
+"$PYTHON" "$crash" --iterations "${CRASH_WB_MOVE_ITERATIONS:-8}" \
+          --seed "$((seed + 3))" --resize 0.8 --size $((64 * 1024 * 1024)) \
+          --fix page_size=4096 \
+          --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/move"
 
 # The paths of a cache under pressure, forced: writes sent through at a
 # dirty cap of 10%, writeback's writes failing in error windows (per-run

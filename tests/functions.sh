@@ -811,13 +811,7 @@ fs_detach ()
     fi
     if [ -s "$dir/nbdfuse.pid" ]; then
         pid="$(cat "$dir/nbdfuse.pid")"
-        for (( i = 0; i < 100; i++ )); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$pid" 2>/dev/null; then
-            fail "nbdfuse did not exit after the unmount"
-        fi
+        _wait_gone "$pid" 10 || fail "nbdfuse did not exit after the unmount"
         wait "$pid" 2>/dev/null || true
         rm -f "$dir/nbdfuse.pid"
     fi
@@ -869,13 +863,9 @@ fs_writer ()
 writer_pid=
 kill_writer ()
 {
-    local i
     [ -n "$writer_pid" ] || return 0
     kill -KILL "$writer_pid" 2>/dev/null || true
-    for (( i = 0; i < 300; i++ )); do
-        kill -0 "$writer_pid" 2>/dev/null || break
-        sleep 0.1
-    done
+    _wait_gone "$writer_pid" 30 || true
     wait "$writer_pid" 2>/dev/null || true
     writer_pid=
 }
@@ -916,11 +906,7 @@ fs_teardown ()
     # ever signalled.
     if [ -s "$dir/nbdfuse.pid" ]; then
         pid="$(cat "$dir/nbdfuse.pid")"
-        for (( i = 0; i < 50; i++ )); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$pid" 2>/dev/null; then
+        if ! _wait_gone "$pid" 5; then
             kill -TERM "$pid" 2>/dev/null
             sleep 1
             kill -KILL "$pid" 2>/dev/null

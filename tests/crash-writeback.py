@@ -616,7 +616,7 @@ def interrupt_resize(args, rng, cfg, vmode, totals):
     """Start a server of the new size and kill it during its start-up:
     at one of the resize's steps (-D ssdcache.resize_kill), or after a
     random delay (in the writeback before the resize, or elsewhere)."""
-    step = rng.choice([0, 1, 2, 3, 4, 5])
+    step = rng.choice([0, 1, 2, 3, 4, 5, 6, 7])
     s = Server(args, cfg, vmode, on_exit=False)
     if step:
         s.debug.append("ssdcache.resize_kill=%d" % step)

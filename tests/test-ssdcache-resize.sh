@@ -5,7 +5,8 @@
 # either side of a 1 MiB boundary, so that the page pool moves (by 256
 # slots): grow, then shrink, each keeping what the new geometry holds;
 # an interrupted resize starts empty; dirty data is written back before
-# a resize, and a read-only server keeps the size.
+# a resize, and a read-only server keeps the size; a shrink keeps the
+# hottest pages, also when killed while it moves them.
 
 source "$(dirname "$0")/functions.sh"
 set -e -x
@@ -124,3 +125,60 @@ serve 96M
 cmp "$img" "$tmpdir/orig.img" || fail "the dirty data was not written back"
 expect_slots 24576 "dirty, grown"
 [ "$(info_field dirty_slots)" -eq 0 ] || fail "dirty slots left"
+
+# A shrink keeps the hottest pages: a fresh 96M cache, filled by one
+# read in order (page i in slot i, the free list's order), then the
+# second half of the export read again (hot), in slots that a 48M
+# cache drops; shrunk to 48M, those move over the colder pages of the
+# first half, so that the second half then comes (nearly) all from the
+# cache.  Killed while pages move, the old cache stays whole: every
+# page reads back right, none failing its checksum.
+want="$img"
+cat > "$tmpdir/half.py" <<'PY'
+import sys
+import nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+half = h.get_size() // 2
+for off in range(half, 2 * half, 1 << 20):
+    h.pread(1 << 20, off)
+PY
+# hot_96M: a fresh 96M cache, filled, then its second half read again.
+hot_96M ()
+{
+    rm -f "$cache"
+    serve 96M
+    run_ssdcache file "$img" ssdcache-file="$cache" ssdcache-size=96M \
+                 ssdcache-page-size=4K --run '"$PYTHON" "$tmpdir/half.py" "$uri"'
+}
+hot_96M
+rm -f "$bstats" "$stats"
+run_ssdcache -v --filter=stats file "$img" statsfile="$bstats" \
+             ssdcache-file="$cache" ssdcache-size=48M ssdcache-page-size=4K \
+             ssdcache-stats="$stats" \
+             --run '"$PYTHON" "$tmpdir/half.py" "$uri"' 2> "$log" ||
+    { cat "$log"; fail "nbdkit failed"; }
+grep -E "resized from|verify" "$log" || :
+cat "$bstats"
+moved=$(sed -n 's/.*resized from .*, \([0-9]*\) of them moved.*/\1/p' "$log")
+[ -n "$moved" ] && [ "$moved" -ge 8000 ] || fail "hot pages moved: '$moved'"
+expect_slots 12288 "shrunk, hot"
+from_backend=$(backend_read_bytes "$bstats")
+[ "$from_backend" -le $((4 * 1024 * 1024)) ] ||
+    fail "$from_backend bytes of the hot half read from the backend"
+expect_stat "$stats" verify_failures -eq 0 "shrunk, hot"
+
+for step in 6 7; do
+    hot_96M
+    status=0
+    rm -f "$tmpdir/sock"
+    timeout 60 nbdkit -f -U "$tmpdir/sock" -D ssdcache.resize_kill=$step \
+        --filter="$SSDCACHE_FILTER" file "$img" ssdcache-file="$cache" \
+        ssdcache-size=48M ssdcache-page-size=4K || status=$?
+    [ $status -eq 137 ] || fail "step $step: nbdkit exit status $status"
+    serve 96M
+    expect_slots 24576 "killed at step $step, restarted"
+    expect_stat "$stats" loaded_slots -ge 24000 "killed at step $step"
+    serve 48M
+    expect_slots 12288 "killed at step $step, then shrunk"
+done

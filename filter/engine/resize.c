@@ -10,8 +10,16 @@
  * and only the entries are rewritten.  An old slot that the new
  * geometry cannot hold (covered by the longer page table, or past the
  * shorter pool) is dropped: its page is clean, the backend has it.
+ * Before that (step 0, resize_move_hot), the pages in those slots that
+ * are hotter (their policy hint) than the free or colder slots the new
+ * geometry keeps are copied there, hottest first, so that a shrink
+ * keeps the hottest pages, not those that sit in the right place.
  *
  * Crash safety, with the superblock's two copies:
+ *   0. a moved page's destination gets a FREE entry, then its data
+ *      (each synced), then its new entry, with a newer sequence number
+ *      than the old one's: a crash leaves the old cache with the page
+ *      in either slot (recovery takes the newest entry);
  *   1. both copies get the new geometry and LAYOUT_SB_RESIZING (the
  *      first write is the only one that can leave the old cache
  *      standing; an older filter refuses a RESIZING copy);
@@ -33,6 +41,7 @@
 #include "log.h"
 
 #define RESIZE_CHUNK 16384       /* entries per read and write (1 MiB) */
+#define RESIZE_MOVES 256         /* pages moved between two syncs */
 
 struct resize {
   struct cache *c;
@@ -41,12 +50,14 @@ struct resize {
   bool keep;                     /* false: the move is not whole pages */
   uint8_t free_entry[LAYOUT_ENTRY_SIZE];
   uint8_t *in, *out;             /* RESIZE_CHUNK entries each */
-  uint64_t kept;
+  uint64_t kept, moved;
 };
 
 /* The crash tests' kill points (-D ssdcache.resize_kill=STEP): 1 after
  * the first superblock, 2 after both, 3 after the first chunk of
- * entries, 4 after all the entries, 5 after the last superblock.
+ * entries, 4 after all the entries, 5 after the last superblock; in
+ * step 0, 6 after the data of the first moved pages, 7 after their
+ * entries.
  */
 static void
 resize_kill_point (int step)
@@ -57,20 +68,217 @@ resize_kill_point (int step)
   }
 }
 
+/* Does old slot s hold a current clean page (in RAM)? */
+static bool
+resize_current (const struct cache *c, uint64_t s)
+{
+  const uint16_t bad = PT_SUPERSEDED | PT_BAD | PT_UNSEALED | PT_EVICTED |
+    PT_ORPHAN;
+
+  return (pt_flags (&c->pt, s) & PT_INDEXED) &&
+    !(pt_flags (&c->pt, s) & bad) && pt_state (&c->pt, s) == LAYOUT_CLEAN;
+}
+
 /* Is old slot s a current clean page whose entry can move as it is? */
 static bool
 resize_keeps (const struct resize *r, uint64_t s, const uint8_t *raw)
 {
   const struct cache *c = r->c;
-  const uint16_t bad = PT_SUPERSEDED | PT_BAD | PT_UNSEALED | PT_EVICTED |
-    PT_ORPHAN;
   struct layout_entry e;
 
-  if (!(pt_flags (&c->pt, s) & PT_INDEXED) || (pt_flags (&c->pt, s) & bad) ||
-      pt_state (&c->pt, s) != LAYOUT_CLEAN)
+  if (!resize_current (c, s))
     return false;
   return layout_entry_decode (raw, c->nsectors, &e) == 0 &&
     e.state == LAYOUT_CLEAN && e.flags == 0 && e.page == pt_page (&c->pt, s);
+}
+
+/* Does the new geometry hold old slot s (as new slot s - k)? */
+static bool
+resize_holds (const struct resize *r, uint64_t s)
+{
+  int64_t j = (int64_t) s - r->k;
+
+  return r->keep && j >= 0 && j < (int64_t) r->new_n;
+}
+
+/* Step 0 (see the top of the file).  A slot's class: -1 free (nothing
+ * current in it), else the hint of its current clean page; 4 for a
+ * slot that is neither (it stays as it is).
+ */
+static int
+resize_class (const struct cache *c, uint64_t s)
+{
+  if (resize_current (c, s))
+    return evict_slot_hint (c->ev, s);
+  return pt_flags (&c->pt, s) & PT_INDEXED ? 4 : -1;
+}
+
+/* The next old slot from *cur on, held by the new geometry or not
+ * (held), of class cls; r->old_n if none.
+ */
+static uint64_t
+resize_next (const struct resize *r, uint64_t *cur, bool held, int cls)
+{
+  for (; *cur < r->old_n; ++*cur)
+    if (resize_holds (r, *cur) == held && resize_class (r->c, *cur) == cls)
+      return (*cur)++;
+  return r->old_n;
+}
+
+struct resize_move { uint32_t from, to; };
+
+/* Copy the page of slot m->from into slot m->to (buf: a page).
+ * Returns 1, 0 if it is not moved (it fails its checksum, or cannot be
+ * read), or -1 (logged) if the copy could not be written.
+ */
+static int
+resize_copy (struct cache *c, const struct resize_move *m, uint8_t *buf)
+{
+  uint8_t valid[LAYOUT_MAX_SECTORS / 8];
+
+  if (pool_read_data (&c->pool, m->from, buf, c->page_size, 0) == -1)
+    return 0;
+  pt_maps_get (&c->pt, m->from, valid, NULL);
+  if (cache_page_crc (c, buf, valid) != pt_crc (&c->pt, m->from))
+    return 0;
+  if (pool_write_data (&c->pool, m->to, buf, c->page_size, 0) == -1) {
+    log_error ("cache file %s: resize: moving a page: %m", c->path);
+    return -1;
+  }
+  return 1;
+}
+
+/* The page of slot m->from, whose data is now in m->to, gets an entry
+ * there (newer than the old one), and the page table and the policy
+ * in RAM follow (for resize_keeps, and so that m->to is never taken
+ * again).  Returns -1 (logged) on an I/O error.
+ */
+static int
+resize_commit_move (struct resize *r, const struct resize_move *m)
+{
+  struct cache *c = r->c;
+  struct pt_slot v;
+  struct layout_entry e;
+
+  pagetable_get (&c->pt, m->from, &v);
+  v.seq = ++c->seq;
+  pagetable_to_entry (&v, &e);
+  e.hint = evict_slot_hint (c->ev, m->from);
+  if (pool_write_entry (&c->pool, m->to, &e) == -1) {
+    log_error ("cache file %s: resize: writing an entry: %m", c->path);
+    return -1;
+  }
+  if (pt_flags (&c->pt, m->to) & PT_INDEXED) {
+    pagetable_remove (&c->pt, m->to);
+    evict_remove (c->ev, m->to);
+  }
+  pagetable_remove (&c->pt, m->from);
+  evict_remove (c->ev, m->from);
+  if (!pagetable_from_entry (&c->pt, m->to, &e))
+    return 0;                   /* (no room for its maps: dropped) */
+  pagetable_insert (&c->pt, m->to, e.page);
+  evict_insert_hint (c->ev, m->to, e.hint);
+  r->moved++;
+  return 0;
+}
+
+static int
+resize_sync (struct cache *c)
+{
+  if (pool_sync (&c->pool) == -1) {
+    log_error ("cache file %s: resize: fdatasync: %m", c->path);
+    return -1;
+  }
+  return 0;
+}
+
+/* Moves mv[0, n): FREE entries in their destinations (synced: no entry
+ * ever describes data that has gone), the data copied (synced), then
+ * their entries.  Returns -1 (logged) on an I/O error.
+ */
+static int
+resize_do_moves (struct resize *r, const struct resize_move *mv, unsigned n,
+                 uint8_t *buf)
+{
+  struct cache *c = r->c;
+  const struct layout_entry fe = { .state = LAYOUT_FREE };
+  bool ok[RESIZE_MOVES];
+
+  for (unsigned i = 0; i < n; i++)
+    if (pool_write_entry (&c->pool, mv[i].to, &fe) == -1) {
+      log_error ("cache file %s: resize: writing an entry: %m", c->path);
+      return -1;
+    }
+  if (resize_sync (c) == -1)
+    return -1;
+  for (unsigned i = 0; i < n; i++) {
+    int x = resize_copy (c, &mv[i], buf);
+
+    if (x == -1)
+      return -1;
+    ok[i] = x;
+  }
+  if (resize_sync (c) == -1)
+    return -1;
+  resize_kill_point (6);
+  for (unsigned i = 0; i < n; i++)
+    if (ok[i] && resize_commit_move (r, &mv[i]) == -1)
+      return -1;
+  resize_kill_point (7);
+  return 0;
+}
+
+/* The next move: the next page of hint h (from the cursor *src on) in
+ * a slot the new geometry drops, to the next free or colder slot it
+ * holds (dst: a cursor for each class up to 2).  Returns false when
+ * there is none.
+ */
+static bool
+resize_pick_move (const struct resize *r, int h, uint64_t *src,
+                  uint64_t dst[4], struct resize_move *m)
+{
+  m->from = resize_next (r, src, false, h);
+  if (m->from == r->old_n)
+    return false;
+  m->to = r->old_n;
+  for (int cls = -1; cls < h && m->to == r->old_n; cls++)
+    m->to = resize_next (r, &dst[cls + 1], true, cls);
+  return m->to < r->old_n;
+}
+
+/* Step 0: move the hot pages of the slots the new geometry drops into
+ * the free or colder slots it holds, hint 3 first.  Returns -1
+ * (logged) on an I/O error.
+ */
+static int
+resize_move_hot (struct resize *r)
+{
+  struct resize_move mv[RESIZE_MOVES];
+  uint64_t dst[4] = { 0, 0, 0, 0 };
+  uint8_t *buf;
+  unsigned n = 0;
+  int ret = 0;
+
+  if (!r->keep || r->c->ev == NULL)
+    return 0;
+  buf = malloc (r->c->page_size);
+  if (buf == NULL) {
+    log_error ("malloc: %m");
+    return -1;
+  }
+  for (int h = LAYOUT_HINT_MAX; h > 0 && ret == 0; h--) {
+    uint64_t src = 0;
+
+    while (ret == 0 && resize_pick_move (r, h, &src, dst, &mv[n]))
+      if (++n == RESIZE_MOVES) {
+        ret = resize_do_moves (r, mv, n, buf);
+        n = 0;
+      }
+  }
+  if (ret == 0 && n > 0)
+    ret = resize_do_moves (r, mv, n, buf);
+  free (buf);
+  return ret;
 }
 
 /* New entries [j0, j0 + n): each the old entry of slot j + k if kept,
@@ -179,6 +387,8 @@ resize_steps (struct resize *r, uint64_t total)
   struct cache *c = r->c;
   struct layout_sb sb;
 
+  if (resize_move_hot (r) == -1)
+    return -1;
   resize_sb (c, r, LAYOUT_SB_RESIZING | LAYOUT_SB_PTINIT, &sb);
   if (pool_write_sb (&c->pool, &sb) == -1)
     return -1;
@@ -223,8 +433,9 @@ resize_file (struct cache *c)
     log_error ("malloc: %m");
   else if (resize_steps (&r, total) == 0) {
     log_debug ("cache file %s: resized from %llu to %llu slots; %llu cached "
-               "pages kept", c->path, (unsigned long long) r.old_n,
-               (unsigned long long) r.new_n, (unsigned long long) r.kept);
+               "pages kept, %llu of them moved to another slot", c->path,
+               (unsigned long long) r.old_n, (unsigned long long) r.new_n,
+               (unsigned long long) r.kept, (unsigned long long) r.moved);
     ret = 0;
   }
   free (r.in);

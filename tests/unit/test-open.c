@@ -483,6 +483,36 @@ test_resize (void **state)
   fixture_close (c, &rb);
 }
 
+/* A shrink keeps the hottest pages, wherever they sit: pages read
+ * twice in slots the smaller cache drops are moved into slots it keeps
+ * (over pages read once), and read back as hits, with their data.
+ */
+static void
+test_resize_keeps_hot (void **state)
+{
+  struct rambackend rb;
+  struct cache_config cfg = fixture_config (32 * PS, PS);
+  struct cache *c;
+
+  rambackend_init (&rb, 64 * PS, 23);
+  c = testfile_open_attach (&cfg, rb.size);
+  for (uint64_t p = 0; p < 32; p++)
+    read_check (c, &rb, p * PS, PS);         /* in slots 0-31, once */
+  read_check (c, &rb, 24 * PS, 8 * PS);      /* 24-31 again: hot */
+  cache_close (c);
+
+  cfg.size = 8 * PS;
+  c = resized (&cfg, rb.size, 32, true);
+  assert_int_equal (ST (c, loaded_slots), 8);
+  rambackend_reset_counters (&rb);
+  read_check (c, &rb, 24 * PS, 8 * PS);
+  assert_int_equal (rb.reads, 0);
+  read_check (c, &rb, 0, PS);                /* moved over */
+  assert_int_equal (rb.reads, 1);
+  assert_int_equal (ST (c, verify_failures), 0);
+  fixture_close (c, &rb);
+}
+
 static void
 test_lock (void **state)
 {
@@ -586,6 +616,7 @@ main (void)
     TESTFILE_TEST (test_too_many_pages),
     TESTFILE_TEST (test_page_size_or_size_change),
     TESTFILE_TEST (test_resize),
+    TESTFILE_TEST (test_resize_keeps_hot),
     TESTFILE_TEST (test_lock),
     TESTFILE_TEST (test_garbage_file),
     TESTFILE_TEST (test_one_sb_damaged),

@@ -37,6 +37,7 @@ struct config {
   unsigned seq_streams;
   bool verify;                 /* ssdcache-verify=lazy */
   unsigned promote;            /* ssdcache-promote */
+  uint64_t resize_move;        /* ssdcache-resize-move */
   uint32_t partial_pages;      /* ssdcache-partial-pages */
   bool partial_pages_set;
   unsigned readahead_mode;            /* enum readahead_mode */

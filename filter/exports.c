@@ -497,6 +497,7 @@ export_cache_config (const struct export *e, struct cache_config *cfg)
     .seq_streams = config.seq_streams,
     .verify = config.verify,
     .promote = config.promote,
+    .resize_move = config.resize_move,
     .partial_pages = !config.partial_pages_set ? 0
                      : config.partial_pages ? config.partial_pages
                      : CACHE_PARTIAL_NONE,

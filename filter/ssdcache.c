@@ -110,6 +110,8 @@ ssdcache_config_complete (nbdkit_next_config_complete *next,
   "ssdcache-writeback-on-exit=BOOL  Write back all at exit (true).\n" \
   "ssdcache-id=STRING         Backend identity (default: from parameters).\n" \
   "ssdcache-reset=BOOL        Re-initialise a mismatched cache.\n" \
+  "ssdcache-resize-move=SIZE  Hot pages a resize may copy into slots it\n" \
+  "                           keeps (2G).\n" \
   "ssdcache-direct=BOOL       Open the cache file with O_DIRECT (false).\n" \
   "ssdcache-defer-writes=BOOL Writethrough: update cached copies in the\n" \
   "                           background (true).\n" \

@@ -65,6 +65,8 @@ good "$c" ssdcache-defer-writes=false
 bad ssdcache-writeback-seq-cutoff "$c" ssdcache-writeback-seq-cutoff=2G
 bad ssdcache-writeback-seq-cutoff "$c" ssdcache-writeback-seq-cutoff=lots
 good "$c" ssdcache-mode=writeback ssdcache-writeback-seq-cutoff=0
+bad ssdcache-resize-move "$c" ssdcache-resize-move=lots
+good "$c" ssdcache-resize-move=0
 
 # A cache smaller than one page: page size larger than the cache.
 bad 'ssdcache-\(page-\)\?size' \

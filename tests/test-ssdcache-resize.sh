@@ -178,7 +178,9 @@ for step in 6 7; do
     [ $status -eq 137 ] || fail "step $step: nbdkit exit status $status"
     serve 96M
     expect_slots 24576 "killed at step $step, restarted"
-    expect_stat "$stats" loaded_slots -ge 24000 "killed at step $step"
+    # (The pages moved over are gone: their slots are FREE at step 6,
+    # hold the hot pages, whose old entries lose, at step 7.)
+    expect_stat "$stats" loaded_slots -ge 12288 "killed at step $step"
     serve 48M
     expect_slots 12288 "killed at step $step, then shrunk"
 done

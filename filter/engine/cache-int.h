@@ -160,6 +160,7 @@ struct cache {
   uint64_t resize_slots;         /* the size wanted when it differs from
                                     the file's (cache_resize_pending),
                                     else 0 */
+  uint64_t resize_move;          /* bytes of hot pages a resize may copy */
   /* Slots loaded dirty after an unclean shutdown whose data has not
    * been checked yet (a bit each; NULL if none): a checksum failure
    * there is a write torn by the crash, never flushed (fill.c).  Under

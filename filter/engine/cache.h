@@ -94,6 +94,9 @@ struct cache_config {
   bool defer_writes;           /* writethrough: rewrites of cached data
                                   reach the cache file from a background
                                   thread (defer.h) */
+  uint64_t resize_move;        /* a resize copies at most this many bytes
+                                  of hot pages into the slots it keeps
+                                  (resize.c; 0: none) */
   uint32_t partial_pages;      /* side-table bound (pagetable.h): pages
                                   whose maps are not one run each (0: the
                                   default, CACHE_PARTIAL_NONE: none) */
@@ -129,6 +132,7 @@ struct cache_config {
 #define CACHE_SEQ_HOLD_MS 1000   /* write-back.c */
 #define CACHE_DEFAULT_SEQ_STREAMS 16
 #define CACHE_DEFAULT_DEFER_WRITES true
+#define CACHE_DEFAULT_RESIZE_MOVE (UINT64_C (2) << 30)
 
 /* Fill cfg with the filter's defaults (path, size, identity: none). */
 extern void cache_config_defaults (struct cache_config *cfg);

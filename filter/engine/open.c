@@ -59,6 +59,7 @@ cache_config_defaults (struct cache_config *cfg)
     .readahead_mode = READAHEAD_AUTO,
     .readahead_max = READAHEAD_DEFAULT_MAX,
     .defer_writes = CACHE_DEFAULT_DEFER_WRITES,
+    .resize_move = CACHE_DEFAULT_RESIZE_MOVE,
   };
 }
 
@@ -125,6 +126,7 @@ copy_config (struct cache *c, const struct cache_config *cfg)
   c->verify = cfg->verify;
   c->defer_writes = cfg->defer_writes;
   c->promote = cfg->promote;
+  c->resize_move = cfg->resize_move;
   c->partial_pages = cfg->partial_pages == 0 ? PT_SIDE_DEFAULT
     : cfg->partial_pages == CACHE_PARTIAL_NONE ? 0 : cfg->partial_pages;
   c->readahead_mode = cfg->readahead_mode;

@@ -41,7 +41,8 @@
 #include "log.h"
 
 #define RESIZE_CHUNK 16384       /* entries per read and write (1 MiB) */
-#define RESIZE_MOVES 256         /* pages moved between two syncs */
+#define RESIZE_MOVE_BYTES (64u << 20) /* data moved between two syncs */
+#define RESIZE_MOVES_MAX 16384   /* and at most so many pages */
 
 struct resize {
   struct cache *c;
@@ -125,14 +126,14 @@ resize_next (const struct resize *r, uint64_t *cur, bool held, int cls)
   return r->old_n;
 }
 
-struct resize_move { uint32_t from, to; };
+struct resize_pair { uint32_t from, to; bool ok; };
 
 /* Copy the page of slot m->from into slot m->to (buf: a page).
  * Returns 1, 0 if it is not moved (it fails its checksum, or cannot be
  * read), or -1 (logged) if the copy could not be written.
  */
 static int
-resize_copy (struct cache *c, const struct resize_move *m, uint8_t *buf)
+resize_copy (struct cache *c, const struct resize_pair *m, uint8_t *buf)
 {
   uint8_t valid[LAYOUT_MAX_SECTORS / 8];
 
@@ -154,7 +155,7 @@ resize_copy (struct cache *c, const struct resize_move *m, uint8_t *buf)
  * again).  Returns -1 (logged) on an I/O error.
  */
 static int
-resize_commit_move (struct resize *r, const struct resize_move *m)
+resize_commit_move (struct resize *r, const struct resize_pair *m)
 {
   struct cache *c = r->c;
   struct pt_slot v;
@@ -197,12 +198,11 @@ resize_sync (struct cache *c)
  * their entries.  Returns -1 (logged) on an I/O error.
  */
 static int
-resize_do_moves (struct resize *r, const struct resize_move *mv, unsigned n,
+resize_do_moves (struct resize *r, struct resize_pair *mv, unsigned n,
                  uint8_t *buf)
 {
   struct cache *c = r->c;
   const struct layout_entry fe = { .state = LAYOUT_FREE };
-  bool ok[RESIZE_MOVES];
 
   for (unsigned i = 0; i < n; i++)
     if (pool_write_entry (&c->pool, mv[i].to, &fe) == -1) {
@@ -216,13 +216,13 @@ resize_do_moves (struct resize *r, const struct resize_move *mv, unsigned n,
 
     if (x == -1)
       return -1;
-    ok[i] = x;
+    mv[i].ok = x;
   }
   if (resize_sync (c) == -1)
     return -1;
   resize_kill_point (6);
   for (unsigned i = 0; i < n; i++)
-    if (ok[i] && resize_commit_move (r, &mv[i]) == -1)
+    if (mv[i].ok && resize_commit_move (r, &mv[i]) == -1)
       return -1;
   resize_kill_point (7);
   return 0;
@@ -235,7 +235,7 @@ resize_do_moves (struct resize *r, const struct resize_move *mv, unsigned n,
  */
 static bool
 resize_pick_move (const struct resize *r, int h, uint64_t *src,
-                  uint64_t dst[4], struct resize_move *m)
+                  uint64_t dst[4], struct resize_pair *m)
 {
   m->from = resize_next (r, src, false, h);
   if (m->from == r->old_n)
@@ -247,36 +247,46 @@ resize_pick_move (const struct resize *r, int h, uint64_t *src,
 }
 
 /* Step 0: move the hot pages of the slots the new geometry drops into
- * the free or colder slots it holds, hint 3 first.  Returns -1
+ * the free or colder slots it holds, hint 3 first, ssdcache-resize-move
+ * bytes at most.  Returns -1
  * (logged) on an I/O error.
  */
 static int
 resize_move_hot (struct resize *r)
 {
-  struct resize_move mv[RESIZE_MOVES];
+  const unsigned cap = RESIZE_MOVE_BYTES / r->c->page_size < 16 ? 16
+    : RESIZE_MOVE_BYTES / r->c->page_size > RESIZE_MOVES_MAX
+    ? RESIZE_MOVES_MAX : RESIZE_MOVE_BYTES / r->c->page_size;
+  uint64_t left = r->c->resize_move / r->c->page_size;   /* moves */
   uint64_t dst[4] = { 0, 0, 0, 0 };
+  struct resize_pair *mv;
   uint8_t *buf;
   unsigned n = 0;
   int ret = 0;
 
-  if (!r->keep || r->c->ev == NULL)
+  if (!r->keep || r->c->ev == NULL || left == 0)
     return 0;
   buf = malloc (r->c->page_size);
-  if (buf == NULL) {
+  mv = malloc (cap * sizeof *mv);
+  if (buf == NULL || mv == NULL) {
     log_error ("malloc: %m");
-    return -1;
+    ret = -1;
   }
   for (int h = LAYOUT_HINT_MAX; h > 0 && ret == 0; h--) {
     uint64_t src = 0;
 
-    while (ret == 0 && resize_pick_move (r, h, &src, dst, &mv[n]))
-      if (++n == RESIZE_MOVES) {
+    while (ret == 0 && left > 0 &&
+           resize_pick_move (r, h, &src, dst, &mv[n])) {
+      left--;
+      if (++n == cap) {
         ret = resize_do_moves (r, mv, n, buf);
         n = 0;
       }
+    }
   }
   if (ret == 0 && n > 0)
     ret = resize_do_moves (r, mv, n, buf);
+  free (mv);
   free (buf);
   return ret;
 }

@@ -485,32 +485,42 @@ test_resize (void **state)
 
 /* A shrink keeps the hottest pages, wherever they sit: pages read
  * twice in slots the smaller cache drops are moved into slots it keeps
- * (over pages read once), and read back as hits, with their data.
+ * (over pages read once), as many as ssdcache-resize-move allows (all,
+ * 3 or none), and read back as hits, with their data.
  */
 static void
 test_resize_keeps_hot (void **state)
 {
-  struct rambackend rb;
-  struct cache_config cfg = fixture_config (32 * PS, PS);
-  struct cache *c;
+  const struct { uint64_t limit, moved; } t[] = {
+    { CACHE_DEFAULT_RESIZE_MOVE, 8 }, { 3 * PS + 100, 3 }, { 0, 0 },
+  };
 
-  rambackend_init (&rb, 64 * PS, 23);
-  c = testfile_open_attach (&cfg, rb.size);
-  for (uint64_t p = 0; p < 32; p++)
-    read_check (c, &rb, p * PS, PS);         /* in slots 0-31, once */
-  read_check (c, &rb, 24 * PS, 8 * PS);      /* 24-31 again: hot */
-  cache_close (c);
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+    struct rambackend rb;
+    struct cache_config cfg = fixture_config (32 * PS, PS);
+    struct cache *c;
 
-  cfg.size = 8 * PS;
-  c = resized (&cfg, rb.size, 32, true);
-  assert_int_equal (ST (c, loaded_slots), 8);
-  rambackend_reset_counters (&rb);
-  read_check (c, &rb, 24 * PS, 8 * PS);
-  assert_int_equal (rb.reads, 0);
-  read_check (c, &rb, 0, PS);                /* moved over */
-  assert_int_equal (rb.reads, 1);
-  assert_int_equal (ST (c, verify_failures), 0);
-  fixture_close (c, &rb);
+    rambackend_init (&rb, 64 * PS, 23);
+    cfg.reset = true;                        /* (a new cache each time) */
+    c = testfile_open_attach (&cfg, rb.size);
+    assert_int_equal (cache_nslots (c), 32);
+    for (uint64_t p = 0; p < 32; p++)
+      read_check (c, &rb, p * PS, PS);       /* in slots 0-31, once */
+    read_check (c, &rb, 24 * PS, 8 * PS);    /* 24-31 again: hot */
+    cache_close (c);
+
+    cfg.size = 8 * PS;
+    cfg.reset = false;
+    cfg.resize_move = t[i].limit;
+    c = resized (&cfg, rb.size, 32, true);
+    assert_int_equal (ST (c, loaded_slots), 8);
+    rambackend_reset_counters (&rb);
+    for (uint64_t p = 24; p < 32; p++)
+      read_check (c, &rb, p * PS, PS);
+    assert_int_equal (rb.reads, 8 - t[i].moved);
+    assert_int_equal (ST (c, verify_failures), 0);
+    fixture_close (c, &rb);
+  }
 }
 
 static void

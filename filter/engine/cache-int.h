@@ -577,10 +577,13 @@ extern int recover_load_entries (struct cache *c, uint32_t data_end);
 /* resize.c */
 /* Give the file of c, just closed cleanly with no dirty data but with
  * its page table still in RAM, c->resize_slots slots, keeping the
- * clean pages the new geometry can hold.  Returns 0, or -1 (logged):
- * then the file holds the old cache, or one that starts empty.
+ * clean pages the new geometry can hold, the hottest first.  Returns
+ * 0, or -1 (logged): then the file holds the old cache, or one that
+ * starts empty.  resize_test_moves (unit tests; 0: the default) sets
+ * how many pages are moved between two syncs.
  */
 extern int resize_file (struct cache *c);
+extern unsigned resize_test_moves;
 
 /* stale.c */
 /* The entry of slot s (page) on the cache file could not be rewritten

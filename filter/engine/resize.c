@@ -44,6 +44,8 @@
 #define RESIZE_MOVE_BYTES (64u << 20) /* data moved between two syncs */
 #define RESIZE_MOVES_MAX 16384   /* and at most so many pages */
 
+unsigned resize_test_moves;     /* unit tests: pages between two syncs */
+
 struct resize {
   struct cache *c;
   uint64_t old_n, new_n;         /* slots */
@@ -246,15 +248,18 @@ resize_pick_move (const struct resize *r, int h, uint64_t *src,
   return m->to < r->old_n;
 }
 
-/* Step 0: move the hot pages of the slots the new geometry drops into
- * the free or colder slots it holds, hint 3 first, ssdcache-resize-move
- * bytes at most.  Returns -1
- * (logged) on an I/O error.
+/* Step 0: move the pages of the slots the new geometry drops into the
+ * free or colder slots it holds, hint 3 first (hint 0 into free slots
+ * only), ssdcache-resize-move bytes at most.  Returns -1 (logged) on
+ * an I/O error.  (A destination whose source then fails its checksum
+ * stays FREE.  A later step that fails leaves the cache its old size,
+ * less the pages moved over.)
  */
 static int
 resize_move_hot (struct resize *r)
 {
-  const unsigned cap = RESIZE_MOVE_BYTES / r->c->page_size < 16 ? 16
+  const unsigned cap = resize_test_moves ? resize_test_moves
+    : RESIZE_MOVE_BYTES / r->c->page_size < 16 ? 16
     : RESIZE_MOVE_BYTES / r->c->page_size > RESIZE_MOVES_MAX
     ? RESIZE_MOVES_MAX : RESIZE_MOVE_BYTES / r->c->page_size;
   uint64_t left = r->c->resize_move / r->c->page_size;   /* moves */
@@ -266,13 +271,17 @@ resize_move_hot (struct resize *r)
 
   if (!r->keep || r->c->ev == NULL || left == 0)
     return 0;
+  /* Free slots become destinations and are indexed: no free list from
+   * here on (nothing takes a slot any more before free_cache).
+   */
+  pagetable_clear_free (&r->c->pt);
   buf = malloc (r->c->page_size);
   mv = malloc (cap * sizeof *mv);
   if (buf == NULL || mv == NULL) {
     log_error ("malloc: %m");
     ret = -1;
   }
-  for (int h = LAYOUT_HINT_MAX; h > 0 && ret == 0; h--) {
+  for (int h = LAYOUT_HINT_MAX; h >= 0 && ret == 0; h--) {
     uint64_t src = 0;
 
     while (ret == 0 && left > 0 &&

@@ -486,13 +486,17 @@ test_resize (void **state)
 /* A shrink keeps the hottest pages, wherever they sit: pages read
  * twice in slots the smaller cache drops are moved into slots it keeps
  * (over pages read once), as many as ssdcache-resize-move allows (all,
- * 3 or none), and read back as hits, with their data.
+ * 3 or none), in one batch or several (3 pages between two syncs), and
+ * read back as hits, with their data.
  */
+extern unsigned resize_test_moves;
+
 static void
 test_resize_keeps_hot (void **state)
 {
-  const struct { uint64_t limit, moved; } t[] = {
-    { CACHE_DEFAULT_RESIZE_MOVE, 8 }, { 3 * PS + 100, 3 }, { 0, 0 },
+  const struct { uint64_t limit, moved; unsigned batch; } t[] = {
+    { CACHE_DEFAULT_RESIZE_MOVE, 8, 0 }, { CACHE_DEFAULT_RESIZE_MOVE, 8, 3 },
+    { 3 * PS + 100, 3, 0 }, { 0, 0, 0 },
   };
 
   for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
@@ -512,7 +516,9 @@ test_resize_keeps_hot (void **state)
     cfg.size = 8 * PS;
     cfg.reset = false;
     cfg.resize_move = t[i].limit;
+    resize_test_moves = t[i].batch;
     c = resized (&cfg, rb.size, 32, true);
+    resize_test_moves = 0;
     assert_int_equal (ST (c, loaded_slots), 8);
     rambackend_reset_counters (&rb);
     for (uint64_t p = 24; p < 32; p++)

@@ -272,8 +272,11 @@ resize_move_hot (struct resize *r)
   if (!r->keep || r->c->ev == NULL || left == 0)
     return 0;
   /* Free slots become destinations and are indexed: no free list from
-   * here on (nothing takes a slot any more before free_cache).
+   * here on (nothing takes a slot any more before free_cache), and no
+   * share of a budget with other caches (clearing the list would
+   * charge it for every free slot).
    */
+  pagetable_set_budget (&r->c->pt, NULL, 0);
   pagetable_clear_free (&r->c->pt);
   buf = malloc (r->c->page_size);
   mv = malloc (cap * sizeof *mv);

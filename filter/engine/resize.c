@@ -71,6 +71,17 @@ resize_kill_point (int step)
   }
 }
 
+/* fdatasync of the cache file.  Returns -1 (logged) on error. */
+static int
+resize_sync (struct cache *c)
+{
+  if (pool_sync (&c->pool) == -1) {
+    log_error ("cache file %s: resize: fdatasync: %m", c->path);
+    return -1;
+  }
+  return 0;
+}
+
 /* Does old slot s hold a current clean page (in RAM)? */
 static bool
 resize_current (const struct cache *c, uint64_t s)
@@ -182,16 +193,6 @@ resize_commit_move (struct resize *r, const struct resize_pair *m)
   pagetable_insert (&c->pt, m->to, e.page);
   evict_insert_hint (c->ev, m->to, e.hint);
   r->moved++;
-  return 0;
-}
-
-static int
-resize_sync (struct cache *c)
-{
-  if (pool_sync (&c->pool) == -1) {
-    log_error ("cache file %s: resize: fdatasync: %m", c->path);
-    return -1;
-  }
   return 0;
 }
 
@@ -353,11 +354,7 @@ resize_entries (struct resize *r)
     if (resize_chunk (r, j0, n) == -1)
       return -1;
   }
-  if (fdatasync (r->c->pool.fd) == -1) {
-    log_error ("cache file %s: resize: fdatasync: %m", r->c->path);
-    return -1;
-  }
-  return 0;
+  return resize_sync (r->c);
 }
 
 /* The file's length for total bytes: grown before the entries move

@@ -5,20 +5,24 @@
  * list and the side table of partial maps.  The caller holds the cache
  * metadata lock for every call.
  *
- * Memory: 27 bytes per slot (struct pt_rec) plus a 4-byte bucket for
- * every two slots, so 29 bytes per slot in every state, plus the side
+ * Memory: 24 bytes per slot (struct pt_rec) plus a 4-byte bucket for
+ * every two slots, so 26 bytes per slot in every state, plus the side
  * table (32 bytes per entry, at most side_limit entries, allocated as
- * they are needed) and a fixed part.
+ * they are needed), the pin counts (8 bytes for each slot that has
+ * users, twice over) and a fixed part.
  *
  * Stored form of a slot:
  *  - page: 40 bits (the cache refuses backends of more than PT_MAX_PAGES
  *    pages: 4 PiB of 4 KiB pages).
- *  - seq and epoch: 32 bits relative to a base each (see pagetable.h).
+ *  - seq: 32 bits and epoch: 16 bits, each relative to a base (see
+ *    pagetable.h).  While the table is loaded the two hold the entry's
+ *    own number (48 bits: pt_loaded_seq).
  *  - gen (only if kept): the low 32 bits, in pt->gens (pt->gen_ref
  *    gives the rest).
- *  - pins: 8 bits; a slot with more than 254 pins keeps the rest in
- *    pinx (PT_PINX slots at once: far more users than nbdkit has
- *    threads).
+ *  - pins: not in the record.  At any time only the slots of requests
+ *    and writeback passes in flight have users, a few thousand at most:
+ *    they are counted in a small hash of their own (pt->pinv), which
+ *    grows as it needs.
  *  - map (28 bits): the valid and dirty maps as one run of sectors each
  *    (14 bits a run), which is what nearly every page has (whole pages,
  *    one write or read in a page, one dirty range).  Run code: s << 7 |
@@ -41,14 +45,16 @@
 
 _Static_assert (LAYOUT_MAX_SECTORS == 128, "map_run and code_fill work on two 64-bit words");
 
-_Static_assert (sizeof (struct pt_rec) == 27, "struct pt_rec is 27 bytes");
+_Static_assert (sizeof (struct pt_rec) == 24, "struct pt_rec is 24 bytes");
 
 uint32_t pagetable_test_seq_span, pagetable_test_epoch_span;
 unsigned pagetable_test_base_shift;
 
 #define BASE_SHIFT_DEFAULT 12           /* 4,096 slots a group */
 
-#define SPAN_DEFAULT (UINT32_MAX - 2)   /* below PT_REL_UNKNOWN */
+#define SEQ_SPAN_DEFAULT (UINT32_MAX - 2)       /* the field's range */
+#define EPOCH_SPAN_DEFAULT (UINT16_MAX - 2)     /* below PT_REL_UNKNOWN */
+#define PIN_CAP_MIN 64                          /* pin hash cells at first */
 
 /* Run codes. */
 #define CODE_EMPTY ((1u << 7) | 1u)
@@ -98,6 +104,8 @@ pt_array_free (void *p, size_t size)
     munmap (p, size);
 }
 
+static struct pt_pin *pin_cells (uint32_t n);
+
 static size_t
 pt_recs_size (uint32_t nslots)
 {
@@ -128,26 +136,30 @@ pagetable_init (struct pagetable *pt, uint32_t nslots)
   pt->buckets = pt_array_alloc (pt_buckets_size (nbuckets));
   pt->bases = calloc (((uint64_t) nslots >> pt->base_shift) + 1,
                       sizeof *pt->bases);
-  if (pt->recs == NULL || pt->buckets == NULL || pt->bases == NULL) {
+  pt->pinv = pin_cells (PIN_CAP_MIN);
+  if (pt->recs == NULL || pt->buckets == NULL || pt->bases == NULL ||
+      pt->pinv == NULL) {
     pt_array_free (pt->recs, pt_recs_size (nslots));
     pt_array_free (pt->buckets, pt_buckets_size (nbuckets));
     free (pt->bases);
+    free (pt->pinv);
     memset (pt, 0, sizeof *pt);
     errno = ENOMEM;
     return -1;
   }
   pt->nslots = nslots;
   pt->nbuckets = nbuckets;
+  pt->pin_mask = PIN_CAP_MIN - 1;
   for (uint32_t i = 0; i < nbuckets; i++)
     pt->buckets[i] = PT_NONE;
-  pt->seq_span = pagetable_test_seq_span ? pagetable_test_seq_span
-    : SPAN_DEFAULT;
-  pt->epoch_span = pagetable_test_epoch_span ? pagetable_test_epoch_span
-    : SPAN_DEFAULT;
+  pt->seq_span = pagetable_test_seq_span >= 4 &&
+    pagetable_test_seq_span < SEQ_SPAN_DEFAULT ? pagetable_test_seq_span
+    : SEQ_SPAN_DEFAULT;
+  pt->epoch_span = pagetable_test_epoch_span >= 4 &&
+    pagetable_test_epoch_span < EPOCH_SPAN_DEFAULT ? pagetable_test_epoch_span
+    : EPOCH_SPAN_DEFAULT;
   pt->side_limit = nslots < PT_SIDE_DEFAULT ? nslots : PT_SIDE_DEFAULT;
   pt->side_free = PT_NONE;
-  for (unsigned i = 0; i < PT_PINX; i++)
-    pt->pinx[i].slot = PT_NONE;
 
   /* Free list in slot order, so a new cache fills the file front to back. */
   pt->free_head = PT_NONE;
@@ -167,6 +179,7 @@ pagetable_free (struct pagetable *pt)
   pt_array_free (pt->recs, pt_recs_size (pt->nslots));
   pt_array_free (pt->buckets, pt_buckets_size (pt->nbuckets));
   free (pt->bases);
+  free (pt->pinv);
   free (pt->side);
   free (pt->gens);
   free (pt->pend);
@@ -198,6 +211,7 @@ pagetable_heap_bytes (const struct pagetable *pt)
   return (uint64_t) pt->nslots * sizeof *pt->recs +
     (uint64_t) pt->nbuckets * sizeof *pt->buckets +
     (uint64_t) pt->side_cap * sizeof *pt->side +
+    ((uint64_t) pt->pin_mask + 1) * sizeof *pt->pinv +
     (pt->gens ? (uint64_t) pt->nslots * sizeof *pt->gens : 0);
 }
 
@@ -290,53 +304,131 @@ pagetable_clear_free (struct pagetable *pt)
 }
 
 /*----------------------------------------------------------------------
- * Pins past 254.
+ * Pins: a hash of the slots that have users (slot -> count), open
+ * addressing with linear probing, kept at most half full.
  */
 
-unsigned
-pt_pins_over (const struct pagetable *pt, uint32_t s)
+/* n empty cells, or NULL. */
+static struct pt_pin *
+pin_cells (uint32_t n)
 {
-  for (unsigned i = 0; i < PT_PINX; i++)
-    if (pt->pinx[i].slot == s)
-      return 255 + pt->pinx[i].extra;
-  return 255;
+  struct pt_pin *v = malloc ((size_t) n * sizeof *v);
+
+  if (v)
+    for (uint32_t i = 0; i < n; i++)
+      v[i].slot = PT_NONE;
+  return v;
+}
+
+static inline uint32_t
+pin_home (const struct pagetable *pt, uint32_t s)
+{
+  uint32_t h = s * UINT32_C (0x9E3779B1);
+
+  return (h ^ h >> 15) & pt->pin_mask;
+}
+
+/* The cell of slot s, or the empty cell where it would go. */
+static uint32_t
+pin_cell (const struct pagetable *pt, uint32_t s)
+{
+  uint32_t i = pin_home (pt, s);
+
+  while (pt->pinv[i].slot != s && pt->pinv[i].slot != PT_NONE)
+    i = (i + 1) & pt->pin_mask;
+  return i;
+}
+
+unsigned
+pt_pins_find (const struct pagetable *pt, uint32_t s)
+{
+  const struct pt_pin *p = &pt->pinv[pin_cell (pt, s)];
+
+  return p->slot == s ? p->n : 0;
+}
+
+/* Twice the cells.  The callers cannot fail (a pin is taken under the
+ * cache's lock, on the way to I/O): without the memory for a table of
+ * a few kilobytes, nbdkit stops.
+ */
+static void
+pin_grow (struct pagetable *pt)
+{
+  struct pt_pin *old = pt->pinv;
+  uint32_t cap = pt->pin_mask + 1;
+  struct pt_pin *v = pin_cells (2 * cap);
+
+  if (v == NULL) {
+    fprintf (stderr, "nbdkit-ssdcache-filter: no memory to count the "
+             "users of %u slots\n", pt->pin_used + 1);
+    abort ();
+  }
+  pt->pinv = v;
+  pt->pin_mask = 2 * cap - 1;
+  for (uint32_t i = 0; i < cap; i++)
+    if (old[i].slot != PT_NONE)
+      pt->pinv[pin_cell (pt, old[i].slot)] = old[i];
+  free (old);
 }
 
 void
-pt_pin_over (struct pagetable *pt, uint32_t s)
+pt_pin (struct pagetable *pt, uint32_t s)
 {
-  unsigned fr = PT_PINX;
+  uint32_t i = pin_cell (pt, s);
 
-  for (unsigned i = 0; i < PT_PINX; i++) {
-    if (pt->pinx[i].slot == s) {
-      pt->pinx[i].extra++;
-      return;
+  if (pt->pinv[i].slot == s) {
+    pt->pinv[i].n++;
+    return;
+  }
+  if (2 * (pt->pin_used + 1) > pt->pin_mask + 1) {
+    pin_grow (pt);
+    i = pin_cell (pt, s);
+  }
+  pt->pinv[i].slot = s;
+  pt->pinv[i].n = 1;
+  pt->pin_used++;
+}
+
+/* Empty cell i, moving back the cells after it that would no longer
+ * be found (backward shift deletion).
+ */
+static void
+pin_remove (struct pagetable *pt, uint32_t i)
+{
+  uint32_t j = i;
+
+  for (;;) {
+    uint32_t home;
+
+    j = (j + 1) & pt->pin_mask;
+    if (pt->pinv[j].slot == PT_NONE)
+      break;
+    home = pin_home (pt, pt->pinv[j].slot);
+    /* Cell j may move to i if its home is not in (i, j]. */
+    if (((j - home) & pt->pin_mask) >= ((j - i) & pt->pin_mask)) {
+      pt->pinv[i] = pt->pinv[j];
+      i = j;
     }
-    if (pt->pinx[i].slot == PT_NONE && fr == PT_PINX)
-      fr = i;
   }
-  if (fr == PT_PINX) {
-    /* PT_PINX slots with 255 users each: nbdkit has nowhere near as
-     * many threads.  Going on would corrupt the pin counts.
-     */
-    fprintf (stderr, "nbdkit-ssdcache-filter: more than %u slots with 255 "
-             "pins each\n", PT_PINX);
-    abort ();
-  }
-  pt->pinx[fr].slot = s;
-  pt->pinx[fr].extra = 1;
+  pt->pinv[i].slot = PT_NONE;
+  pt->pin_used--;
 }
 
 unsigned
-pt_unpin_over (struct pagetable *pt, uint32_t s)
+pt_unpin (struct pagetable *pt, uint32_t s)
 {
-  for (unsigned i = 0; i < PT_PINX; i++)
-    if (pt->pinx[i].slot == s) {
-      if (--pt->pinx[i].extra == 0)
-        pt->pinx[i].slot = PT_NONE;
-      return 255 + pt->pinx[i].extra;
-    }
-  return --pt->recs[s].pins;
+  uint32_t i = pin_cell (pt, s);
+  unsigned n;
+
+  if (pt->pinv[i].slot != s) {
+    fprintf (stderr, "nbdkit-ssdcache-filter: slot %u unpinned more "
+             "often than pinned\n", s);
+    abort ();
+  }
+  n = --pt->pinv[i].n;
+  if (n == 0)
+    pin_remove (pt, i);
+  return n;
 }
 
 /*----------------------------------------------------------------------
@@ -406,7 +498,7 @@ group_epoch_rebase (struct pagetable *pt, uint32_t g, uint64_t base)
     struct pt_rec *r = &pt->recs[i];
     if (r->epoch == PT_REL_PENDING || r->epoch == PT_REL_UNKNOWN)
       continue;
-    r->epoch = r->epoch <= delta ? 0 : (uint32_t) (r->epoch - delta);
+    r->epoch = r->epoch <= delta ? 0 : (uint16_t) (r->epoch - delta);
   }
   b->epoch = base;
   count_rebase (pt);
@@ -419,6 +511,24 @@ pagetable_epoch_floor (struct pagetable *pt, uint64_t floor)
     pt->epoch_floor = floor;
 }
 
+/* Where a group's base goes for a slot about to store epoch: up to
+ * the floor, which keeps every comparison exact, if epoch then fits;
+ * else (the cache has compared with an old epoch for pt->epoch_span / 2
+ * epochs, as when no client flushes while writeback syncs the cache)
+ * to half a span below epoch, so that this slot stays exact and the
+ * older ones of the group read as the base: against an epoch below it
+ * they are then "maybe" (pt_epoch_may_be_at_most), which costs a copy
+ * on write or a late free until the cache compares with newer epochs,
+ * never a wrong answer.
+ */
+static uint64_t
+epoch_rebase_to (const struct pagetable *pt, uint64_t epoch)
+{
+  if (epoch <= pt->epoch_floor || epoch - pt->epoch_floor < pt->epoch_span)
+    return pt->epoch_floor;
+  return epoch - pt->epoch_span / 2;
+}
+
 void
 pt_set_epoch (struct pagetable *pt, uint32_t s, uint64_t epoch)
 {
@@ -426,14 +536,14 @@ pt_set_epoch (struct pagetable *pt, uint32_t s, uint64_t epoch)
   uint32_t rel;
 
   if (epoch < PT_EPOCH_UNKNOWN && epoch > b->epoch &&
-      epoch - b->epoch >= pt->epoch_span / 2 && pt->epoch_floor > b->epoch)
-    group_epoch_rebase (pt, s >> pt->base_shift, pt->epoch_floor);
+      epoch - b->epoch >= pt->epoch_span / 2)
+    group_epoch_rebase (pt, s >> pt->base_shift, epoch_rebase_to (pt, epoch));
   if (epoch == PT_EPOCH_PENDING)
     rel = PT_REL_PENDING;
   else if (epoch == PT_EPOCH_UNKNOWN || epoch - b->epoch >= pt->epoch_span)
     rel = epoch <= b->epoch ? 0 : PT_REL_UNKNOWN;
   else
-    rel = epoch <= b->epoch ? 0 : (uint32_t) (epoch - b->epoch);
+    rel = epoch <= b->epoch ? 0 : (uint16_t) (epoch - b->epoch);
   pt->recs[s].epoch = rel;
 }
 
@@ -848,8 +958,8 @@ rec_image (const struct layout_entry *e, uint32_t map, struct pt_rec *img)
   memset (img, 0, sizeof *img);
   img->page = (uint32_t) e->page;
   img->page_hi = (uint8_t) (e->page >> 32);
-  img->seq = (uint32_t) e->seq; /* pt_loaded_seq; the loader then sets */
-  img->epoch = e->seq >> 32;    /* both anew */
+  img->seq = (uint32_t) e->seq; /* pt_loaded_seq (at most 48 bits); */
+  img->epoch = (uint16_t) (e->seq >> 32); /* the loader then sets both */
   img->data_crc = e->data_crc;
   img->state = e->state;
   img->map = map;

@@ -6,8 +6,9 @@
  * the cache, never by the backend), plus the free-slot list and the
  * side table of sector maps that are not runs.
  *
- * Slots are stored compactly (struct pt_rec, 27 bytes, plus a 4-byte
- * bucket per two slots: 29 bytes a slot, and 4 more with generations; pagetable.c says how).  The
+ * Slots are stored compactly (struct pt_rec, 24 bytes, plus a 4-byte
+ * bucket per two slots: 26 bytes a slot, and 4 more with generations;
+ * pagetable.c says how).  The
  * rest of the filter reads and changes them only through the accessors
  * below, and reads a whole slot as a value (struct pt_slot) with
  * pagetable_get.  Limits that come with the compact form: backend page
@@ -73,7 +74,7 @@ struct pt_slot {
   uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
 };
 
-/* The stored form of a slot: 27 bytes, see pagetable.c. */
+/* The stored form of a slot: 24 bytes, see pagetable.c. */
 struct __attribute__ ((__packed__)) pt_rec {
   uint32_t page;                      /* backend page number, low 32 bits */
   uint8_t page_hi;                    /* ... and the 8 above them */
@@ -81,22 +82,21 @@ struct __attribute__ ((__packed__)) pt_rec {
   uint32_t data_crc;
   uint32_t seq;                       /* seq - its group's seq base (0: at
                                          or before) */
-  uint32_t epoch;                     /* epoch - its group's epoch base,
+  uint16_t epoch;                     /* epoch - its group's epoch base,
                                          or PT_REL_* */
   uint64_t flags : 10;                /* PT_* */
   uint64_t state : 2;                 /* enum layout_state */
-  uint64_t pins : 8;                  /* more: in pinx */
   uint64_t map : 28;                  /* valid and dirty runs, or a
                                          side-table index (pagetable.c) */
 };
 
 #define PT_MAX_PAGES   ((UINT64_C (1) << 40) - 1) /* backend pages the
                                                      table can number */
-#define PT_REL_PENDING UINT32_MAX       /* stored epoch: write in flight */
-#define PT_REL_UNKNOWN (UINT32_MAX - 1) /* stored epoch: too far past the
+#define PT_REL_PENDING UINT16_MAX       /* stored epoch: write in flight */
+#define PT_REL_UNKNOWN (UINT16_MAX - 1) /* stored epoch: too far past the
                                            base to be kept (see
                                            pt_epoch_may_be_at_most) */
-#define PT_PINX        64               /* slots with more than 255 pins */
+#define PT_LOADED_SEQ_MAX ((UINT64_C (1) << 48) - 1) /* pt_loaded_seq */
 #define PT_SIDE_MAX    (8001u * 16384u) /* side-table indexes a map can name */
 
 /* Exact valid and dirty maps of a slot whose maps are not two runs. */
@@ -132,7 +132,12 @@ struct pagetable {
   uint32_t side_used;
   uint32_t side_free;                 /* free list (through valid[0..3]) */
   uint64_t side_full;                 /* times a map did not fit */
-  struct { uint32_t slot, extra; } pinx[PT_PINX];
+  /* Pin counts, for the few slots that have any: a hash of slot
+   * numbers (open addressing, linear probing, at most half full).
+   */
+  struct pt_pin { uint32_t slot, n; } *pinv;
+  uint32_t pin_mask;                  /* capacity - 1, a power of 2 */
+  uint32_t pin_used;
   /* A space budget shared with other page tables (NULL: none): slots
    * off the free list are charged unit bytes each.
    */
@@ -249,31 +254,16 @@ pt_flags_off (struct pagetable *pt, uint32_t s, uint16_t f)
 {
   pt_set_flags (pt, s, pt->recs[s].flags & ~f);
 }
-extern unsigned pt_pins_over (const struct pagetable *pt, uint32_t s);
-extern void pt_pin_over (struct pagetable *pt, uint32_t s);
-extern unsigned pt_unpin_over (struct pagetable *pt, uint32_t s);
+/* Users doing I/O on slot s (pt->pinv). */
+extern unsigned pt_pins_find (const struct pagetable *pt, uint32_t s);
 static inline unsigned
 pt_pins (const struct pagetable *pt, uint32_t s)
 {
-  unsigned n = pt->recs[s].pins;
-  return n < 255 ? n : pt_pins_over (pt, s);
+  return pt->pin_used == 0 ? 0 : pt_pins_find (pt, s);
 }
-static inline void
-pt_pin (struct pagetable *pt, uint32_t s)
-{
-  if (pt->recs[s].pins < 255)
-    pt->recs[s].pins++;
-  else
-    pt_pin_over (pt, s);
-}
+extern void pt_pin (struct pagetable *pt, uint32_t s);
 /* Returns the pins left. */
-static inline unsigned
-pt_unpin (struct pagetable *pt, uint32_t s)
-{
-  if (pt->recs[s].pins < 255)
-    return --pt->recs[s].pins;
-  return pt_unpin_over (pt, s);
-}
+extern unsigned pt_unpin (struct pagetable *pt, uint32_t s);
 /* The slot's sequence number as a change stamp: it grows with every
  * change (pt_set_seq), but one older than the last rebase reads as the
  * base.  (Entries on disk always get a fresh c->seq, never this.)
@@ -312,8 +302,10 @@ pt_set_seq (struct pagetable *pt, uint32_t s, uint64_t seq)
 /* Epochs.  A stored epoch is exact when it lies above the base; at or
  * below it reads as the base, which the cache keeps at or below every
  * epoch it compares with (c->flushed_epoch and the epochs of syncs in
- * flight), so every comparison stays exact.  One too far above the base
- * (no rebase for pt->epoch_span epochs) is kept as "unknown".
+ * flight) while those keep up, so every comparison stays exact; when
+ * they fall behind by pt->epoch_span / 2, comparisons with them turn
+ * conservative (see pagetable_epoch_floor).  PT_EPOCH_UNKNOWN is kept
+ * as "unknown".
  */
 extern void pt_set_epoch (struct pagetable *pt, uint32_t s, uint64_t epoch);
 /* Exact epoch, PT_EPOCH_PENDING, or PT_EPOCH_UNKNOWN. */
@@ -328,6 +320,9 @@ extern bool pt_epoch_surely_at_most (const struct pagetable *pt, uint32_t s,
 /* The cache compares slot epochs with none below floor from now on: a
  * group's base may move up to it, which pt_set_epoch does for the
  * slot's group when the epoch it stores is far above the base.  O(1).
+ * (A floor left far behind does not make new epochs unknown: the base
+ * then moves past it, and the group's older slots answer "maybe" to
+ * comparisons with epochs below the base.)
  */
 extern void pagetable_epoch_floor (struct pagetable *pt, uint64_t floor);
 /* While the page table is loaded (pagetable_from_entry until the
@@ -467,7 +462,7 @@ extern bool pagetable_from_entry (struct pagetable *pt, uint32_t s,
  * more than a record (maps that are not runs, a page past
  * PT_MAX_PAGES: pagetable_from_entry then); pagetable_load_rec puts
  * such an image in slot s with generation gen, as pagetable_from_entry
- * would have.  The image's next, flags and pins are not used.
+ * would have.  The image's next and flags are not used.
  */
 extern bool pagetable_rec_encode (const struct layout_entry *e,
                                   struct pt_rec *img);

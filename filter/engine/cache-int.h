@@ -19,7 +19,7 @@
  * data checksum is no longer kept, so the rewrites cost one data write
  * each; the next client flush, writeback or close seals it again.
  *
- * The page table keeps slot epochs as 32 bits above a base (pagetable.h),
+ * The page table keeps slot epochs as 16 bits above a base (pagetable.h),
  * which sync_epoch moves up to at most c->flushed_epoch and the oldest
  * client sync in flight: every epoch the cache compares a slot's with
  * is at or above it, so the comparisons stay exact.

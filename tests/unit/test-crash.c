@@ -40,6 +40,7 @@
 #include "fixture.h"
 #include "layout.h"
 #include "log-stderr.h"
+#include "pagetable.h"
 #include "rambackend.h"
 #include "stats.h"
 #include "testfile.h"
@@ -1629,6 +1630,42 @@ test_rec_dirty_entry_bit (void **state)
   cache_close (c);
 }
 
+/* Give page's entry the sequence number seq (its checksum made anew). */
+static void
+set_entry_seq (uint64_t page, uint64_t seq)
+{
+  uint8_t raw[LAYOUT_ENTRY_SIZE];
+  struct layout_entry e;
+  int s = slot_of (page);
+
+  assert_true (s >= 0);
+  assert_int_equal (testfile_read (PT + (uint64_t) s * LAYOUT_ENTRY_SIZE,
+                                   raw, sizeof raw), sizeof raw);
+  assert_int_equal (layout_entry_decode (raw, PS / 512, &e), 0);
+  e.seq = seq;
+  layout_entry_encode (&e, raw);
+  testfile_write (PT + (uint64_t) s * LAYOUT_ENTRY_SIZE, raw, sizeof raw);
+}
+
+/* The loader keeps an entry's number in 48 bits (pt_loaded_seq): the
+ * largest loads, and a dirty page whose entry is past it is dropped as
+ * damaged, not ordered wrongly.
+ */
+static void
+test_rec_seq_48_bits (void **state)
+{
+  struct cache *c;
+
+  make_crashed_cache ();
+  set_entry_seq (12, PT_LOADED_SEQ_MAX);
+  set_entry_seq (13, PT_LOADED_SEQ_MAX + 1);
+  c = rec_open ();
+  assert_int_equal (ST (c, dropped_entries), 1);
+  assert_true (log_errors_contain ("DIRTY DATA MAY BE LOST"));
+  check_data (c, BIT (13));
+  cache_close (c);
+}
+
 /* The file cut inside the page pool (in the middle of page 12's slot):
  * the slots past the cut are dropped (dirty ones counted and logged),
  * the file is extended back, and no cache-file error follows.
@@ -1920,6 +1957,7 @@ main (void)
     T (test_rec_both_sb_zeroed),
     T (test_rec_pt_block_zeroed),
     T (test_rec_dirty_entry_bit),
+    T (test_rec_seq_48_bits),
     T (test_rec_truncated_pool),
     T (test_rec_truncated_pt),
     T (test_wb_cap_through_crash),

@@ -17,6 +17,7 @@ NBDKIT_DLL_PUBLIC int ssdcache_debug_warm = 0;
 NBDKIT_DLL_PUBLIC int ssdcache_debug_order = 0;
 NBDKIT_DLL_PUBLIC int ssdcache_debug_resize_kill = 0;
 NBDKIT_DLL_PUBLIC int ssdcache_debug_evict_steps = 0;
+NBDKIT_DLL_PUBLIC int ssdcache_debug_epoch_span = 0;
 
 void
 log_error (const char *fs, ...)

@@ -223,7 +223,8 @@ def iteration(args, rng, it):
     disk.history = KillHistory(disk)    # (Disk.track_order, with it)
     if os.path.exists(args.cache):
         os.unlink(args.cache)
-    srv = T.Nbdkit(server_args(args, cfg), args.workdir)
+    srv = T.Nbdkit(server_args(args, cfg), args.workdir,
+                   debug=T.epoch_span_debug(args.epoch_span))
     start(srv)
     restarts = rng.choice([0, 0, 1, 2])
     cl = None
@@ -278,6 +279,9 @@ def main():
     p.add_argument("--stop-at-first", action="store_true",
                    help="end at the first iteration that matches no "
                    "flush point (a self-test of the checker)")
+    p.add_argument("--epoch-span", type=int, default=0,
+                   help="-D ssdcache.epoch_span=N: the page table's epoch "
+                   "bases move every few syncs")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)

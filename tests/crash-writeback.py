@@ -89,7 +89,9 @@ class Server(T.Nbdkit):
         self.control = os.path.join(wd, "ctl.%d" % self.no)
         T.Nbdkit.__init__(self, self.nbdkit_args(args), wd,
                           verbose=args.debug,
-                          debug=["ssdcache.verbose=1"] if args.debug else [],
+                          debug=(["ssdcache.verbose=1"] if args.debug
+                                 else []) +
+                          T.epoch_span_debug(args.epoch_span),
                           log=os.path.join(wd, "nbdkit.%d.log" % self.no))
 
     def nbdkit_args(self, args):
@@ -894,6 +896,9 @@ def main():
                    "(default 0)")
     p.add_argument("--timeout", type=int, default=90,
                    help="fail if no request completes for this long")
+    p.add_argument("--epoch-span", type=int, default=0,
+                   help="-D ssdcache.epoch_span=N: the page table's epoch "
+                   "bases move every few syncs")
     args = p.parse_args()
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little")

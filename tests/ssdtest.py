@@ -367,6 +367,12 @@ _WRITEBACK_KNOBS = ("high", "low", "idle", "rate", "depth", "max_age",
                     "seq_cutoff")
 
 
+def epoch_span_debug(span):
+    """The debug flag that narrows the page table's epoch span (none
+    for 0)."""
+    return ["ssdcache.epoch_span=%d" % span] if span else []
+
+
 def writeback_args(cfg):
     """The ssdcache-writeback-* parameters of a harness's configuration
     (the keys of _WRITEBACK_KNOBS it has, and max_dirty_bytes or

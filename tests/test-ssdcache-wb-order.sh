@@ -7,7 +7,8 @@
 # the backing file alone equals the export at some client flush plus
 # some of the writes made after it.  First a self-test: with the offset
 # order the same run must find a backing file that matches no flush
-# point.  Then the counters, and a bad value of the parameter.
+# point.  Then a few runs with narrow epoch spans, the counters, and a
+# bad value of the parameter.
 # `make check-crash-order` runs 500 iterations.  Set CRASH_ORDER_SEED
 # to repeat a run.
 
@@ -34,6 +35,13 @@ rm -rf "$tmpdir/offset"
 "$PYTHON" "$crash" --iterations "${CRASH_ORDER_ITERATIONS:-10}" \
           --seed "$seed" --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/flush"
 rm -rf "$tmpdir/flush"
+
+# Again with the page table's epoch bases moving every few syncs
+# (-D ssdcache.epoch_span=8, not 65533): rebases all the time, and
+# bases that move past a floor the client flushes left behind.
+"$PYTHON" "$crash" --iterations 4 --epoch-span 8 \
+          --seed "$seed" --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/span"
+rm -rf "$tmpdir/span"
 
 # The counters: the flush point the backend matches, and the lag.  40
 # flushes at cache speed over a slow backend (writes take 20 ms); once

@@ -26,5 +26,7 @@ extern int ssdcache_debug_resize_kill; /* tests: SIGKILL at this step of
                                           a resize (resize.c) */
 extern int ssdcache_debug_evict_steps; /* tests: the policy's step limit
                                           (CACHE_EVICT_STEPS) */
+extern int ssdcache_debug_epoch_span; /* tests: the page table's epoch
+                                         span (pagetable_test_epoch_span) */
 
 #endif /* SSDCACHE_LOG_H */

@@ -590,6 +590,8 @@ set_geometry (struct cache *c)
   c->zero_page_crc = cache_page_crc (c, zero, none);
   free (zero);
 
+  if (ssdcache_debug_epoch_span > 0)
+    pagetable_test_epoch_span = (uint32_t) ssdcache_debug_epoch_span;
   if (pagetable_init (&c->pt, c->nslots) == -1 ||
       (c->wbcfg.order == CACHE_ORDER_FLUSH &&
        pagetable_keep_gens (&c->pt) == -1) ||

@@ -24,6 +24,7 @@ int ssdcache_debug_warm;
 int ssdcache_debug_order;
 int ssdcache_debug_resize_kill;
 int ssdcache_debug_evict_steps;
+int ssdcache_debug_epoch_span;
 
 int log_error_count;
 char log_error_last[512];

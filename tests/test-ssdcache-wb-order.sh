@@ -37,7 +37,7 @@ rm -rf "$tmpdir/offset"
 rm -rf "$tmpdir/flush"
 
 # Again with the page table's epoch bases moving every few syncs
-# (-D ssdcache.epoch_span=8, not 65533): rebases all the time, and
+# (-D ssdcache.epoch_span=8, not 65532): rebases all the time, and
 # bases that move past a floor the client flushes left behind.
 "$PYTHON" "$crash" --iterations 4 --epoch-span 8 \
           --seed "$seed" --filter "$SSDCACHE_FILTER" --workdir "$tmpdir/span"

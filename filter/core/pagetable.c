@@ -53,7 +53,7 @@ unsigned pagetable_test_base_shift;
 #define BASE_SHIFT_DEFAULT 12           /* 4,096 slots a group */
 
 #define SEQ_SPAN_DEFAULT (UINT32_MAX - 2)       /* the field's range */
-#define EPOCH_SPAN_DEFAULT (UINT16_MAX - 2)     /* below PT_REL_UNKNOWN */
+#define EPOCH_SPAN_DEFAULT (UINT16_MAX - 3)     /* below PT_REL_MID */
 #define PIN_CAP_MIN 64                          /* pin hash cells at first */
 
 /* Run codes. */
@@ -480,27 +480,50 @@ pagetable_seq_restart (struct pagetable *pt, uint64_t base)
     pt->bases[g].seq = base;
 }
 
-/* Move group g's epoch base up to base: epochs at or below it read as
- * base.
+/* A stored epoch of group g as it reads once the base is base and the
+ * split split (see pagetable.h: at most split, 0; above split and at
+ * most base, PT_REL_MID).
+ */
+static uint16_t
+epoch_rel (const struct pt_base *b, uint64_t base, uint64_t split,
+           uint16_t rel)
+{
+  uint64_t e;
+
+  switch (rel) {
+  case PT_REL_PENDING: case PT_REL_UNKNOWN:
+    return rel;
+  case 0:
+    return 0;                   /* <= b->split <= split */
+  case PT_REL_MID:              /* (b->split, b->epoch] */
+    if (b->epoch <= split)
+      return 0;
+    /* Only a split that did not move keeps the class (a client sync
+     * begun since has an epoch above b->epoch, so split >= b->epoch).
+     */
+    return split == b->split ? PT_REL_MID : PT_REL_UNKNOWN;
+  }
+  e = b->epoch + rel;
+  return e <= split ? 0 : e <= base ? PT_REL_MID : (uint16_t) (e - base);
+}
+
+/* Move group g's epoch base up to base, its split to the lower of base
+ * and the ceiling.
  */
 static void
 group_epoch_rebase (struct pagetable *pt, uint32_t g, uint64_t base)
 {
   struct pt_base *b = &pt->bases[g];
+  uint64_t split = pt->epoch_ceiling < base ? pt->epoch_ceiling : base;
   uint32_t first, end;
-  uint64_t delta;
 
   if (base <= b->epoch)
     return;
-  delta = base - b->epoch;
   group_range (pt, g, &first, &end);
-  for (uint32_t i = first; i < end; i++) {
-    struct pt_rec *r = &pt->recs[i];
-    if (r->epoch == PT_REL_PENDING || r->epoch == PT_REL_UNKNOWN)
-      continue;
-    r->epoch = r->epoch <= delta ? 0 : (uint16_t) (r->epoch - delta);
-  }
+  for (uint32_t i = first; i < end; i++)
+    pt->recs[i].epoch = epoch_rel (b, base, split, pt->recs[i].epoch);
   b->epoch = base;
+  b->split = split;
   count_rebase (pt);
 }
 
@@ -511,15 +534,20 @@ pagetable_epoch_floor (struct pagetable *pt, uint64_t floor)
     pt->epoch_floor = floor;
 }
 
+void
+pagetable_epoch_ceiling (struct pagetable *pt, uint64_t ceiling)
+{
+  if (ceiling > pt->epoch_ceiling)
+    pt->epoch_ceiling = ceiling;
+}
+
 /* Where a group's base goes for a slot about to store epoch: up to
  * the floor, which keeps every comparison exact, if epoch then fits;
- * else (the cache has compared with an old epoch for pt->epoch_span / 2
- * epochs, as when no client flushes while writeback syncs the cache)
- * to half a span below epoch, so that this slot stays exact and the
- * older ones of the group read as the base: against an epoch below it
- * they are then "maybe" (pt_epoch_may_be_at_most), which costs a copy
- * on write or a late free until the cache compares with newer epochs,
- * never a wrong answer.
+ * else (the floor has stayed behind for pt->epoch_span / 2 epochs, as
+ * when no client flushes while writeback syncs the cache) to half a
+ * span below epoch, so that this slot stays exact; the group's split
+ * then keeps the comparisons with the flushing epoch exact too (see
+ * pagetable.h).
  */
 static uint64_t
 epoch_rebase_to (const struct pagetable *pt, uint64_t epoch)
@@ -533,58 +561,67 @@ void
 pt_set_epoch (struct pagetable *pt, uint32_t s, uint64_t epoch)
 {
   const struct pt_base *b = pt_base_of (pt, s);
-  uint32_t rel;
+  uint16_t rel;
 
   if (epoch < PT_EPOCH_UNKNOWN && epoch > b->epoch &&
       epoch - b->epoch >= pt->epoch_span / 2)
     group_epoch_rebase (pt, s >> pt->base_shift, epoch_rebase_to (pt, epoch));
   if (epoch == PT_EPOCH_PENDING)
     rel = PT_REL_PENDING;
+  else if (epoch <= b->epoch)
+    rel = epoch <= b->split ? 0 : PT_REL_MID;
   else if (epoch == PT_EPOCH_UNKNOWN || epoch - b->epoch >= pt->epoch_span)
-    rel = epoch <= b->epoch ? 0 : PT_REL_UNKNOWN;
+    rel = PT_REL_UNKNOWN;
   else
-    rel = epoch <= b->epoch ? 0 : (uint16_t) (epoch - b->epoch);
+    rel = (uint16_t) (epoch - b->epoch);
   pt->recs[s].epoch = rel;
 }
 
 uint64_t
 pt_epoch (const struct pagetable *pt, uint32_t s)
 {
-  uint32_t rel = pt->recs[s].epoch;
+  uint16_t rel = pt->recs[s].epoch;
+  const struct pt_base *b = pt_base_of (pt, s);
 
   if (rel == PT_REL_PENDING)
     return PT_EPOCH_PENDING;
   if (rel == PT_REL_UNKNOWN)
     return PT_EPOCH_UNKNOWN;
-  return pt_base_of (pt, s)->epoch + rel;
+  if (rel == 0)
+    return b->split;
+  if (rel == PT_REL_MID)
+    return b->epoch;
+  return b->epoch + rel;
 }
 
 bool
 pt_epoch_may_be_at_most (const struct pagetable *pt, uint32_t s, uint64_t t)
 {
-  uint32_t rel = pt->recs[s].epoch;
-  uint64_t base = pt_base_of (pt, s)->epoch;
+  uint16_t rel = pt->recs[s].epoch;
+  const struct pt_base *b = pt_base_of (pt, s);
 
   if (rel == PT_REL_PENDING)
     return false;
-  if (rel == PT_REL_UNKNOWN)
-    return true;
-  if (rel == 0 && t < base)
-    return true;                /* at or below the base: not known */
-  return base + rel <= t;
+  if (rel == PT_REL_UNKNOWN || rel == 0)
+    return true;                /* 0: at most the split */
+  if (rel == PT_REL_MID)
+    return t > b->split;        /* above the split: at most t? maybe */
+  return b->epoch + rel <= t;
 }
 
 bool
 pt_epoch_surely_at_most (const struct pagetable *pt, uint32_t s, uint64_t t)
 {
-  uint32_t rel = pt->recs[s].epoch;
-  uint64_t base = pt_base_of (pt, s)->epoch;
+  uint16_t rel = pt->recs[s].epoch;
+  const struct pt_base *b = pt_base_of (pt, s);
 
   if (rel == PT_REL_PENDING || rel == PT_REL_UNKNOWN)
     return false;
-  if (rel == 0 && t < base)
-    return false;
-  return base + rel <= t;
+  if (rel == 0)
+    return b->split <= t;
+  if (rel == PT_REL_MID)
+    return b->epoch <= t;
+  return b->epoch + rel <= t;
 }
 
 /*----------------------------------------------------------------------

@@ -12,16 +12,17 @@
  * rest of the filter reads and changes them only through the accessors
  * below, and reads a whole slot as a value (struct pt_slot) with
  * pagetable_get.  Limits that come with the compact form: backend page
- * numbers up to PT_MAX_PAGES (40 bits); sequence numbers are change stamps (an
- * old one may read higher than it was, never lower); epochs are exact
- * above a base the cache keeps low enough (pt_set_epoch); sector maps
- * that are not runs need one of a bounded number of side entries.
+ * numbers up to PT_MAX_PAGES (40 bits); sequence numbers are change
+ * stamps (an old one may read higher than it was, never lower); epochs
+ * are exact above a base, and compare exactly with the epochs the cache
+ * uses (pt_set_epoch); sector maps that are not runs need one of a
+ * bounded number of side entries.
  *
  * Locking: none inside.  Every function must be called with the owning
  * cache's metadata lock held (c->lock: the lock table in
  * docs/design.md).  Critical sections are short: no function here
- * does I/O.  The rebase functions walk all
- * slots, but run once per about 2^31 sequence numbers or sync epochs.
+ * does I/O.  A rebase walks the 4,096 slots of one group, once per
+ * about 2^31 sequence numbers or 2^15 sync epochs of that group.
  */
 #ifndef SSDCACHE_PAGETABLE_H
 #define SSDCACHE_PAGETABLE_H
@@ -67,7 +68,7 @@ struct pt_slot {
                                          client flushes begun before its
                                          last write, plus one */
   uint32_t data_crc;
-  uint16_t pins;                      /* users currently doing I/O on it */
+  uint32_t pins;                      /* users currently doing I/O on it */
   uint16_t flags;                     /* PT_* */
   uint8_t state;                      /* enum layout_state */
   uint8_t valid[LAYOUT_MAX_SECTORS / 8];
@@ -93,9 +94,10 @@ struct __attribute__ ((__packed__)) pt_rec {
 #define PT_MAX_PAGES   ((UINT64_C (1) << 40) - 1) /* backend pages the
                                                      table can number */
 #define PT_REL_PENDING UINT16_MAX       /* stored epoch: write in flight */
-#define PT_REL_UNKNOWN (UINT16_MAX - 1) /* stored epoch: too far past the
-                                           base to be kept (see
+#define PT_REL_UNKNOWN (UINT16_MAX - 1) /* stored epoch: not known (see
                                            pt_epoch_may_be_at_most) */
+#define PT_REL_MID     (UINT16_MAX - 2) /* stored epoch: above the group's
+                                           split, at most its base */
 #define PT_LOADED_SEQ_MAX ((UINT64_C (1) << 48) - 1) /* pt_loaded_seq */
 #define PT_SIDE_MAX    (8001u * 16384u) /* side-table indexes a map can name */
 
@@ -118,10 +120,13 @@ struct pagetable {
    * time (a walk of 4,096 slots by default, so that no rebase holds the
    * caller's lock for long): see pt_set_seq and pt_set_epoch.
    */
-  struct pt_base { uint64_t seq, epoch; } *bases;
+  struct pt_base { uint64_t seq, epoch, split; } *bases;
   unsigned base_shift;
   uint64_t epoch_floor;               /* a group's epoch base may move up
                                          to this (pagetable_epoch_floor) */
+  uint64_t epoch_ceiling;             /* no epoch compared with is above
+                                         it, but newer ones
+                                         (pagetable_epoch_ceiling) */
   uint32_t seq_span, epoch_span;      /* relative values kept below these */
   _Atomic uint64_t *rebases;          /* counts group rebases, or NULL */
   /* Side table: maps that are not a run each (a bounded number). */
@@ -299,16 +304,24 @@ pt_set_seq (struct pagetable *pt, uint32_t s, uint64_t seq)
                                 seq - pt->seq_span / 2);
   pt->recs[s].seq = (uint32_t) (seq - b->seq);
 }
-/* Epochs.  A stored epoch is exact when it lies above the base; at or
- * below it reads as the base, which the cache keeps at or below every
- * epoch it compares with (c->flushed_epoch and the epochs of syncs in
- * flight) while those keep up, so every comparison stays exact; when
- * they fall behind by pt->epoch_span / 2, comparisons with them turn
- * conservative (see pagetable_epoch_floor).  PT_EPOCH_UNKNOWN is kept
- * as "unknown".
+/* Epochs.  A stored epoch is exact when it lies above its group's
+ * base.  At or below the base only its side of the group's split is
+ * kept (0: at most the split; PT_REL_MID: above it).  The base moves
+ * up to the floor when it can (pagetable_epoch_floor: the cache
+ * compares with no epoch below it), and then the split is the base:
+ * every comparison is exact.  When the floor stays behind (no client
+ * flush while writeback syncs the cache), the base moves past it and
+ * the split is the ceiling then (pagetable_epoch_ceiling: the newest
+ * epoch the cache compares with, c->flushing_epoch), so comparisons
+ * with the ceiling stay exact (the copy on write of a dirty page asks
+ * "may it be <= c->flushing_epoch"), and those with older epochs may
+ * answer "maybe" (may: true, surely: false), never wrong.
+ * PT_EPOCH_UNKNOWN is kept as "unknown".
  */
 extern void pt_set_epoch (struct pagetable *pt, uint32_t s, uint64_t epoch);
-/* Exact epoch, PT_EPOCH_PENDING, or PT_EPOCH_UNKNOWN. */
+/* The epoch if it lies above the base, else an upper bound (the split
+ * or the base); or PT_EPOCH_PENDING, or PT_EPOCH_UNKNOWN.
+ */
 #define PT_EPOCH_UNKNOWN (UINT64_MAX - 1)
 extern uint64_t pt_epoch (const struct pagetable *pt, uint32_t s);
 /* Might the slot's epoch be <= t?  (True when unknown.) */
@@ -320,11 +333,12 @@ extern bool pt_epoch_surely_at_most (const struct pagetable *pt, uint32_t s,
 /* The cache compares slot epochs with none below floor from now on: a
  * group's base may move up to it, which pt_set_epoch does for the
  * slot's group when the epoch it stores is far above the base.  O(1).
- * (A floor left far behind does not make new epochs unknown: the base
- * then moves past it, and the group's older slots answer "maybe" to
- * comparisons with epochs below the base.)
  */
 extern void pagetable_epoch_floor (struct pagetable *pt, uint64_t floor);
+/* The cache compares slot epochs with none above ceiling, but epochs
+ * newer than any stored yet (c->flushing_epoch).  O(1).
+ */
+extern void pagetable_epoch_ceiling (struct pagetable *pt, uint64_t ceiling);
 /* While the page table is loaded (pagetable_from_entry until the
  * loader's first pt_set_seq on the slot), a
  * slot keeps its entry's exact sequence number in its seq and epoch

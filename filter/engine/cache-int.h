@@ -20,9 +20,11 @@
  * each; the next client flush, writeback or close seals it again.
  *
  * The page table keeps slot epochs as 16 bits above a base (pagetable.h),
- * which sync_epoch moves up to at most c->flushed_epoch and the oldest
- * client sync in flight: every epoch the cache compares a slot's with
- * is at or above it, so the comparisons stay exact.
+ * which moves up to at most c->flushed_epoch and the oldest client sync
+ * in flight (the floor) while those keep up: every epoch the cache
+ * compares a slot's with is at or above it, so the comparisons stay
+ * exact.  When no client flushes, the base moves past the floor and
+ * the comparisons with c->flushing_epoch (the ceiling) stay exact.
  *
  * Sector maps that are not one run each need a side-table entry
  * (ssdcache-partial-pages of them): a change that needs one reserves it

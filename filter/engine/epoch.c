@@ -291,10 +291,10 @@ cache_free_superseded (struct cache *c)
  * closes_gen: a client's own, which ends a flush generation.
  */
 /* Under c->lock: a client sync (epoch node->e) ends.  Slot epochs are
- * kept relative to bases (pagetable.h), which must stay at or below
+ * kept relative to bases (pagetable.h), which stay at or below
  * c->flushed_epoch and the epoch of every client sync still in flight
- * (they compare slot epochs with these): tell the page table how far
- * up they may move now.
+ * (they compare slot epochs with these) as long as they can: tell the
+ * page table how far up they may move now.
  */
 static void
 client_sync_done_locked (struct cache *c, struct cache_sync_node *node)
@@ -342,8 +342,10 @@ sync_epoch (struct cache *c, bool client, bool seal_wait, bool closes_gen,
     pthread_rwlock_wrlock (&c->inplace);
   pthread_mutex_lock (&c->lock);
   e = c->epoch++;
-  if (client && e > c->flushing_epoch)
+  if (client && e > c->flushing_epoch) {
     c->flushing_epoch = e;
+    pagetable_epoch_ceiling (&c->pt, e);
+  }
   if (client) {
     node.e = e;
     node.prev = c->syncs_tail;

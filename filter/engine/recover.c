@@ -248,8 +248,8 @@ parse_entry (struct recovery *r, uint32_t s, const uint8_t *raw,
   uint64_t gen;
 
   if (e == NULL || e->seq > PT_LOADED_SEQ_MAX) {
-    /* (A number past 2^48, which no cache reaches in centuries of
-     * writes, does not fit where the loader keeps it: pt_loaded_seq.)
+    /* (A number past 2^48, nine years of a million entry writes a
+     * second, does not fit where the loader keeps it: pt_loaded_seq.)
      */
     parse_damaged (r, s, raw);
     return 0;

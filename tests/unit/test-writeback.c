@@ -369,6 +369,52 @@ test_wb_cow_durable (void **state)
   tenv_close (&env, c);
 }
 
+/* (Internal, cache-int.h: a sync of the cache file that is not a
+ * client's, as a writeback pass makes.)
+ */
+extern int cache_sync_device (struct cache *c, int *err);
+
+/* A client that never flushes while writeback passes sync the cache
+ * file, with the epoch bases moving every few syncs (span 8): its dirty
+ * pages, rewritten long after they were written, are rewritten in
+ * place, as when no base moves (no client flush covers them: nothing
+ * to copy for); once a client flush covers them, they are copied.
+ */
+static void
+test_wb_no_flush_in_place (void **state)
+{
+  const uint64_t size = 32 * PS;
+  struct tenv env;
+  struct cache_config cfg = fixture_writeback_config (8 * PS, PS);
+  struct cache *c;
+  int err = 0;
+
+  pagetable_test_epoch_span = 8;
+  c = tenv_open (&env, &cfg, size, 5);
+  pagetable_test_epoch_span = 0;
+  for (unsigned p = 0; p < 4; p++)
+    tenv_write (&env, c, p * PS, PS, 10 + p);
+  /* Read misses store clean pages (their entries of ever newer
+   * epochs) in the other slots, between syncs.
+   */
+  for (unsigned i = 0; i < 40; i++) {
+    tenv_read_check (&env, c, (8 + i % 20) * PS, PS);
+    assert_int_equal (cache_sync_device (c, &err), 0);
+  }
+  assert_true (ST (c, pt_rebases) > 0);
+  for (unsigned p = 0; p < 4; p++)
+    tenv_write (&env, c, p * PS + 100, 50, 70 + p);
+  assert_int_equal (ST (c, cow_copies), 0);
+  tenv_read_check (&env, c, 0, size);
+
+  assert_int_equal (cache_sync (c, &err), 0);
+  tenv_write (&env, c, 100, 50, 80);
+  assert_int_equal (ST (c, cow_copies), 1);
+  tenv_read_check (&env, c, 0, size);
+  tenv_writeback_check (&env, c);
+  tenv_close (&env, c);
+}
+
 /* Dirty page written twice between syncs: both writes in place. */
 static void
 test_wb_inplace_not_durable (void **state)
@@ -1877,6 +1923,7 @@ main (void)
     TESTFILE_TEST (test_wb_bridge),
     TESTFILE_TEST (test_wb_cow_durable),
     TESTFILE_TEST (test_wb_inplace_not_durable),
+    TESTFILE_TEST (test_wb_no_flush_in_place),
     TESTFILE_TEST (test_wb_full_no_thread),
     TESTFILE_TEST (test_wb_full_overwrite_durable_dirty),
     TESTFILE_TEST (test_wb_full_thread),

@@ -279,9 +279,7 @@ def main():
     p.add_argument("--stop-at-first", action="store_true",
                    help="end at the first iteration that matches no "
                    "flush point (a self-test of the checker)")
-    p.add_argument("--epoch-span", type=int, default=0,
-                   help="-D ssdcache.epoch_span=N: the page table's epoch "
-                   "bases move every few syncs")
+    T.add_epoch_span_option(p)
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)

@@ -896,9 +896,7 @@ def main():
                    "(default 0)")
     p.add_argument("--timeout", type=int, default=90,
                    help="fail if no request completes for this long")
-    p.add_argument("--epoch-span", type=int, default=0,
-                   help="-D ssdcache.epoch_span=N: the page table's epoch "
-                   "bases move every few syncs")
+    T.add_epoch_span_option(p)
     args = p.parse_args()
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little")

@@ -367,6 +367,13 @@ _WRITEBACK_KNOBS = ("high", "low", "idle", "rate", "depth", "max_age",
                     "seq_cutoff")
 
 
+def add_epoch_span_option(parser):
+    """--epoch-span N, for epoch_span_debug."""
+    parser.add_argument("--epoch-span", type=int, default=0,
+                        help="-D ssdcache.epoch_span=N: the page table's "
+                        "epoch bases move every few syncs")
+
+
 def epoch_span_debug(span):
     """The debug flag that narrows the page table's epoch span (none
     for 0)."""

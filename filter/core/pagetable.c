@@ -5,8 +5,8 @@
  * list and the side table of partial maps.  The caller holds the cache
  * metadata lock for every call.
  *
- * Memory: 24 bytes per slot (struct pt_rec) plus a 4-byte bucket for
- * every two slots, so 26 bytes per slot in every state, plus the side
+ * Memory: 20 bytes per slot (struct pt_rec) plus a 4-byte bucket for
+ * every two slots, so 22 bytes per slot in every state, plus the side
  * table (32 bytes per entry, at most side_limit entries, allocated as
  * they are needed), the pin counts (8 bytes for each slot that has
  * users, twice over) and a fixed part.
@@ -19,6 +19,8 @@
  *    own number (48 bits: pt_loaded_seq).
  *  - gen (only if kept): the low 32 bits, in pt->gens (pt->gen_ref
  *    gives the rest).
+ *  - data CRC: not kept.  The entry on disk has it (PT_CRC_KNOWN says
+ *    when a struct pt_slot carries one).
  *  - pins: not in the record.  At any time only the slots of requests
  *    and writeback passes in flight have users, a few thousand at most:
  *    they are counted in a small hash of their own (pt->pinv), which
@@ -45,7 +47,7 @@
 
 _Static_assert (LAYOUT_MAX_SECTORS == 128, "map_run and code_fill work on two 64-bit words");
 
-_Static_assert (sizeof (struct pt_rec) == 24, "struct pt_rec is 24 bytes");
+_Static_assert (sizeof (struct pt_rec) == 20, "struct pt_rec is 20 bytes");
 
 uint32_t pagetable_test_seq_span, pagetable_test_epoch_span;
 unsigned pagetable_test_base_shift;
@@ -963,7 +965,7 @@ pagetable_get (const struct pagetable *pt, uint32_t s, struct pt_slot *v)
   v->seq = pt_seq (pt, s);
   v->epoch = pt_epoch (pt, s);
   v->gen = pt_gen (pt, s);
-  v->data_crc = r->data_crc;
+  v->data_crc = 0;              /* not kept: PT_CRC_KNOWN is clear */
   v->pins = pt_pins (pt, s);
   v->flags = r->flags;
   v->state = r->state;
@@ -979,8 +981,14 @@ pagetable_to_entry (const struct pt_slot *s, struct layout_entry *e)
   if (s->state == LAYOUT_DIRTY)
     e->gen = s->gen & LAYOUT_GEN_MASK;
   if (s->state != LAYOUT_FREE) {
+    /* A sealed entry must carry the page's checksum; an unsealed one's
+     * is never read (layout.h).  Building one without it is a bug that
+     * would make good data fail its check later: stop here instead.
+     */
+    if (!(s->flags & (PT_CRC_KNOWN | PT_UNSEALED)))
+      abort ();
     e->page = s->page;
-    e->data_crc = s->data_crc;
+    e->data_crc = s->flags & PT_CRC_KNOWN ? s->data_crc : 0;
     memcpy (e->valid, s->valid, sizeof e->valid);
     memcpy (e->dirty, s->dirty, sizeof e->dirty);
     if (s->flags & PT_UNSEALED)
@@ -997,7 +1005,6 @@ rec_image (const struct layout_entry *e, uint32_t map, struct pt_rec *img)
   img->page_hi = (uint8_t) (e->page >> 32);
   img->seq = (uint32_t) e->seq; /* pt_loaded_seq (at most 48 bits); */
   img->epoch = (uint16_t) (e->seq >> 32); /* the loader then sets both */
-  img->data_crc = e->data_crc;
   img->state = e->state;
   img->map = map;
 }
@@ -1026,7 +1033,6 @@ pagetable_load_rec (struct pagetable *pt, uint32_t s,
   r->page_hi = img->page_hi;
   r->seq = img->seq;
   r->epoch = img->epoch;
-  r->data_crc = img->data_crc;
   r->map = img->map;
   pt_set_state (pt, s, img->state);
   pt_set_gen (pt, s, gen);      /* the loader sets gen_ref above them all */

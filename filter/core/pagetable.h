@@ -6,8 +6,8 @@
  * the cache, never by the backend), plus the free-slot list and the
  * side table of sector maps that are not runs.
  *
- * Slots are stored compactly (struct pt_rec, 24 bytes, plus a 4-byte
- * bucket per two slots: 26 bytes a slot, and 4 more with generations;
+ * Slots are stored compactly (struct pt_rec, 20 bytes, plus a 4-byte
+ * bucket per two slots: 22 bytes a slot, and 4 more with generations;
  * pagetable.c says how).  The
  * rest of the filter reads and changes them only through the accessors
  * below, and reads a whole slot as a value (struct pt_slot) with
@@ -41,7 +41,7 @@
 #define PT_INDEXED   0x01   /* reachable through the index */
 #define PT_VERIFIED  0x02   /* data CRC checked since the cache was opened */
 #define PT_ORPHAN    0x04   /* removed from the index while pinned */
-#define PT_UNSEALED  0x08   /* data_crc is stale: data rewritten in place
+#define PT_UNSEALED  0x08   /* no checksum holds: data rewritten in place
                                since the last flush (the entry says
                                LAYOUT_ENT_UNSEALED) */
 #define PT_PREFETCHED 0x100 /* filled by readahead, not read by a client
@@ -54,6 +54,12 @@
 #define PT_HASPRED   0x40   /* an older, superseded slot for this page is
                                still on disk (not yet freed) */
 #define PT_LISTED    0x80   /* on the cache's list of unsealed slots */
+/* In a struct pt_slot only (never stored): data_crc holds the page's
+ * checksum.  The table keeps no checksums (its entry on disk does):
+ * pagetable_get leaves it clear, and whoever builds an entry to write
+ * sets it (pt_slot_set_crc) from data or from the entry on disk.
+ */
+#define PT_CRC_KNOWN 0x8000
 
 /* A slot's metadata as one value: what callers read with
  * pagetable_get and hand to cache_commit_entry.  The table itself
@@ -67,7 +73,7 @@ struct pt_slot {
   uint64_t gen;                       /* flush generation of its dirty data:
                                          client flushes begun before its
                                          last write, plus one */
-  uint32_t data_crc;
+  uint32_t data_crc;                  /* if flags has PT_CRC_KNOWN */
   uint32_t pins;                      /* users currently doing I/O on it */
   uint16_t flags;                     /* PT_* */
   uint8_t state;                      /* enum layout_state */
@@ -75,12 +81,11 @@ struct pt_slot {
   uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
 };
 
-/* The stored form of a slot: 24 bytes, see pagetable.c. */
+/* The stored form of a slot: 20 bytes, see pagetable.c. */
 struct __attribute__ ((__packed__)) pt_rec {
   uint32_t page;                      /* backend page number, low 32 bits */
   uint8_t page_hi;                    /* ... and the 8 above them */
   uint32_t next;                      /* hash chain, or free list link */
-  uint32_t data_crc;
   uint32_t seq;                       /* seq - its group's seq base (0: at
                                          or before) */
   uint16_t epoch;                     /* epoch - its group's epoch base,
@@ -377,15 +382,11 @@ pt_set_gen (struct pagetable *pt, uint32_t s, uint64_t gen)
 /* Keep generations from now on (4 bytes a slot).  Returns 0 or -1. */
 extern int pagetable_keep_gens (struct pagetable *pt);
 
-static inline uint32_t
-pt_crc (const struct pagetable *pt, uint32_t s)
-{
-  return pt->recs[s].data_crc;
-}
 static inline void
-pt_set_crc (struct pagetable *pt, uint32_t s, uint32_t crc)
+pt_slot_set_crc (struct pt_slot *v, uint32_t crc)
 {
-  pt->recs[s].data_crc = crc;
+  v->data_crc = crc;
+  v->flags |= PT_CRC_KNOWN;
 }
 extern bool pt_valid_test (const struct pagetable *pt, uint32_t s,
                            unsigned i);

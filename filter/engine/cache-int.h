@@ -96,6 +96,9 @@ struct cache_stale {             /* a slot whose entry on disk is stale */
   bool disk_dirty;               /* ... and says "dirty" */
   bool keep;                     /* ... and hides an older version of its
                                     page: never rewritten (cache_drop_slot) */
+  bool has_crc;                  /* crc: its data's checksum (RAM keeps
+                                    none), for a slot that holds data */
+  uint32_t crc;
   uint64_t page;
 };
 
@@ -193,6 +196,12 @@ struct cache {
   struct cache_stale *stale;     /* see stale.c */
   size_t nstale, capstale;
   bool stale_clean_logged;       /* a clean drop went unrecorded (logged) */
+  /* Checksums of slots whose last entry write failed (slot.c): RAM has
+   * moved on from what their entry on disk says, and keeps no checksum
+   * of its own.  A few at most: the first failure degrades the cache.
+   */
+  struct cache_crc_memo { uint32_t slot, crc; } *crc_memo;
+  size_t ncrc_memo, capcrc_memo;
   /* Flush generations (order.c).  Generation g holds the writes made
    * between the (g-1)th and the gth client flush; with
    * ssdcache-writeback-order=flush, no backend write of generation
@@ -329,6 +338,12 @@ extern int cache_commit_entry (struct cache *c, uint32_t s,
 #define CACHE_EPOCH_NOW UINT64_MAX
 extern int cache_commit_entry_at (struct cache *c, uint32_t s,
                                   const struct pt_slot *upd, uint64_t epoch);
+extern int cache_write_entry (struct cache *c, uint32_t s,
+                              const struct layout_entry *e);
+extern bool cache_crc_memo_find_locked (const struct cache *c, uint32_t s,
+                                        uint32_t *crc);
+extern int cache_entry_crc (struct cache *c, uint32_t s,
+                            const struct pt_slot *expect, uint32_t *crc);
 extern void cache_set_state_counts_locked (struct cache *c, uint8_t old_state,
                                     uint8_t new_state);
 /* cache_page_dirty (cache.h), under c->lock. */
@@ -589,10 +604,11 @@ extern unsigned resize_test_moves;
 
 /* stale.c */
 /* The entry of slot s (page) on the cache file could not be rewritten
- * after a write-back (disk_dirty: it still says dirty) or a drop.
+ * after a write-back (disk_dirty: it still says dirty; crc: the
+ * checksum of the data it holds) or a drop (crc NULL).
  */
 extern void cache_stale_add (struct cache *c, uint32_t s, uint64_t page,
-                             bool disk_dirty);
+                             bool disk_dirty, const uint32_t *crc);
 /* Slot s was dropped, but an older version of its page could not be
  * freed on the cache file: s's entry stays as it is, never rewritten.
  */

@@ -40,8 +40,7 @@ struct clean_page {
   uint64_t seq;
   uint8_t valid[LAYOUT_MAX_SECTORS / 8];
   uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
-  bool unsealed;
-  uint32_t crc;                  /* if unsealed: of the data written back */
+  uint32_t crc;                  /* of the data written back */
 };
 
 static int
@@ -250,11 +249,11 @@ load_page (struct cache *c, const struct cache_backend *be, uint64_t page,
   g->slot = s;
   g->seq = pt_seq (&c->pt, s);
   pt_maps_get (&c->pt, s, g->valid, g->dirty);
-  g->unsealed = pt_flags (&c->pt, s) & PT_UNSEALED;
   pthread_mutex_unlock (&c->lock);
-  /* Marking it clean will seal it: its checksum, from this data. */
-  if (g->unsealed)
-    g->crc = cache_page_crc (c, buf, g->valid);
+  /* Marking it clean writes its entry (and seals it): the checksum of
+   * this data (RAM keeps none).
+   */
+  g->crc = cache_page_crc (c, buf, g->valid);
   return 0;
 }
 
@@ -315,15 +314,16 @@ clean_commit (struct cache *c, const struct clean_page *p, bool held)
     return 0;
   for (unsigned b = 0; b < sizeof upd.dirty; b++)
     upd.dirty[b] &= ~p->dirty[b];
-  if (p->unsealed) {
-    upd.data_crc = p->crc;
-    upd.flags &= ~PT_UNSEALED;
-  }
+  /* The data did not change since load_page read it (same sequence
+   * number, or held): its checksum then is the entry's.
+   */
+  pt_slot_set_crc (&upd, p->crc);
+  upd.flags &= ~PT_UNSEALED;
   upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
   STATS_ADD (&c->stats, pages_written_back, 1);
   if (cache_commit_entry (c, p->slot, &upd) == -1) {
     cache_io_error (c, "writing entry", p->slot);
-    cache_stale_add (c, p->slot, p->page, true);
+    cache_stale_add (c, p->slot, p->page, true, &p->crc);
     return -1;
   }
   return 1;
@@ -548,7 +548,7 @@ retained_done (struct cache *c, const struct clean_page *p)
  */
 static bool
 retained_take (struct pass *ps, uint32_t s, struct clean_page *p,
-               uint32_t *crc, bool *check)
+               struct pt_slot *v)
 {
   struct cache *c = ps->c;
   bool take;
@@ -561,12 +561,30 @@ retained_take (struct pass *ps, uint32_t s, struct clean_page *p,
     p->page = pt_page (&c->pt, s);
     p->seq = pt_seq (&c->pt, s);
     pt_maps_get (&c->pt, s, p->valid, p->dirty);
-    p->unsealed = false;
-    *crc = pt_crc (&c->pt, s);
-    *check = !(pt_flags (&c->pt, s) & (PT_VERIFIED | PT_UNSEALED));
+    pagetable_get (&c->pt, s, v);
   }
   pthread_mutex_unlock (&c->lock);
   return take;
+}
+
+/* Read retained slot s's data into buf, checked against its entry's
+ * checksum if not done since the start (its data and entry never change
+ * while it is retained).  Returns 0 or -1.
+ */
+static int
+retained_read (struct cache *c, uint32_t s, const struct pt_slot *v,
+               struct clean_page *p, uint8_t *buf)
+{
+  uint32_t crc;
+
+  if (defer_read_data (&c->defer, &c->pool, s, buf, c->page_size, 0) == -1)
+    return -1;
+  p->crc = cache_page_crc (c, buf, p->valid);
+  if (v->flags & (PT_VERIFIED | PT_UNSEALED))
+    return 0;
+  if (cache_entry_crc (c, s, v, &crc) == -1)
+    return -1;
+  return p->crc == crc ? 0 : -1;
 }
 
 /* A retained slot whose data cannot be read: its generation can never
@@ -605,19 +623,17 @@ write_retained (struct pass *ps, uint8_t *buf)
 
   for (uint32_t s = 0; s < c->nslots; s++) {
     struct clean_page p;
+    struct pt_slot v;
     uint64_t bytes = 0;
-    uint32_t crc;
-    bool check;
     int err = 0;
 
-    if (!retained_take (ps, s, &p, &crc, &check))
+    if (!retained_take (ps, s, &p, &v))
       continue;
     if (cache_degraded (c)) {
       retained_lost (c, &p, true);
       continue;
     }
-    if (defer_read_data (&c->defer, &c->pool, s, buf, c->page_size, 0) == -1 ||
-        (check && cache_page_crc (c, buf, p.valid) != crc)) {
+    if (retained_read (c, s, &v, &p, buf) == -1) {
       retained_lost (c, &p, false);
       continue;
     }

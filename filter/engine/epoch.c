@@ -130,7 +130,7 @@ cache_drop_slot (struct cache *c, uint32_t s)
   r = pool_write_entry (&c->pool, s, &e);
   if (r == -1) {
     cache_io_error (c, "writing free entry", s);
-    cache_stale_add (c, s, page, was_dirty);
+    cache_stale_add (c, s, page, was_dirty, NULL);
   }
   cache_unpin (c, s);
   return r;

@@ -135,7 +135,7 @@ cache_fill_slot (struct cache *c, uint64_t page, uint32_t s,
     memcpy (upd.dirty, dirty, sizeof upd.dirty);
     upd.state = LAYOUT_DIRTY;
   }
-  upd.data_crc = cache_page_crc (c, buf, upd.valid);
+  pt_slot_set_crc (&upd, cache_page_crc (c, buf, upd.valid));
 
   /* Dirty sectors that are not one run need a side-table entry: with
    * none to be had, nothing is stored (like having no slot).
@@ -386,14 +386,13 @@ check_backend (struct cache *c, const struct cache_backend *be, uint32_t s,
       if (!pt_maps_set (&c->pt, s, v.valid, v.dirty))
         abort ();
     }
-    v.data_crc = cache_page_crc (c, buf, v.valid);
-    pt_set_crc (&c->pt, s, v.data_crc);
+    pt_slot_set_crc (&v, cache_page_crc (c, buf, v.valid));
     v.seq = ++c->seq;
     pt_set_seq (&c->pt, s, v.seq);
     pagetable_to_entry (&v, &e);
     e.hint = evict_slot_hint (c->ev, s);
     pthread_mutex_unlock (&c->lock);
-    if (pool_write_entry (&c->pool, s, &e) == -1)
+    if (cache_write_entry (c, s, &e) == -1)
       cache_io_error (c, "writing entry", s);
   }
   return 0;
@@ -451,6 +450,12 @@ cache_read_verified_span (struct cache *c, const struct cache_backend *be,
   }
   if (snap.flags & PT_VERIFIED)
     return 0;
+  /* Not verified since the start: its entry holds the checksum (it
+   * was loaded from it, and every change since wrote the entry, or
+   * left the checksum in crc_memo).
+   */
+  if (cache_entry_crc (c, s, &snap, &snap.data_crc) == -1)
+    goto bad;
 
   if (cache_page_crc (c, buf, snap.valid) != snap.data_crc) {
     STATS_ADD (&c->stats, verify_failures, 1);

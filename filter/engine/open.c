@@ -323,7 +323,10 @@ slot_page (void *opaque, uint32_t s)
 /* Slot s is indexed, and raw its entry as stored: bring its hint up
  * to date.  An entry that only changes its hint keeps its number; one
  * that differs otherwise (it should not at a clean stop) is written
- * from RAM with a fresh number, as the newest version of its page.
+ * from RAM with a fresh number, as the newest version of its page, if
+ * it can be: a sealed entry takes its checksum from the stored one,
+ * which must then describe the same data (page, state and maps); if it
+ * does not, the entry is left as it is (RAM keeps no checksums).
  * Returns true if raw changed.  Called with c->lock held.
  */
 static bool
@@ -332,9 +335,21 @@ save_hint_locked (struct cache *c, uint32_t s, uint8_t *raw)
   struct layout_entry e, old;
   struct pt_slot v;
   uint8_t buf[LAYOUT_ENTRY_SIZE];
+  bool decoded;
 
   pagetable_get (&c->pt, s, &v);
-  if (layout_entry_decode (raw, c->nsectors, &old) == 0) {
+  decoded = layout_entry_decode (raw, c->nsectors, &old) == 0;
+  if (decoded && old.page == v.page && old.state == v.state &&
+      memcmp (old.valid, v.valid, sizeof v.valid) == 0 &&
+      memcmp (old.dirty, v.dirty, sizeof v.dirty) == 0 &&
+      (!(old.flags & LAYOUT_ENT_UNSEALED) || (v.flags & PT_UNSEALED)))
+    pt_slot_set_crc (&v, old.data_crc);
+  else if (!(v.flags & PT_UNSEALED)) {
+    log_debug ("cache file %s: slot %u: its entry does not describe the "
+               "data RAM has; left as it is", c->path, s);
+    return false;
+  }
+  if (decoded) {
     v.seq = old.seq;
     pagetable_to_entry (&v, &e);
     e.hint = old.hint;
@@ -752,6 +767,7 @@ free_cache (struct cache *c)
   free (c->suspect);
   genclock_free (&c->gclock);
   free (c->stale);
+  free (c->crc_memo);
   admit_seq_free (c->seqcut);
   admit_seq_free (c->wseq);
   admit_nhit_free (c->nhit);

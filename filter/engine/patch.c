@@ -172,7 +172,7 @@ patch_load_fresh (struct patch *p)
 
   memset (&p->upd, 0, sizeof p->upd);
   p->upd.page = p->page;
-  p->upd.data_crc = c->zero_page_crc;
+  pt_slot_set_crc (&p->upd, c->zero_page_crc);
   memset (p->old, 0, p->span_len);
   pthread_mutex_lock (&c->lock);
   p->evicted = pt_flags (&c->pt, p->s) & PT_EVICTED;
@@ -230,6 +230,14 @@ patch_load_cached (struct patch *p, int *err)
      * and must be one a crash undoes: unsealed, or nothing.
      */
     return PATCH_NOT_UNSEALED;
+  if (!(p->unseal || p->unsealed) &&
+      cache_entry_crc (c, p->s, &p->upd, &p->upd.data_crc) == -1) {
+    /* Sealed: its checksum, to patch (patch_sealed, patch_fill). */
+    *err = EIO;
+    return PATCH_ERROR;
+  }
+  if (!(p->unseal || p->unsealed))
+    p->upd.flags |= PT_CRC_KNOWN;
   if (p->kind == W_FILL && span_invalid (&p->upd, p->sf, p->sl))
     memset (p->old, 0, p->span_len);    /* nothing cached there yet */
   else if (!(p->unseal || p->unsealed) ||
@@ -357,27 +365,34 @@ patch_evicted (struct patch *p)
 }
 
 /* Strategy 3, backend data in sectors of a cached slot that were not
- * valid: the entry on disk may lag (its valid sectors and checksum
- * still hold for the data), which only means a crash forgets these
- * sectors; RAM is ahead, and the next entry write (at the latest, at
- * close) records them.
+ * valid: data first (the entry on disk still holds for the data: its
+ * checksum counts invalid sectors as zeroes, so a crash only forgets
+ * these sectors), then the entry with the new valid sectors and the
+ * patched checksum (the next patch starts from it: cache_entry_crc).
+ * The dirty data does not change, so the slot keeps its sync epoch and
+ * generation.
  */
 static int
 patch_fill (struct patch *p)
 {
   struct cache *c = p->c;
-  uint8_t dirty[LAYOUT_MAX_SECTORS / 8];
+  struct layout_entry e;
+  struct pt_slot v;
 
   patch_crc (p);
   if (patch_write_span (p) == -1)
     return -1;
   pthread_mutex_lock (&c->lock);
-  pt_maps_get (&c->pt, p->s, NULL, dirty);
-  pt_maps_set (&c->pt, p->s, p->upd.valid, dirty);
-  pt_set_crc (&c->pt, p->s, p->upd.data_crc);
-  pt_set_seq (&c->pt, p->s, ++c->seq);
+  pagetable_get (&c->pt, p->s, &v);
+  memcpy (v.valid, p->upd.valid, sizeof v.valid);
+  pt_maps_set (&c->pt, p->s, v.valid, v.dirty);
+  pt_slot_set_crc (&v, p->upd.data_crc);
+  v.seq = ++c->seq;
+  pt_set_seq (&c->pt, p->s, v.seq);
+  pagetable_to_entry (&v, &e);
+  e.hint = evict_slot_hint (c->ev, p->s);
   pthread_mutex_unlock (&c->lock);
-  return 0;
+  return cache_write_entry (c, p->s, &e);
 }
 
 /* Strategy 4, the rest (a sealed slot, or a fresh one): data, then the

@@ -54,12 +54,14 @@ cmp_cand (const void *a, const void *b)
 static bool
 data_verifies (struct cache *c, uint32_t s, uint8_t *buf)
 {
-  uint8_t valid[LAYOUT_MAX_SECTORS / 8];
+  struct pt_slot v;
+  uint32_t crc;
 
-  if (defer_read_data (&c->defer, &c->pool, s, buf, c->page_size, 0) == -1)
+  pagetable_get (&c->pt, s, &v);
+  if (defer_read_data (&c->defer, &c->pool, s, buf, c->page_size, 0) == -1 ||
+      cache_entry_crc (c, s, &v, &crc) == -1)
     return false;
-  pt_maps_get (&c->pt, s, valid, NULL);
-  return cache_page_crc (c, buf, valid) == pt_crc (&c->pt, s);
+  return cache_page_crc (c, buf, v.valid) == crc;
 }
 
 /* Slot s is the newest usable version of its page, but a newer one was
@@ -85,6 +87,7 @@ older_after_drop (struct cache *c, uint32_t s, uint8_t hint, uint8_t *buf)
     return false;
   }
   if (defer_read_data (&c->defer, &c->pool, s, buf, c->page_size, 0) == -1 ||
+      cache_entry_crc (c, s, &v, &v.data_crc) == -1 ||
       cache_page_crc (c, buf, v.valid) != v.data_crc) {
     cache_io_error (c, "reading data at recovery", s);
     pt_set_state (&c->pt, s, LAYOUT_FREE);
@@ -93,8 +96,7 @@ older_after_drop (struct cache *c, uint32_t s, uint8_t hint, uint8_t *buf)
   }
   memcpy (v.valid, v.dirty, sizeof v.valid);
   pt_maps_set (&c->pt, s, v.valid, v.dirty);
-  v.data_crc = cache_page_crc (c, buf, v.valid);
-  pt_set_crc (&c->pt, s, v.data_crc);
+  pt_slot_set_crc (&v, cache_page_crc (c, buf, v.valid));
   v.seq = ++c->seq;
   pt_set_seq (&c->pt, s, v.seq);
   pagetable_to_entry (&v, &e);

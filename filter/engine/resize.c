@@ -139,21 +139,25 @@ resize_next (const struct resize *r, uint64_t *cur, bool held, int cls)
   return r->old_n;
 }
 
-struct resize_pair { uint32_t from, to; bool ok; };
+struct resize_pair {
+  uint32_t from, to;
+  bool ok;
+  uint32_t crc;                  /* of the page's data (resize_copy) */
+};
 
 /* Copy the page of slot m->from into slot m->to (buf: a page).
  * Returns 1, 0 if it is not moved (it fails its checksum, or cannot be
  * read), or -1 (logged) if the copy could not be written.
  */
 static int
-resize_copy (struct cache *c, const struct resize_pair *m, uint8_t *buf)
+resize_copy (struct cache *c, struct resize_pair *m, uint8_t *buf)
 {
-  uint8_t valid[LAYOUT_MAX_SECTORS / 8];
+  struct pt_slot v;
 
-  if (pool_read_data (&c->pool, m->from, buf, c->page_size, 0) == -1)
-    return 0;
-  pt_maps_get (&c->pt, m->from, valid, NULL);
-  if (cache_page_crc (c, buf, valid) != pt_crc (&c->pt, m->from))
+  pagetable_get (&c->pt, m->from, &v);
+  if (pool_read_data (&c->pool, m->from, buf, c->page_size, 0) == -1 ||
+      cache_entry_crc (c, m->from, &v, &m->crc) == -1 ||
+      cache_page_crc (c, buf, v.valid) != m->crc)
     return 0;
   if (pool_write_data (&c->pool, m->to, buf, c->page_size, 0) == -1) {
     log_error ("cache file %s: resize: moving a page: %m", c->path);
@@ -175,6 +179,7 @@ resize_commit_move (struct resize *r, const struct resize_pair *m)
   struct layout_entry e;
 
   pagetable_get (&c->pt, m->from, &v);
+  pt_slot_set_crc (&v, m->crc);
   v.seq = ++c->seq;
   pagetable_to_entry (&v, &e);
   e.hint = evict_slot_hint (c->ev, m->from);

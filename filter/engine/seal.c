@@ -125,7 +125,7 @@ cache_seal_slot (struct cache *c, uint32_t s, uint64_t epoch)
     free (buf);
     return -1;
   }
-  upd.data_crc = cache_page_crc (c, buf, upd.valid);
+  pt_slot_set_crc (&upd, cache_page_crc (c, buf, upd.valid));
   upd.flags &= ~PT_UNSEALED;
   free (buf);
   r = cache_commit_entry_at (c, s, &upd, epoch);

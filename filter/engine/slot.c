@@ -2,9 +2,10 @@
 /* nbdkit-ssdcache-filter: slot bookkeeping.
  *
  * Owns what every path does to one slot: pins, the state counters,
- * committing a slot's entry to the cache file, whether it must be
- * copied before a rewrite (cache_must_cow), and cache-device errors
- * (degraded mode).  Geometry is geom.c's, allocation alloc.c's.
+ * committing a slot's entry to the cache file, reading its data
+ * checksum back from there (RAM keeps none; c->crc_memo holds those of
+ * entries whose write failed), whether it must be copied before a
+ * rewrite (cache_must_cow), and cache-device errors (degraded mode).  Geometry is geom.c's, allocation alloc.c's.
  * Everything named *_locked, and the page table and policy calls, run
  * under c->lock (see the lock table in docs/design.md); entry and data I/O
  * run without it.
@@ -17,6 +18,8 @@
 
 #include "cache-int.h"
 #include "log.h"
+
+#define CRC_MEMO_MAX 4096        /* c->crc_memo entries at most */
 
 void
 cache_policy_insert (struct cache *c, uint32_t s, uint64_t page)
@@ -135,10 +138,86 @@ cache_unseal_listed_locked (struct cache *c, uint32_t s)
   c->unsealed[c->nunsealed++] = s;
 }
 
+/* Under c->lock: slot s's checksum if its entry on disk is behind
+ * (crc_memo), else false.
+ */
+bool
+cache_crc_memo_find_locked (const struct cache *c, uint32_t s, uint32_t *crc)
+{
+  for (size_t i = 0; i < c->ncrc_memo; i++)
+    if (c->crc_memo[i].slot == s) {
+      if (crc)
+        *crc = c->crc_memo[i].crc;
+      return true;
+    }
+  return false;
+}
+
+/* Under c->lock: the entry write of s with checksum crc failed (ok
+ * false), or one succeeded (ok true: its entry is current again).
+ * Without room in the memo (CRC_MEMO_MAX: a device that fails every
+ * entry write while writeback marks pages clean would add one for each
+ * page, and the memo is searched linearly), the slot's later check
+ * fails safe: a clean page is dropped, a dirty one reported.  The
+ * writes that matter come first: dirty data rewritten in place at the
+ * failure that degraded the cache.
+ */
+static void
+crc_memo_note_locked (struct cache *c, uint32_t s, bool ok, uint32_t crc)
+{
+  for (size_t i = 0; i < c->ncrc_memo; i++)
+    if (c->crc_memo[i].slot == s) {
+      if (ok)
+        c->crc_memo[i] = c->crc_memo[--c->ncrc_memo];
+      else
+        c->crc_memo[i].crc = crc;
+      return;
+    }
+  if (ok)
+    return;
+  if (c->ncrc_memo == CRC_MEMO_MAX)
+    return;
+  if (c->ncrc_memo == c->capcrc_memo) {
+    size_t cap = c->capcrc_memo ? c->capcrc_memo * 2 : 8;
+    struct cache_crc_memo *m = realloc (c->crc_memo, cap * sizeof *m);
+    if (m == NULL)
+      return;
+    c->crc_memo = m;
+    c->capcrc_memo = cap;
+  }
+  c->crc_memo[c->ncrc_memo++] = (struct cache_crc_memo) { s, crc };
+}
+
+/* Under c->lock: the write of slot s's entry e returned r. */
+static void
+entry_written_locked (struct cache *c, uint32_t s,
+                      const struct layout_entry *e, int r)
+{
+  if (r == 0 ? c->ncrc_memo > 0
+      : e->state != LAYOUT_FREE && !(e->flags & LAYOUT_ENT_UNSEALED))
+    crc_memo_note_locked (c, s, r == 0, e->data_crc);
+}
+
+/* Write e, the entry RAM now has for pinned slot s (its page range
+ * locked by the caller), remembering its checksum if the write fails.
+ * Returns 0 or -1.
+ */
+int
+cache_write_entry (struct cache *c, uint32_t s, const struct layout_entry *e)
+{
+  int r = pool_write_entry (&c->pool, s, e);
+
+  pthread_mutex_lock (&c->lock);
+  entry_written_locked (c, s, e, r);
+  pthread_mutex_unlock (&c->lock);
+  return r;
+}
+
 /* Write the entry of pinned (or privately owned) slot s with a new
  * sequence number after copying upd's contents into it (and its
- * PT_UNSEALED flag).  The slot's epoch is set once the write has
- * completed: the current one, or epoch if that is earlier.
+ * PT_UNSEALED flag); the entry takes upd's checksum (PT_CRC_KNOWN, or
+ * PT_UNSEALED: pagetable_to_entry).  The slot's epoch is set once the
+ * write has completed: the current one, or epoch if that is earlier.
  */
 static int
 commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd,
@@ -160,7 +239,6 @@ commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd,
   if (!(flags & PT_INDEXED))
     pt_set_page (&c->pt, s, upd->page);
   pt_set_state (&c->pt, s, upd->state);
-  pt_set_crc (&c->pt, s, upd->data_crc);
   if (!pt_maps_set (&c->pt, s, upd->valid, upd->dirty)) {
     /* Callers reserve room for maps that need it before they write
      * (pt_maps_reserve_for): not reached.  Never lose the maps.
@@ -176,6 +254,8 @@ commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd,
   pt_set_gen (&c->pt, s, new_data && upd->state == LAYOUT_DIRTY
               ? c->gen : upd->gen);
   pagetable_get (&c->pt, s, &v);
+  v.data_crc = upd->data_crc;
+  v.flags |= upd->flags & PT_CRC_KNOWN;
   pagetable_to_entry (&v, &e);
   if (flags & PT_INDEXED)
     e.hint = evict_slot_hint (c->ev, s);
@@ -185,6 +265,7 @@ commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd,
 
   pthread_mutex_lock (&c->lock);
   pt_set_epoch (&c->pt, s, c->epoch < epoch ? c->epoch : epoch);
+  entry_written_locked (c, s, &e, r);
   pthread_mutex_unlock (&c->lock);
   return r;
 }
@@ -201,6 +282,45 @@ int
 cache_commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
 {
   return commit_entry (c, s, upd, CACHE_EPOCH_NOW, true);
+}
+
+/* The checksum of slot s's data, from its entry on disk (RAM keeps
+ * none): for a sealed slot the entry is current whenever its page is
+ * range locked (every entry write holds that lock, and a change to a
+ * sealed slot's data or maps writes its entry), unless that write
+ * failed (then crc_memo has it).  expect is the slot as
+ * RAM has it: an entry that does not describe the same page, state and
+ * maps, or is unsealed, is not used.  Returns 0, or -1 with a message
+ * logged (as a cache read error).
+ */
+int
+cache_entry_crc (struct cache *c, uint32_t s, const struct pt_slot *expect,
+                 uint32_t *crc)
+{
+  uint8_t raw[LAYOUT_ENTRY_SIZE];
+  struct layout_entry e;
+  bool memo;
+
+  pthread_mutex_lock (&c->lock);
+  memo = c->ncrc_memo > 0 && cache_crc_memo_find_locked (c, s, crc);
+  pthread_mutex_unlock (&c->lock);
+  if (memo)
+    return 0;
+  if (pool_read_entries (&c->pool, s, 1, raw) == -1) {
+    cache_io_error (c, "reading entry", s);
+    return -1;
+  }
+  if (layout_entry_decode (raw, c->nsectors, &e) == -1 ||
+      e.state != expect->state || e.page != expect->page ||
+      (e.flags & LAYOUT_ENT_UNSEALED) ||
+      memcmp (e.valid, expect->valid, sizeof e.valid) != 0 ||
+      memcmp (e.dirty, expect->dirty, sizeof e.dirty) != 0) {
+    errno = EIO;
+    cache_io_error (c, "reading entry: it does not match the slot", s);
+    return -1;
+  }
+  *crc = e.data_crc;
+  return 0;
 }
 
 /* May slot s not be rewritten in place (under c->lock)?  True if it

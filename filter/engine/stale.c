@@ -47,7 +47,7 @@ stale_log_clean_locked (struct cache *c, uint64_t page)
 
 static void
 stale_add (struct cache *c, uint32_t s, uint64_t page, bool disk_dirty,
-           bool keep)
+           bool keep, const uint32_t *crc)
 {
   pthread_mutex_lock (&c->lock);
   if (!disk_dirty)
@@ -56,6 +56,10 @@ stale_add (struct cache *c, uint32_t s, uint64_t page, bool disk_dirty,
     if (c->stale[i].slot == s) {
       c->stale[i].disk_dirty |= disk_dirty;
       c->stale[i].keep |= keep;
+      if (crc) {
+        c->stale[i].crc = *crc;
+        c->stale[i].has_crc = true;
+      }
       pthread_mutex_unlock (&c->lock);
       return;
     }
@@ -74,6 +78,8 @@ stale_add (struct cache *c, uint32_t s, uint64_t page, bool disk_dirty,
   c->stale[c->nstale].page = page;
   c->stale[c->nstale].disk_dirty = disk_dirty;
   c->stale[c->nstale].keep = keep;
+  c->stale[c->nstale].crc = crc ? *crc : 0;
+  c->stale[c->nstale].has_crc = crc != NULL;
   c->nstale++;
   pthread_mutex_unlock (&c->lock);
   if (ssdcache_debug_verbose)
@@ -83,16 +89,17 @@ stale_add (struct cache *c, uint32_t s, uint64_t page, bool disk_dirty,
 }
 
 void
-cache_stale_add (struct cache *c, uint32_t s, uint64_t page, bool disk_dirty)
+cache_stale_add (struct cache *c, uint32_t s, uint64_t page, bool disk_dirty,
+                 const uint32_t *crc)
 {
-  stale_add (c, s, page, disk_dirty, false);
+  stale_add (c, s, page, disk_dirty, false, crc);
 }
 
 void
 cache_stale_keep (struct cache *c, uint32_t s, uint64_t page,
                   bool disk_dirty)
 {
-  stale_add (c, s, page, disk_dirty, true);
+  stale_add (c, s, page, disk_dirty, true, NULL);
 }
 
 /* Write the current entry of every stale slot of pages [first, last]
@@ -104,6 +111,7 @@ stale_record (struct cache *c, uint64_t first, uint64_t last, bool dirty_only)
 {
   struct layout_entry *e = NULL;
   uint32_t *slots = NULL;
+  bool *current = NULL;
   size_t n = 0;
   bool ok = true;
 
@@ -114,19 +122,37 @@ stale_record (struct cache *c, uint64_t first, uint64_t last, bool dirty_only)
   }
   e = malloc (c->nstale * sizeof *e);
   slots = malloc (c->nstale * sizeof *slots);
-  if (e == NULL || slots == NULL) {
+  current = malloc (c->nstale * sizeof *current);
+  if (e == NULL || slots == NULL || current == NULL) {
     pthread_mutex_unlock (&c->lock);
     free (e);
     free (slots);
+    free (current);
     return -1;
   }
   for (size_t i = 0; i < c->nstale; i++) {
     const struct cache_stale *st = &c->stale[i];
     if (st->page < first || st->page > last || st->keep)
       continue;
-    /* What RAM says now is the truth for this slot. */
+    /* What RAM says now is the truth for this slot, with the checksum
+     * of its data: the one of the last entry write that failed
+     * (crc_memo), or the one recorded here.  A slot dropped and then
+     * taken again that has neither had its entry written since: it
+     * is current.
+     */
     struct pt_slot v;
+    uint32_t crc;
     pagetable_get (&c->pt, st->slot, &v);
+    current[n] = false;
+    if (cache_crc_memo_find_locked (c, st->slot, &crc))
+      pt_slot_set_crc (&v, crc);
+    else if (st->has_crc)
+      pt_slot_set_crc (&v, st->crc);
+    else if (v.state != LAYOUT_FREE && !(v.flags & PT_UNSEALED)) {
+      current[n] = true;
+      slots[n++] = st->slot;
+      continue;
+    }
     pagetable_to_entry (&v, &e[n]);
     e[n].seq = ++c->seq;
     e[n].hint = evict_slot_hint (c->ev, st->slot);
@@ -135,7 +161,7 @@ stale_record (struct cache *c, uint64_t first, uint64_t last, bool dirty_only)
   pthread_mutex_unlock (&c->lock);
 
   for (size_t i = 0; ok && i < n; i++)
-    if (pool_write_entry (&c->pool, slots[i], &e[i]) == -1)
+    if (!current[i] && pool_write_entry (&c->pool, slots[i], &e[i]) == -1)
       ok = false;
   if (ok && n > 0 && defer_sync (&c->defer, &c->pool) == -1)
     ok = false;
@@ -159,6 +185,7 @@ stale_record (struct cache *c, uint64_t first, uint64_t last, bool dirty_only)
   pthread_mutex_unlock (&c->lock);
   free (e);
   free (slots);
+  free (current);
   return ok ? 0 : -1;
 }
 

@@ -83,7 +83,7 @@ cow_store (const struct page_write *w, uint32_t s, uint32_t ns,
   struct pt_slot upd = *snap;
 
   upd.state = layout_map_empty (upd.dirty) ? LAYOUT_CLEAN : LAYOUT_DIRTY;
-  upd.data_crc = cache_page_crc (c, buf, upd.valid);
+  pt_slot_set_crc (&upd, cache_page_crc (c, buf, upd.valid));
   upd.flags &= ~PT_UNSEALED;    /* a fresh checksum */
   pthread_mutex_lock (&c->lock);
   if (!pt_maps_reserve_for (&c->pt, ns, upd.valid, upd.dirty) &&

@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -873,11 +874,20 @@ pool_write_entries (struct pool *p, uint64_t first, uint64_t n,
                       p->sb.pt_offset + first * LAYOUT_ENTRY_SIZE);
 }
 
+_Atomic unsigned pool_test_fail_entry_writes;
+
 int
 pool_write_entry (struct pool *p, uint64_t slot, const struct layout_entry *e)
 {
   uint8_t buf[LAYOUT_ENTRY_SIZE];
+  unsigned n = atomic_load (&pool_test_fail_entry_writes);
 
+  while (n > 0)
+    if (atomic_compare_exchange_weak (&pool_test_fail_entry_writes, &n,
+                                      n - 1)) {
+      errno = EIO;
+      return -1;
+    }
   layout_entry_encode (e, buf);
   return pool_pwrite (p, buf, sizeof buf,
                       p->sb.pt_offset + slot * LAYOUT_ENTRY_SIZE);

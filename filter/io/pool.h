@@ -130,6 +130,8 @@ extern int pool_write_sb (struct pool *p, struct layout_sb *sb);
 /* Page-table entries. */
 extern int pool_read_entries (struct pool *p, uint64_t first, uint64_t n,
                               void *buf);
+/* Tests only: this many more pool_write_entry calls fail (EIO). */
+extern _Atomic unsigned pool_test_fail_entry_writes;
 extern int pool_write_entry (struct pool *p, uint64_t slot,
                              const struct layout_entry *e);
 extern int pool_write_entries (struct pool *p, uint64_t first, uint64_t n,

@@ -12,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <unistd.h>
+#include <sys/wait.h>
 #include <cmocka.h>
 
 #include "pagetable.h"
@@ -114,7 +117,6 @@ test_put_free_resets (void **state)
   pagetable_insert (&pt, s, 777);
   pt_set_state (&pt, s, LAYOUT_CLEAN);
   pt_set_seq (&pt, s, 9);
-  pt_set_crc (&pt, s, 1234);
   memset (v.valid, 0xff, sizeof v.valid);
   memset (v.dirty, 0, sizeof v.dirty);
   assert_true (pt_maps_set (&pt, s, v.valid, v.dirty));
@@ -373,7 +375,7 @@ fill_slot (struct pt_slot *s, uint8_t st)
   memset (s, 0, sizeof *s);
   s->page = PT_MAX_PAGES - 77;
   s->seq = 0xabcdef0123ULL;
-  s->data_crc = 0x87654321;
+  pt_slot_set_crc (s, 0x87654321);
   s->state = st;
   for (unsigned i = 0; i < LAYOUT_MAX_SECTORS; i += 5)
     layout_bit_set (s->valid, i);
@@ -395,7 +397,7 @@ test_entry_roundtrip (void **state)
 
     fill_slot (&s, states[k]);
     s.pins = 3;                         /* RAM-only fields */
-    s.flags = PT_INDEXED | PT_VERIFIED;
+    s.flags |= PT_INDEXED | PT_VERIFIED;
     memset (&e, 0xee, sizeof e);
     pagetable_to_entry (&s, &e);
     assert_int_equal (e.page, s.page);
@@ -427,12 +429,50 @@ test_entry_roundtrip (void **state)
     assert_int_equal (s2.page, s.page);
     /* Then RAM keeps a change stamp, not the entry's number. */
     assert_int_equal (s2.seq, 0);
-    assert_int_equal (s2.data_crc, s.data_crc);
+    /* ...and no checksum (the entry on disk has it). */
+    assert_int_equal (s2.flags & PT_CRC_KNOWN, 0);
     assert_int_equal (s2.state, s.state);
     assert_memory_equal (s2.valid, s.valid, sizeof s.valid);
     assert_memory_equal (s2.dirty, s.dirty, sizeof s.dirty);
     assert_int_equal (s2.pins, 0);
   }
+}
+
+/* RAM keeps no checksums: an entry is built with one the caller gives
+ * (PT_CRC_KNOWN), or is unsealed (its checksum is never read), or free.
+ * A sealed one without it would carry a wrong checksum: the process
+ * stops instead.
+ */
+static void
+test_entry_needs_crc (void **state)
+{
+  struct pt_slot s;
+  struct layout_entry e;
+  pid_t pid;
+  int status;
+
+  fill_slot (&s, LAYOUT_DIRTY);
+  pagetable_to_entry (&s, &e);
+  assert_int_equal (e.data_crc, 0x87654321);
+  s.flags = PT_UNSEALED;                        /* no PT_CRC_KNOWN */
+  pagetable_to_entry (&s, &e);
+  assert_int_equal (e.flags, LAYOUT_ENT_UNSEALED);
+  s.flags = 0;
+  s.state = LAYOUT_FREE;
+  pagetable_to_entry (&s, &e);
+  assert_int_equal (e.state, LAYOUT_FREE);
+
+  s.state = LAYOUT_CLEAN;
+  pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    signal (SIGABRT, SIG_DFL);
+    pagetable_to_entry (&s, &e);
+    _exit (0);
+  }
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFSIGNALED (status));
+  assert_int_equal (WTERMSIG (status), SIGABRT);
 }
 
 /* The loader's two halves (pagetable_rec_encode on the reader thread,
@@ -467,8 +507,8 @@ test_entry_rec_encode (void **state)
   assert_int_equal (b.page, a.page);
   assert_int_equal (b.seq, a.seq);
   assert_int_equal (b.epoch, a.epoch);
-  assert_int_equal (b.data_crc, e.data_crc);
-  assert_int_equal (b.data_crc, a.data_crc);
+  assert_int_equal (b.flags & PT_CRC_KNOWN, 0);
+  assert_int_equal (a.flags & PT_CRC_KNOWN, 0);
   assert_int_equal (b.state, LAYOUT_DIRTY);
   assert_int_equal (b.state, a.state);
   assert_memory_equal (b.valid, e.valid, sizeof e.valid);
@@ -584,14 +624,14 @@ test_heap_bytes (void **state)
   uint32_t sizes[] = { 1, 2, 16, 1000, 65536, 1000003, 4u << 20 };
   uint8_t valid[16], dirty[16];
 
-  assert_int_equal (sizeof (struct pt_rec), 24);
+  assert_int_equal (sizeof (struct pt_rec), 20);
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
     struct pagetable pt;
     uint32_t n = sizes[i];
 
     assert_int_equal (pagetable_init (&pt, n), 0);
-    /* 26 bytes a slot, and the pin hash (64 cells at first). */
-    assert_true (pagetable_heap_bytes (&pt) <= 26 * (uint64_t) n + 64 + 512);
+    /* 22 bytes a slot, and the pin hash (64 cells at first). */
+    assert_true (pagetable_heap_bytes (&pt) <= 22 * (uint64_t) n + 64 + 512);
     /* Full pages, one dirty run, empty maps: no side table. */
     memset (valid, 0xff, sizeof valid);
     memset (dirty, 0, sizeof dirty);
@@ -609,7 +649,7 @@ test_heap_bytes (void **state)
     assert_int_equal (pt.side_used, 0);
     /* Pinned slots: at most 16 bytes each in the pin hash. */
     assert_true (pagetable_heap_bytes (&pt) <=
-                 26 * (uint64_t) n + 64 + 512 + 16 * (uint64_t) pt.pin_used);
+                 22 * (uint64_t) n + 64 + 512 + 16 * (uint64_t) pt.pin_used);
     /* Partial maps: at most 32 bytes for each side-table entry more. */
     for (uint32_t s = 0; s < n && s < 100; s++) {
       memset (valid, 0x55, sizeof valid);
@@ -617,7 +657,7 @@ test_heap_bytes (void **state)
     }
     assert_true (pt.side_used == (n < 100 ? n : 100));
     assert_true (pagetable_heap_bytes (&pt) <=
-                 26 * (uint64_t) n + 64 + 512 + 16 * (uint64_t) pt.pin_used
+                 22 * (uint64_t) n + 64 + 512 + 16 * (uint64_t) pt.pin_used
                  + 2 * 32 * (uint64_t) pt.side_used + 64 * 32);
     pagetable_free (&pt);
   }
@@ -1266,6 +1306,7 @@ main (void)
     cmocka_unit_test (test_churn_small),
     cmocka_unit_test (test_churn_large),
     cmocka_unit_test (test_entry_roundtrip),
+    cmocka_unit_test (test_entry_needs_crc),
     cmocka_unit_test (test_entry_rec_encode),
     cmocka_unit_test (test_seq_restart),
     cmocka_unit_test (test_range_valid),

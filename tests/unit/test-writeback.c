@@ -48,6 +48,7 @@
 #include "testfile.h"
 #include "writeback.h"
 #include "cache-int.h"             /* test_wb_flush_backend_hot */
+#include "pool.h"                  /* pool_test_fail_entry_writes */
 
 #define PS 4096u                  /* page size of most tests */
 #define SS 512u                   /* its sector size */
@@ -1315,6 +1316,38 @@ assert_sealed_on_disk (uint64_t page)
   assert_int_equal (layout_crc32c (buf, PS), e.data_crc);
 }
 
+/* RAM keeps no checksums: when the entry write of a partial write to a
+ * page not read since the start fails, the checksum the entry should
+ * have had is remembered (crc_memo).  The write is then retried around
+ * the now degraded cache, which writes the dirty page back first and
+ * must be able to check it: no EIO, no lost data.
+ */
+static void
+test_wb_entry_write_fails (void **state)
+{
+  const uint64_t size = 16 * PS;
+  struct tenv env;
+  struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
+  struct cache *c;
+
+  tenv_init (&env, size, 23);
+  c = testfile_open_attach (&cfg, size);
+  tenv_read_all_check (&env, c, PS);            /* all cached, clean */
+  cache_close (c);
+  c = testfile_open_attach (&cfg, size);        /* none verified */
+  atomic_store (&pool_test_fail_entry_writes, 1);
+  tenv_write (&env, c, 2 * PS + 1000, 300, 5);
+  assert_int_equal (atomic_load (&pool_test_fail_entry_writes), 0);
+  assert_int_equal (ST (c, degraded), 1);
+  tenv_read_all_check (&env, c, PS);
+  tenv_write (&env, c, 2 * PS + 10, 100, 6);
+  tenv_read_all_check (&env, c, PS);
+  assert_int_equal (ST (c, dirty_lost), 0);
+  assert_int_equal (ST (c, verify_failures), 0);
+  tenv_writeback_check (&env, c);
+  tenv_close (&env, c);
+}
+
 /* A client flush seals what it covers; so do writeback and close. */
 static void
 test_wb_unsealed_sealed (void **state)
@@ -1942,6 +1975,7 @@ main (void)
     TESTFILE_TEST (test_wb_flush_backend_hot),
     TESTFILE_TEST (test_wb_threads_tiny_cache),
     TESTFILE_TEST (test_wb_unsealed_sealed),
+    TESTFILE_TEST (test_wb_entry_write_fails),
     TESTFILE_TEST (test_wb_hot_pages_left_alone),
     TESTFILE_TEST (test_wb_hot_window_rule),
     TESTFILE_TEST (test_wb_hot_window_grows),

@@ -358,6 +358,18 @@ tenv_open (struct tenv *env, const struct cache_config *cfg, uint64_t size,
 }
 
 void
+tenv_init_cached (struct tenv *env, const struct cache_config *cfg,
+                  uint64_t size, unsigned seed)
+{
+  struct cache *c;
+
+  tenv_init (env, size, seed);
+  c = testfile_open_attach (cfg, size);
+  tenv_read_all_check (env, c, cache_page_size (c));
+  cache_close (c);
+}
+
+void
 tenv_close (struct tenv *env, struct cache *c)
 {
   fixture_close (c, &env->rb);

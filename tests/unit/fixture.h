@@ -154,6 +154,12 @@ extern struct cache *tenv_open (struct tenv *env,
                                 const struct cache_config *cfg,
                                 uint64_t size, unsigned seed);
 extern void tenv_close (struct tenv *env, struct cache *c);
+/* tenv_init, with every page cached clean in the test file (cfg) and
+ * the cache closed: the next open has none of its pages checked yet.
+ */
+extern void tenv_init_cached (struct tenv *env,
+                              const struct cache_config *cfg,
+                              uint64_t size, unsigned seed);
 /* mwrite, mread_check and mread_all_check (of the whole export) with
  * env's backend and model.
  */

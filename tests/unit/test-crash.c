@@ -654,10 +654,7 @@ test_wb_patch_after_restart (void **state)
   struct cache *c;
   uint8_t buf[300];
 
-  tenv_init (&env, size, 21);
-  c = testfile_open_attach (&cfg, size);
-  tenv_read_all_check (&env, c, PS);            /* all cached, clean */
-  cache_close (c);
+  tenv_init_cached (&env, &cfg, size, 21);
   crash_in_child (&cfg, size, 21, patch_restart_body);
   fill_pattern (buf, sizeof buf, 77);
   memcpy (env.model + 2 * PS + 1000, buf, 300);

@@ -1330,10 +1330,7 @@ test_wb_entry_write_fails (void **state)
   struct cache_config cfg = fixture_writeback_config (16 * PS, PS);
   struct cache *c;
 
-  tenv_init (&env, size, 23);
-  c = testfile_open_attach (&cfg, size);
-  tenv_read_all_check (&env, c, PS);            /* all cached, clean */
-  cache_close (c);
+  tenv_init_cached (&env, &cfg, size, 23);
   c = testfile_open_attach (&cfg, size);        /* none verified */
   atomic_store (&pool_test_fail_entry_writes, 1);
   tenv_write (&env, c, 2 * PS + 1000, 300, 5);

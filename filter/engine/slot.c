@@ -5,7 +5,8 @@
  * committing a slot's entry to the cache file, reading its data
  * checksum back from there (RAM keeps none; c->crc_memo holds those of
  * entries whose write failed), whether it must be copied before a
- * rewrite (cache_must_cow), and cache-device errors (degraded mode).  Geometry is geom.c's, allocation alloc.c's.
+ * rewrite (cache_must_cow), and cache-device errors (degraded mode).
+ * Geometry is geom.c's, allocation alloc.c's.
  * Everything named *_locked, and the page table and policy calls, run
  * under c->lock (see the lock table in docs/design.md); entry and data I/O
  * run without it.
@@ -288,10 +289,10 @@ cache_commit_entry (struct cache *c, uint32_t s, const struct pt_slot *upd)
  * none): for a sealed slot the entry is current whenever its page is
  * range locked (every entry write holds that lock, and a change to a
  * sealed slot's data or maps writes its entry), unless that write
- * failed (then crc_memo has it).  expect is the slot as
- * RAM has it: an entry that does not describe the same page, state and
- * maps, or is unsealed, is not used.  Returns 0, or -1 with a message
- * logged (as a cache read error).
+ * failed (then crc_memo has it).  expect is the slot as RAM has it: an
+ * entry that does not describe the same page, state and maps, or is
+ * unsealed, is not used.  Returns 0, or -1 with a message logged (as a
+ * cache read error).
  */
 int
 cache_entry_crc (struct cache *c, uint32_t s, const struct pt_slot *expect,

@@ -230,14 +230,16 @@ patch_load_cached (struct patch *p, int *err)
      * and must be one a crash undoes: unsealed, or nothing.
      */
     return PATCH_NOT_UNSEALED;
-  if (!(p->unseal || p->unsealed) &&
-      cache_entry_crc (c, p->s, &p->upd, &p->upd.data_crc) == -1) {
+  if (!(p->unseal || p->unsealed)) {
     /* Sealed: its checksum, to patch (patch_sealed, patch_fill). */
-    *err = EIO;
-    return PATCH_ERROR;
+    uint32_t crc;
+
+    if (cache_entry_crc (c, p->s, &p->upd, &crc) == -1) {
+      *err = EIO;
+      return PATCH_ERROR;
+    }
+    pt_slot_set_crc (&p->upd, crc);
   }
-  if (!(p->unseal || p->unsealed))
-    p->upd.flags |= PT_CRC_KNOWN;
   if (p->kind == W_FILL && span_invalid (&p->upd, p->sf, p->sl))
     memset (p->old, 0, p->span_len);    /* nothing cached there yet */
   else if (!(p->unseal || p->unsealed) ||

@@ -338,6 +338,9 @@ extern int cache_commit_entry (struct cache *c, uint32_t s,
 #define CACHE_EPOCH_NOW UINT64_MAX
 extern int cache_commit_entry_at (struct cache *c, uint32_t s,
                                   const struct pt_slot *upd, uint64_t epoch);
+extern void cache_entry_renumber_locked (struct cache *c, uint32_t s,
+                                         struct pt_slot *v,
+                                         struct layout_entry *e);
 extern int cache_write_entry (struct cache *c, uint32_t s,
                               const struct layout_entry *e);
 extern bool cache_crc_memo_find_locked (const struct cache *c, uint32_t s,

@@ -387,10 +387,7 @@ check_backend (struct cache *c, const struct cache_backend *be, uint32_t s,
         abort ();
     }
     pt_slot_set_crc (&v, cache_page_crc (c, buf, v.valid));
-    v.seq = ++c->seq;
-    pt_set_seq (&c->pt, s, v.seq);
-    pagetable_to_entry (&v, &e);
-    e.hint = evict_slot_hint (c->ev, s);
+    cache_entry_renumber_locked (c, s, &v, &e);
     pthread_mutex_unlock (&c->lock);
     if (cache_write_entry (c, s, &e) == -1)
       cache_io_error (c, "writing entry", s);

@@ -389,10 +389,7 @@ patch_fill (struct patch *p)
   memcpy (v.valid, p->upd.valid, sizeof v.valid);
   pt_maps_set (&c->pt, p->s, v.valid, v.dirty);
   pt_slot_set_crc (&v, p->upd.data_crc);
-  v.seq = ++c->seq;
-  pt_set_seq (&c->pt, p->s, v.seq);
-  pagetable_to_entry (&v, &e);
-  e.hint = evict_slot_hint (c->ev, p->s);
+  cache_entry_renumber_locked (c, p->s, &v, &e);
   pthread_mutex_unlock (&c->lock);
   return cache_write_entry (c, p->s, &e);
 }

@@ -199,6 +199,22 @@ entry_written_locked (struct cache *c, uint32_t s,
     crc_memo_note_locked (c, s, r == 0, e->data_crc);
 }
 
+/* Under c->lock: v is slot s as RAM now has it (maps stored, checksum
+ * set); give it a fresh sequence number and build e, its entry, for
+ * cache_write_entry once c->lock is released.  An entry rewritten this
+ * way keeps the slot's epoch and generation: its dirty data did not
+ * change.
+ */
+void
+cache_entry_renumber_locked (struct cache *c, uint32_t s, struct pt_slot *v,
+                             struct layout_entry *e)
+{
+  v->seq = ++c->seq;
+  pt_set_seq (&c->pt, s, v->seq);
+  pagetable_to_entry (v, e);
+  e->hint = evict_slot_hint (c->ev, s);
+}
+
 /* Write e, the entry RAM now has for pinned slot s (its page range
  * locked by the caller), remembering its checksum if the write fails.
  * Returns 0 or -1.

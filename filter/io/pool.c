@@ -180,8 +180,92 @@ direct_pread_bounce (struct pool *p, void *buf, size_t count, uint64_t off)
   return ret;
 }
 
+/* -- page-table lines (direct I/O, see pool.h) ---------------------- */
+
+static unsigned
+blk_stripe (uint64_t a)
+{
+  return (a / POOL_DIRECT_ALIGN) % POOL_BLOCK_LOCKS;
+}
+
+/* Is the block at a in the page table of the current geometry? */
+static bool
+pt_block (const struct pool *p, uint64_t a)
+{
+  return p->pt_lines && a >= ALIGN_DOWN (p->sb.pt_offset, POOL_DIRECT_ALIGN) &&
+    a < p->sb.pool_offset;
+}
+
+/* Line i, holding the block at a (read if it does not: under
+ * blk_locks[i]).  Returns the line, or NULL (errno) if the read failed.
+ */
+static uint8_t *
+pt_line_locked (struct pool *p, unsigned i, uint64_t a)
+{
+  uint8_t *line = p->pt_lines + (size_t) i * POOL_DIRECT_ALIGN;
+
+  if (p->pt_tags[i] == a / POOL_DIRECT_ALIGN + 1)
+    return line;
+  p->pt_tags[i] = 0;
+  if (read_span (p, line, POOL_DIRECT_ALIGN, a, a) == -1)
+    return NULL;                /* (past the end: zeroes) */
+  p->pt_tags[i] = a / POOL_DIRECT_ALIGN + 1;
+  return line;
+}
+
+/* Forget the lines of blocks [off, off+count): whole blocks were
+ * written there.
+ */
+static void
+pt_lines_forget (struct pool *p, uint64_t off, uint64_t count)
+{
+  uint64_t b0 = off / POOL_DIRECT_ALIGN;
+  uint64_t nb = count / POOL_DIRECT_ALIGN;
+
+  /* Lines hold page-table blocks only. */
+  if (p->pt_lines == NULL || off >= p->sb.pool_offset ||
+      off + count <= ALIGN_DOWN (p->sb.pt_offset, POOL_DIRECT_ALIGN))
+    return;
+  for (uint64_t k = 0; k < nb && k < POOL_BLOCK_LOCKS; k++) {
+    unsigned i = (b0 + k) % POOL_BLOCK_LOCKS;
+
+    pthread_mutex_lock (&p->blk_locks[i]);
+    if (p->pt_tags[i] > b0 && p->pt_tags[i] <= b0 + nb)
+      p->pt_tags[i] = 0;
+    pthread_mutex_unlock (&p->blk_locks[i]);
+  }
+}
+
+/* Every line: a new geometry. */
+static void
+pt_lines_clear (struct pool *p)
+{
+  for (unsigned i = 0; p->pt_lines && i < POOL_BLOCK_LOCKS; i++) {
+    pthread_mutex_lock (&p->blk_locks[i]);
+    p->pt_tags[i] = 0;
+    pthread_mutex_unlock (&p->blk_locks[i]);
+  }
+}
+
+/* One entry of the page table, from its block's line. */
+static int
+pt_read_entry (struct pool *p, void *buf, uint64_t off)
+{
+  uint64_t a = ALIGN_DOWN (off, POOL_DIRECT_ALIGN);
+  unsigned i = blk_stripe (a);
+  uint8_t *line;
+
+  pthread_mutex_lock (&p->blk_locks[i]);
+  line = pt_line_locked (p, i, a);
+  if (line)
+    memcpy (buf, line + (off - a), LAYOUT_ENTRY_SIZE);
+  pthread_mutex_unlock (&p->blk_locks[i]);
+  return line ? 0 : -1;
+}
+
 /* Patch bytes [off, off+count) of the aligned block that holds them:
- * read the block, copy, write it back, under the block's stripe lock.
+ * read the block (or take its line), copy, write it back, under the
+ * block's stripe lock.
  */
 static int
 direct_rmw_block (struct pool *p, const void *buf, size_t count,
@@ -189,17 +273,24 @@ direct_rmw_block (struct pool *p, const void *buf, size_t count,
 {
   uint8_t blk[POOL_DIRECT_ALIGN] __attribute__ ((aligned (POOL_DIRECT_ALIGN)));
   uint64_t a = ALIGN_DOWN (off, POOL_DIRECT_ALIGN);
-  pthread_mutex_t *m = &p->blk_locks[(a / POOL_DIRECT_ALIGN) %
-                                     POOL_BLOCK_LOCKS];
-  int r;
+  unsigned i = blk_stripe (a);
+  uint8_t *b = blk;
+  int r = 0;
 
-  pthread_mutex_lock (m);
-  r = read_span (p, blk, sizeof blk, a, a);   /* past the end: zeroes */
-  if (r == 0) {
-    memcpy (blk + (off - a), buf, count);
-    r = full_pwrite (p->fd, blk, sizeof blk, a);
+  pthread_mutex_lock (&p->blk_locks[i]);
+  if (pt_block (p, a)) {
+    b = pt_line_locked (p, i, a);
+    r = b ? 0 : -1;
   }
-  pthread_mutex_unlock (m);
+  else
+    r = read_span (p, blk, sizeof blk, a, a);   /* past the end: zeroes */
+  if (r == 0) {
+    memcpy (b + (off - a), buf, count);
+    r = full_pwrite (p->fd, b, POOL_DIRECT_ALIGN, a);
+    if (r == -1 && b != blk)
+      p->pt_tags[i] = 0;        /* the block on the file is unknown */
+  }
+  pthread_mutex_unlock (&p->blk_locks[i]);
   return r;
 }
 
@@ -269,10 +360,13 @@ pool_pwrite (struct pool *p, const void *buf, size_t count, uint64_t off)
   if (sp.head_len &&
       direct_rmw_block (p, src, sp.head_len, sp.head_off) == -1)
     return -1;
-  if (sp.mid_len &&
-      direct_pwrite_blocks (p, src + (sp.mid_off - off), sp.mid_len,
-                            sp.mid_off) == -1)
-    return -1;
+  if (sp.mid_len) {
+    int r = direct_pwrite_blocks (p, src + (sp.mid_off - off), sp.mid_len,
+                                  sp.mid_off);
+    pt_lines_forget (p, sp.mid_off, sp.mid_len);
+    if (r == -1)
+      return -1;
+  }
   if (sp.tail_len &&
       direct_rmw_block (p, src + (sp.tail_off - off), sp.tail_len,
                         sp.tail_off) == -1)
@@ -426,6 +520,12 @@ open_pool (struct pool *p, const char *path, bool direct, bool private,
     }
     for (int i = 0; i < POOL_BLOCK_LOCKS; i++)
       pthread_mutex_init (&p->blk_locks[i], NULL);
+    p->pt_lines = bounce_alloc ((size_t) POOL_BLOCK_LOCKS * POOL_DIRECT_ALIGN);
+    p->pt_tags = calloc (POOL_BLOCK_LOCKS, sizeof *p->pt_tags);
+    if (p->pt_lines == NULL || p->pt_tags == NULL) {
+      log_error ("malloc: %m");
+      goto err;
+    }
     p->direct = true;
   }
 
@@ -530,6 +630,10 @@ pool_close (struct pool *p)
     free (p->blk_locks);
     p->blk_locks = NULL;
   }
+  free (p->pt_lines);
+  free (p->pt_tags);
+  p->pt_lines = NULL;
+  p->pt_tags = NULL;
   p->direct = false;
 }
 
@@ -741,6 +845,7 @@ pool_load_sb (struct pool *p)
                (unsigned long long) sb[best].generation);
   }
   p->sb = sb[best];
+  pt_lines_clear (p);
   p->next_sb = !best;
   return 1;
 }
@@ -856,12 +961,17 @@ pool_write_sb (struct pool *p, struct layout_sb *sb)
   free (buf);
   p->sb = *sb;
   p->next_sb ^= 1;
+  pt_lines_clear (p);
   return 0;
 }
 
 int
 pool_read_entries (struct pool *p, uint64_t first, uint64_t n, void *buf)
 {
+  uint64_t off = p->sb.pt_offset + first * LAYOUT_ENTRY_SIZE;
+
+  if (n == 1 && pt_block (p, ALIGN_DOWN (off, POOL_DIRECT_ALIGN)))
+    return pt_read_entry (p, buf, off);
   return pool_pread (p, buf, n * LAYOUT_ENTRY_SIZE,
                      p->sb.pt_offset + first * LAYOUT_ENTRY_SIZE);
 }

@@ -26,6 +26,16 @@
  * blocks whose number is i modulo POOL_BLOCK_LOCKS; it is held across
  * that block's pread and pwrite only, and no other lock is taken while
  * it is held.
+ *
+ * Page-table blocks, direct I/O only: the file has no page cache to
+ * serve a lone entry read, so line i of p->pt_lines holds one 4 KiB
+ * block of the page table (of the current geometry), the one whose
+ * number is i modulo POOL_BLOCK_LOCKS, under p->blk_locks[i].  Lines
+ * are written through: a read-modify-write of an entry updates the
+ * line with the block it writes, a whole-block write invalidates the
+ * lines it covers, and a new superblock (a new geometry) empties them
+ * all.  A line is never newer or older than the file once its lock is
+ * released.
  */
 #ifndef SSDCACHE_POOL_H
 #define SSDCACHE_POOL_H
@@ -51,6 +61,9 @@ struct pool {
   bool is_blockdev;
   bool direct;                /* opened with O_DIRECT */
   pthread_mutex_t *blk_locks; /* direct: POOL_BLOCK_LOCKS stripes */
+  uint8_t *pt_lines;          /* direct: POOL_BLOCK_LOCKS cached blocks */
+  uint64_t *pt_tags;          /* direct: line i holds block pt_tags[i]-1
+                                 (0: none) */
   uint64_t dev_size;          /* size of the file/device when opened */
   struct layout_sb sb;        /* last superblock read or written */
   unsigned next_sb;           /* copy (0/1) the next pool_write_sb writes */

@@ -339,7 +339,9 @@ test_direct_data (void **state)
 /* Threads write entries of their own slots, all in the same 4 KiB
  * blocks (64 entries a block), again and again; at the end every entry
  * must hold its owner's last write.  A read-modify-write of the block
- * that is not serialised loses some of them.
+ * that is not serialised loses some of them.  A reader meanwhile reads
+ * single entries (served from the page-table lines): no slot's
+ * sequence number may go back.
  */
 #define NTHREADS 8
 #define ROUNDS 300
@@ -366,15 +368,41 @@ entry_writer (void *arg)
   return NULL;
 }
 
+static atomic_bool writers_done;
+
+static void *
+entry_reader (void *arg)
+{
+  uint64_t last[NSLOTS] = { 0 };
+  uint32_t nsectors = PS / layout_sector_size (PS);
+
+  while (!atomic_load (&writers_done))
+    for (uint32_t s = 0; s < NSLOTS; s++) {
+      uint8_t raw[LAYOUT_ENTRY_SIZE];
+      struct layout_entry e;
+
+      if (pool_read_entries (&shared_pool, s, 1, raw) != 0 ||
+          layout_entry_decode (raw, nsectors, &e) != 0)
+        return (void *) 1;
+      if (e.seq < last[s] || (e.seq > 0 && e.page != 1000 + s))
+        return (void *) 2;
+      last[s] = e.seq;
+    }
+  return NULL;
+}
+
 static void
 test_direct_entries_concurrent (void **state)
 {
-  pthread_t th[NTHREADS];
+  pthread_t th[NTHREADS], rd;
+  void *rr;
   uint8_t raw[NSLOTS * LAYOUT_ENTRY_SIZE];
   uint32_t nsectors = PS / layout_sector_size (PS);
 
   reset_counts ();
   format (&shared_pool, true);
+  atomic_store (&writers_done, false);
+  assert_int_equal (pthread_create (&rd, NULL, entry_reader, NULL), 0);
   for (uintptr_t t = 0; t < NTHREADS; t++)
     assert_int_equal (pthread_create (&th[t], NULL, entry_writer,
                                       (void *) t), 0);
@@ -383,6 +411,9 @@ test_direct_entries_concurrent (void **state)
     pthread_join (th[t], &r);
     assert_null (r);
   }
+  atomic_store (&writers_done, true);
+  pthread_join (rd, &rr);
+  assert_null (rr);
   assert_int_equal (pool_read_entries (&shared_pool, 0, NSLOTS, raw), 0);
   for (uint32_t s = 0; s < NSLOTS; s++) {
     struct layout_entry e;
@@ -395,6 +426,79 @@ test_direct_entries_concurrent (void **state)
   }
   assert_int_equal (atomic_load (&unaligned_calls), 0);
   pool_close (&shared_pool);
+}
+
+/* Direct I/O keeps the page-table blocks it reads or patches (pool.h,
+ * lines): a lone entry read is served from its block's line, a patch
+ * updates the line, a whole-block write and a new superblock drop it,
+ * and a patch that fails leaves no line the file does not match.
+ */
+static void
+put_entry (struct pool *p, uint32_t s, uint64_t seq, int want)
+{
+  struct layout_entry e;
+
+  memset (&e, 0, sizeof e);
+  e.page = 1000 + s;
+  e.seq = seq;
+  e.state = LAYOUT_CLEAN;
+  e.valid[0] = 1;
+  assert_int_equal (pool_write_entry (p, s, &e), want);
+}
+
+static uint64_t
+entry_seq (struct pool *p, uint32_t s)
+{
+  uint8_t raw[LAYOUT_ENTRY_SIZE];
+  struct layout_entry e;
+
+  assert_int_equal (pool_read_entries (p, s, 1, raw), 0);
+  assert_int_equal (layout_entry_decode (raw, PS / layout_sector_size (PS),
+                                         &e), 0);
+  assert_int_equal (e.page, 1000 + s);
+  return e.seq;
+}
+
+static void
+test_direct_pt_lines (void **state)
+{
+  static uint8_t blk[64 * LAYOUT_ENTRY_SIZE]
+    __attribute__ ((aligned (POOL_DIRECT_ALIGN)));
+  struct layout_entry e;
+  struct pool p;
+
+  format (&p, true);
+  put_entry (&p, 5, 1, 0);
+  reset_counts ();
+  assert_int_equal (entry_seq (&p, 5), 1);      /* the patch kept the line */
+  put_entry (&p, 6, 2, 0);
+  assert_int_equal (entry_seq (&p, 6), 2);
+  assert_int_equal (atomic_load (&direct_calls), 1);     /* one pwrite */
+
+  memset (&e, 0, sizeof e);                     /* block 0, entry by entry */
+  e.seq = 7;
+  e.state = LAYOUT_CLEAN;
+  e.valid[0] = 1;
+  for (uint32_t s = 0; s < 64; s++) {
+    e.page = 1000 + s;
+    layout_entry_encode (&e, blk + s * LAYOUT_ENTRY_SIZE);
+  }
+  assert_int_equal (pool_write_entries (&p, 0, 64, blk), 0);
+  assert_int_equal (entry_seq (&p, 5), 7);
+
+  atomic_store (&fail_fd, p.fd);
+  put_entry (&p, 5, 9, -1);
+  atomic_store (&fail_fd, -1);
+  assert_int_equal (entry_seq (&p, 5), 7);
+
+  assert_int_equal (pool_write_sb (&p, &p.sb), 0);
+  reset_counts ();
+  assert_int_equal (entry_seq (&p, 6), 7);
+  assert_int_equal (atomic_load (&direct_calls), 1);     /* read again */
+  assert_int_equal (entry_seq (&p, 6), 7);
+  assert_int_equal (atomic_load (&direct_calls), 1);
+  assert_int_equal (atomic_load (&unaligned_calls), 0);
+  pool_close (&p);
 }
 
 static void
@@ -907,6 +1011,7 @@ main (void)
     TESTFILE_TEST (test_direct_flag),
     TESTFILE_TEST (test_direct_data),
     TESTFILE_TEST (test_direct_entries_concurrent),
+    TESTFILE_TEST (test_direct_pt_lines),
     TESTFILE_TEST (test_direct_refused),
     TESTFILE_TEST (test_contents),
     TESTFILE_TEST (test_contents_direct),

@@ -348,6 +348,20 @@ test_direct_data (void **state)
 
 static struct pool shared_pool;
 
+/* The entry these tests write for slot s: page 1000 + s, clean. */
+static struct layout_entry
+test_entry (uint32_t s, uint64_t seq)
+{
+  struct layout_entry e;
+
+  memset (&e, 0, sizeof e);
+  e.page = 1000 + s;
+  e.seq = seq;
+  e.state = LAYOUT_CLEAN;
+  e.valid[0] = 1;
+  return e;
+}
+
 static void *
 entry_writer (void *arg)
 {
@@ -355,13 +369,8 @@ entry_writer (void *arg)
 
   for (unsigned r = 1; r <= ROUNDS; r++)
     for (uint32_t s = t; s < NSLOTS; s += NTHREADS) {
-      struct layout_entry e;
+      struct layout_entry e = test_entry (s, r);
 
-      memset (&e, 0, sizeof e);
-      e.page = 1000 + s;
-      e.seq = r;
-      e.state = LAYOUT_CLEAN;
-      e.valid[0] = 1;
       if (pool_write_entry (&shared_pool, s, &e) != 0)
         return (void *) 1;
     }
@@ -436,13 +445,8 @@ test_direct_entries_concurrent (void **state)
 static void
 put_entry (struct pool *p, uint32_t s, uint64_t seq, int want)
 {
-  struct layout_entry e;
+  struct layout_entry e = test_entry (s, seq);
 
-  memset (&e, 0, sizeof e);
-  e.page = 1000 + s;
-  e.seq = seq;
-  e.state = LAYOUT_CLEAN;
-  e.valid[0] = 1;
   assert_int_equal (pool_write_entry (p, s, &e), want);
 }
 
@@ -464,7 +468,6 @@ test_direct_pt_lines (void **state)
 {
   static uint8_t blk[64 * LAYOUT_ENTRY_SIZE]
     __attribute__ ((aligned (POOL_DIRECT_ALIGN)));
-  struct layout_entry e;
   struct pool p;
 
   format (&p, true);
@@ -475,12 +478,8 @@ test_direct_pt_lines (void **state)
   assert_int_equal (entry_seq (&p, 6), 2);
   assert_int_equal (atomic_load (&direct_calls), 1);     /* one pwrite */
 
-  memset (&e, 0, sizeof e);                     /* block 0, entry by entry */
-  e.seq = 7;
-  e.state = LAYOUT_CLEAN;
-  e.valid[0] = 1;
-  for (uint32_t s = 0; s < 64; s++) {
-    e.page = 1000 + s;
+  for (uint32_t s = 0; s < 64; s++) {           /* block 0, entry by entry */
+    struct layout_entry e = test_entry (s, 7);
     layout_entry_encode (&e, blk + s * LAYOUT_ENTRY_SIZE);
   }
   assert_int_equal (pool_write_entries (&p, 0, 64, blk), 0);

@@ -972,8 +972,7 @@ pool_read_entries (struct pool *p, uint64_t first, uint64_t n, void *buf)
 
   if (n == 1 && pt_block (p, ALIGN_DOWN (off, POOL_DIRECT_ALIGN)))
     return pt_read_entry (p, buf, off);
-  return pool_pread (p, buf, n * LAYOUT_ENTRY_SIZE,
-                     p->sb.pt_offset + first * LAYOUT_ENTRY_SIZE);
+  return pool_pread (p, buf, n * LAYOUT_ENTRY_SIZE, off);
 }
 
 int

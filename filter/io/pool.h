@@ -34,8 +34,8 @@
  * are written through: a read-modify-write of an entry updates the
  * line with the block it writes, a whole-block write invalidates the
  * lines it covers, and a new superblock (a new geometry) empties them
- * all.  A line is never newer or older than the file once its lock is
- * released.
+ * all.  Once the write that changed a block has returned, its line
+ * (if any) holds what the file holds.
  */
 #ifndef SSDCACHE_POOL_H
 #define SSDCACHE_POOL_H
